@@ -1,0 +1,1 @@
+"""The mc0 broker: a pure topic engine, the shells that feed it (ZeroMQ router, TCP gateways) and the loop."""

@@ -1,0 +1,107 @@
+"""Broker configuration: embedded defaults, an optional TOML file, and command-line overrides on top.
+
+No file is needed to run a broker: :data:`DEFAULTS` is a complete configuration. A file only names what it
+changes (see ``docs/configuration.md``); unknown keys are errors, so a typo never silently does nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from broker.topics import Delivery, Persistence, Sync, TopicRule, TopicRules, TopicSpec
+
+DEFAULT_BIND = "tcp://*:61616"
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message says which key and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    bind: str = DEFAULT_BIND
+    keys_dir: Path = Path("keys")
+    curve: bool = True  # CURVE encryption on the mc0 ROUTER
+    allow_any_client: bool = False  # CURVE without the allow-list of client keys
+    heartbeat_tick: float = 0.1  # seconds between heartbeat checks (shortened for short client TTLs)
+    pending_limit: int = 100_000  # deliveries held per client before drops are counted
+    max_message_size: int = 16 << 20  # bytes per frame; larger frames disconnect the peer (libzmq)
+    send_hwm: int = 100_000  # ZeroMQ high-water marks, in frame sets
+    recv_hwm: int = 100_000
+    topics: tuple[TopicRule, ...] = field(default_factory=tuple)
+    log_level: str = "INFO"
+
+    @property
+    def allowlist_dir(self) -> Path:
+        return self.keys_dir / "allowed"
+
+    def topic_rules(self) -> TopicRules:
+        return TopicRules(list(self.topics))
+
+    def replace(self, **changes: Any) -> BrokerConfig:
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+DEFAULTS = BrokerConfig()
+
+_BROKER_KEYS = {
+    "bind": str, "keys_dir": str, "curve": bool, "allow_any_client": bool, "heartbeat_tick": (int, float),
+    "pending_limit": int, "max_message_size": int, "send_hwm": int, "recv_hwm": int, "log_level": str,
+}
+
+
+def _enum(kind: type, raw: Any, where: str) -> Any:
+    try:
+        return kind(raw)
+    except ValueError:
+        choices = ", ".join(member.value for member in kind)
+        raise ConfigError(f"{where}: {raw!r} is not one of {choices}") from None
+
+
+def parse_topic_rule(entry: dict[str, Any], where: str) -> TopicRule:
+    unknown = set(entry) - {"pattern", "delivery", "persistence", "sync", "max_backlog"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    pattern = entry.get("pattern")
+    if not isinstance(pattern, str) or not pattern:
+        raise ConfigError(f"{where}: needs a non-empty string 'pattern'")
+    try:
+        spec = TopicSpec(
+            delivery=_enum(Delivery, entry.get("delivery", "broadcast"), f"{where}.delivery"),
+            persistence=_enum(Persistence, entry.get("persistence", "transient"), f"{where}.persistence"),
+            sync=None if "sync" not in entry else _enum(Sync, entry["sync"], f"{where}.sync"),
+            max_backlog=int(entry.get("max_backlog", TopicSpec.max_backlog)),
+        )
+    except ValueError as error:
+        raise ConfigError(f"{where}: {error}") from None
+    return TopicRule(pattern, spec)
+
+
+def load(path: Path | None, base: BrokerConfig = DEFAULTS) -> BrokerConfig:
+    """The configuration in ``path`` on top of ``base`` (the embedded defaults)."""
+    if path is None:
+        return base
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: {error}") from None
+    unknown = set(data) - {"broker", "topics"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown sections {sorted(unknown)}")
+    changes: dict[str, Any] = {}
+    for key, value in data.get("broker", {}).items():
+        if key not in _BROKER_KEYS:
+            raise ConfigError(f"{path}: [broker] has no key {key!r}")
+        if not isinstance(value, _BROKER_KEYS[key]) or (isinstance(value, bool) and _BROKER_KEYS[key] is int):
+            raise ConfigError(f"{path}: [broker].{key} has the wrong type")
+        changes[key] = Path(value) if key == "keys_dir" else value
+    rules = tuple(parse_topic_rule(entry, f"{path}: topics[{n}]") for n, entry in enumerate(data.get("topics", [])))
+    if rules:
+        changes["topics"] = rules
+    return dataclasses.replace(base, **changes)

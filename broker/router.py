@@ -1,0 +1,302 @@
+"""The mc0 door: a ZeroMQ ROUTER socket glued to the engine. A thin shell: the codec decides what frames mean,
+the engine decides where messages go, this module moves frames and keeps per-client session state.
+
+One turn of the loop: wait until the socket is readable (or a heartbeat tick is due), take up to ``recv_budget``
+commands without blocking, handle them all, then flush: replies first (in arrival order), then every delivery the
+turn produced, batched per client. Batching per turn is what lets one Python process keep up with C brokers.
+
+Sends use ``ROUTER_MANDATORY`` so that a message to a vanished peer raises instead of vanishing: the peer's
+session and subscriptions are then dropped. A peer whose pipe is full (``EAGAIN``) keeps its deliveries pending
+(bounded by the engine) and is retried on the next turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from broker.engine import Engine, EngineError, Message
+from broker.sessions import Session, Sessions
+from protocol import ProtocolError
+from protocol import mc0
+
+log = logging.getLogger("mc0.router")
+
+#: Deliveries packed into one MESSAGES frame at most (bounds the frame and the subscriber's decode step).
+BATCH_MAX_MESSAGES = 1024
+BATCH_MAX_BYTES = 1 << 20
+
+
+class RouterShell:
+    """Speaks mc0 on one ROUTER socket on behalf of the engine."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        socket: zmq.asyncio.Socket,
+        *,
+        recv_budget: int = 4096,
+        pending_limit: int = 100_000,
+        tick: float = 0.1,
+        stats: Callable[[], dict[str, Any]] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.engine = engine
+        self.socket = socket
+        # The same libzmq socket without the asyncio layer: non-blocking drains and sends cost no futures.
+        self.raw = zmq.Socket.shadow(socket.underlying)
+        self.sessions = Sessions()
+        self.recv_budget = recv_budget
+        self.pending_limit = pending_limit
+        self.base_tick = tick
+        self.tick = tick
+        self.extra_stats = stats
+        self.monotonic = monotonic
+        self.wall_ms = wall_ms
+        self.replies: list[tuple[Session, mc0.Frames]] = []
+        self.started = monotonic()
+        self.counters = {"commands": 0, "errors": 0, "expired": 0, "unreachable": 0, "blocked": 0}
+
+    # ------------------------------------------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        next_tick = self.monotonic() + self.tick
+        while True:
+            timeout_ms = max(0, int((next_tick - self.monotonic()) * 1000))
+            ready = await self.socket.poll(timeout_ms, zmq.POLLIN)
+            now = self.monotonic()
+            if ready:
+                self.receive(now)
+            self.flush(now)
+            if now >= next_tick:
+                self.heartbeat(now)
+                next_tick = now + self.tick
+            # Yield to the other tasks on the loop even when the socket never runs dry.
+            await asyncio.sleep(0)
+
+    def receive(self, now: float) -> int:
+        """Take up to ``recv_budget`` commands without blocking and handle each one."""
+        raw = self.raw
+        wall = self.wall_ms()
+        taken = 0
+        for taken in range(self.recv_budget):  # noqa: B007 - the count is the return value
+            try:
+                frames = raw.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return taken
+            self.handle(frames, now, wall)
+        return taken + 1
+
+    # ---------------------------------------------------------------------------------------------- commands
+
+    def handle(self, frames: list[bytes], now: float, wall: int) -> None:
+        """One command from one peer: ``frames[0]`` is the ROUTER identity."""
+        identity = frames[0]
+        session = self.sessions.get_or_create(identity, now, self.pending_limit)
+        session.last_heard = now
+        session.commands += 1
+        self.counters["commands"] += 1
+        body = frames[1:]
+        if body:
+            session.delimiter = body[0] == b""
+        try:
+            event = mc0.decode(body)
+        except ProtocolError as error:
+            self.counters["errors"] += 1
+            self.reply(session, mc0.error_reply(error))
+            return
+        try:
+            self.dispatch(session, event, wall)
+        except ProtocolError as error:
+            self.counters["errors"] += 1
+            self.reply(session, mc0.error_reply(error))
+        except EngineError as error:
+            self.counters["errors"] += 1
+            self.reply(session, mc0.Error(str(error).encode(), getattr(event, "id", None)))
+
+    def dispatch(self, session: Session, event: mc0.Event, wall: int) -> None:
+        engine = self.engine
+        match event:
+            case mc0.Put(topic, body, command_id, headers):
+                message = engine.publish(topic, body, headers, wall)
+                if command_id is not None:
+                    self.ok(session, command_id, self._published(session, message))
+            case mc0.Puts(items, command_id):
+                publish = engine.publish
+                last = None
+                for item in items:
+                    last = publish(item.topic, item.body, item.headers, wall)
+                if command_id is not None:
+                    extra = {b"COUNT": b"%d" % len(items)}
+                    if last is not None:
+                        extra.update(self._published(session, last))
+                    self.ok(session, command_id, extra)
+            case mc0.Noop(command_id):
+                if command_id is not None:
+                    self.ok(session, command_id)
+            case mc0.Sub(topics, command_id):
+                for topic in topics:
+                    engine.subscribe(session.subscriber, topic)
+                if command_id is not None:
+                    self.ok(session, command_id)
+            case mc0.Unsub(topics, command_id):
+                for topic in topics:
+                    engine.unsubscribe(session.subscriber, topic)
+                if command_id is not None:
+                    self.ok(session, command_id)
+            case mc0.Connect(version, ttl, command_id, extensions):
+                session.version = version
+                session.ttl = None if ttl is None else ttl / 1000
+                session.extensions = extensions
+                session.batch = mc0.EXT_BATCH in extensions
+                session.ids = mc0.EXT_IDS in extensions
+                if session.ttl is not None:
+                    # Tick often enough that a NOOP goes out before the client's 1.05 x TTL patience ends.
+                    self.tick = max(0.002, min(self.tick, session.ttl * 0.05))
+                if command_id is not None:
+                    extra = {mc0.EXTENSIONS: " ".join(sorted(extensions)).encode()} if extensions else {}
+                    self.ok(session, command_id, extra)
+            case mc0.Disconnect(command_id):
+                if command_id is not None:
+                    self.ok(session, command_id)
+                self.drop(session, "disconnected")
+            case mc0.Stats(command_id):
+                if command_id is None:
+                    raise ProtocolError("STATS needs an ID to answer to")
+                body = json.dumps(self.stats(), sort_keys=True).encode()
+                self.reply(session, mc0.Ok(command_id, {b"CONTENT-TYPE": b"application/json"}, body))
+            case mc0.Message() | mc0.Messages() | mc0.Ok() | mc0.Error():
+                verb = type(event).__name__.upper()
+                raise ProtocolError(f"{verb} is sent by the broker, not by clients",
+                                    command_id=getattr(event, "id", None))
+
+    @staticmethod
+    def _published(session: Session, message: Message) -> dict[bytes, bytes]:
+        if not session.ids:
+            return {}
+        return {mc0.MESSAGE_ID: b"%d" % message.id, b"DURABILITY": b"memory"}
+
+    def ok(self, session: Session, command_id: bytes, headers: dict[bytes, bytes] | None = None) -> None:
+        self.reply(session, mc0.Ok(command_id, headers or {}))
+
+    def reply(self, session: Session, event: mc0.Event) -> None:
+        self.replies.append((session, mc0.encode(event, delimiter=session.delimiter)))
+
+    # -------------------------------------------------------------------------------------------------- output
+
+    def flush(self, now: float) -> None:
+        """Send the turn's replies in order, then every client's pending deliveries."""
+        replies = self.replies
+        if replies:
+            self.replies = []
+            for session, frames in replies:
+                self.send(session, frames, now)
+        engine = self.engine
+        for subscriber in engine.take_ready():
+            session = subscriber.owner
+            pending = subscriber.pending
+            if not pending:
+                continue
+            subscriber.pending = []
+            sent = self._deliver(session, pending, now)
+            if sent < len(pending):
+                subscriber.pending = pending[sent:] + subscriber.pending
+                if session.identity in self.sessions.by_identity:
+                    engine.requeue_ready(subscriber)
+                else:
+                    engine.detach(subscriber)
+            subscriber.delivered += sent
+            if sent:
+                engine.room_available(subscriber)
+
+    def _deliver(self, session: Session, pending: list[Message], now: float) -> int:
+        """Write ``pending`` to one client; returns how many went out (the rest stay pending)."""
+        head = [session.identity, b""] if session.delimiter else [session.identity]
+        if session.batch:
+            sent = 0
+            total = len(pending)
+            while sent < total:
+                chunk: list[tuple] = []
+                size = 0
+                for message in pending[sent : sent + BATCH_MAX_MESSAGES]:
+                    if message.headers:
+                        chunk.append((message.topic, message.id, message.timestamp, message.body,
+                                      message.headers))
+                    else:
+                        chunk.append((message.topic, message.id, message.timestamp, message.body))
+                    size += len(message.body)
+                    if size >= BATCH_MAX_BYTES:
+                        break
+                payload = mc0.msgpack.packb(chunk, use_bin_type=True)
+                if not self.send(session, [*head, b"MESSAGES", b"", payload], now):
+                    return sent
+                sent += len(chunk)
+            return sent
+        ids = session.ids
+        for index, message in enumerate(pending):
+            frames = mc0.message_frames(
+                list(head), message.topic, message.body, message.headers,
+                message.id if ids else None, message.timestamp if ids else None,
+            )
+            if not self.send(session, frames, now):
+                return index
+        return len(pending)
+
+    def send(self, session: Session, frames: list[bytes], now: float) -> bool:
+        """One frame set to one client; False if it could not go out now (full pipe or gone peer)."""
+        if frames[0] != session.identity:
+            frames = [session.identity, *frames]
+        try:
+            self.raw.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            self.counters["blocked"] += 1
+            return False
+        except zmq.ZMQError as error:
+            if error.errno != errno.EHOSTUNREACH:
+                raise
+            self.counters["unreachable"] += 1
+            self.drop(session, "unreachable")
+            return False
+        session.last_sent = now
+        return True
+
+    # ------------------------------------------------------------------------------------------------ liveness
+
+    def heartbeat(self, now: float) -> None:
+        noop, expired = self.sessions.due(now)
+        for session in expired:
+            self.counters["expired"] += 1
+            self.drop(session, "expired (no traffic for 1.05 x TTL)")
+        for session in noop:
+            self.send(session, mc0.encode(mc0.Noop(), delimiter=session.delimiter), now)
+        # Re-derive the tick from the clients still here, so one short-TTL client does not keep it fast forever.
+        ttls = [s.ttl for s in self.sessions.by_identity.values() if s.ttl is not None]
+        self.tick = max(0.002, min([self.base_tick, *(ttl * 0.05 for ttl in ttls)]))
+
+    def drop(self, session: Session, why: str) -> None:
+        if self.sessions.remove(session.identity) is None:
+            return
+        log.info("client %s dropped: %s", session.identity.hex(), why)
+        self.engine.detach(session.subscriber)
+
+    # --------------------------------------------------------------------------------------------------- stats
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "uptime_seconds": round(self.monotonic() - self.started, 3),
+            "connections": {"mc0": len(self.sessions)},
+            "counters": dict(self.counters),
+            "topics": self.engine.stats(),
+        }
+        if self.extra_stats is not None:
+            out.update(self.extra_stats())
+        return out

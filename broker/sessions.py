@@ -1,0 +1,71 @@
+"""mc0 client sessions and their heartbeat rules, with time as an argument (no clock, no socket).
+
+A session exists for every ROUTER identity we have heard from (the reference brokers create state lazily, so
+the first command may be any verb). The rules come from the reference brokers: the broker sends NOOP to a
+client it has sent nothing to for 0.95 x TTL, and forgets a client it has heard nothing from for 1.05 x TTL.
+A client that gave no TTL never expires.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from broker.engine import Subscriber
+
+#: Fractions of the client's TTL from the reference brokers (mc0d.rb and the C++ broker).
+NOOP_AFTER = 0.95
+EXPIRE_AFTER = 1.05
+
+
+@dataclass(slots=True, eq=False)
+class Session:
+    identity: bytes
+    subscriber: Subscriber
+    last_heard: float  # seconds, monotonic
+    last_sent: float
+    ttl: float | None = None  # seconds
+    delimiter: bool = True  # the client frames with the empty delimiter; replies do the same
+    batch: bool = False  # extension "batch": deliveries go out as MESSAGES
+    ids: bool = False  # extension "ids": MESSAGE carries MESSAGE-ID and TIMESTAMP
+    version: bytes | None = None
+    commands: int = 0
+    extensions: frozenset[str] = field(default_factory=frozenset)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+class Sessions:
+    """Every known client by identity, and the heartbeat decisions over them."""
+
+    def __init__(self) -> None:
+        self.by_identity: dict[bytes, Session] = {}
+        self.expired = 0  # counter for stats
+
+    def __len__(self) -> int:
+        return len(self.by_identity)
+
+    def get_or_create(self, identity: bytes, now: float, subscriber_limit: int) -> Session:
+        session = self.by_identity.get(identity)
+        if session is None:
+            session = Session(identity, Subscriber(identity, subscriber_limit), now, now)
+            session.subscriber.owner = session
+            self.by_identity[identity] = session
+        return session
+
+    def remove(self, identity: bytes) -> Session | None:
+        return self.by_identity.pop(identity, None)
+
+    def due(self, now: float) -> tuple[list[Session], list[Session]]:
+        """Sessions that need a NOOP now, and sessions silent for too long (to be dropped)."""
+        noop: list[Session] = []
+        expired: list[Session] = []
+        for session in self.by_identity.values():
+            ttl = session.ttl
+            if ttl is None:
+                continue
+            if now - session.last_heard > EXPIRE_AFTER * ttl:
+                expired.append(session)
+            elif now - session.last_sent >= NOOP_AFTER * ttl:
+                noop.append(session)
+        return noop, expired

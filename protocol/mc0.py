@@ -1,0 +1,472 @@
+"""The mc0 dialect (version 0.3 plus our extensions) as a sans-IO frame codec.
+
+A command is a list of ZeroMQ frames: ``VERB, key1, value1, ..., b"", positional...``. A DEALER puts an empty
+delimiter frame in front (``b"", VERB, ...``); some clients omit it, and both shapes decode. :func:`decode` turns
+frames into one typed event and :func:`encode` does the reverse; neither knows about sockets or identities (the
+router shell strips and adds the ROUTER identity frame).
+
+Plain 0.3 verbs: CONNECT, DISCONNECT, SUB, UNSUB, PUT, NOOP, MESSAGE, OK, ERROR. Our extensions, reserved by the
+spec for the protocol and documented in ``docs/mc0.md``: the ``EXTENSIONS`` header on CONNECT/OK, ``MESSAGE-ID``
+and ``TIMESTAMP`` on MESSAGE, the batch verbs PUTS and MESSAGES (msgpack payloads), and STATS.
+
+Every malformed input raises :class:`ProtocolError` with a message fit for an ERROR reply and, when the decoder
+got that far, the command's ID so the reply can carry it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+import msgpack
+
+from protocol.errors import ProtocolError
+
+Frames: TypeAlias = list[bytes]
+Headers: TypeAlias = dict[bytes, bytes]
+
+#: Versions a client may announce; the reference connector 0.3 still says "0.2".
+SUPPORTED_VERSIONS = (b"0.1", b"0.2", b"0.3")
+PROTOCOL_VERSION = b"0.3"
+
+# Reserved header names (the spec reserves everything not prefixed ``X-``).
+ID = b"ID"
+TOPIC = b"TOPIC"
+VERSION = b"VERSION"
+TTL = b"TTL"
+MESSAGE_KEY = b"MESSAGE"
+EXTENSIONS = b"EXTENSIONS"
+MESSAGE_ID = b"MESSAGE-ID"
+TIMESTAMP = b"TIMESTAMP"
+
+#: Extension tokens a client may ask for in ``CONNECT EXTENSIONS``.
+EXT_BATCH = "batch"  # the broker may deliver MESSAGES batches instead of one MESSAGE per frame set
+EXT_IDS = "ids"  # MESSAGE carries MESSAGE-ID and TIMESTAMP
+KNOWN_EXTENSIONS = frozenset({EXT_BATCH, EXT_IDS})
+
+#: Largest TTL we accept (about 24.8 days, the largest millisecond count a signed 32-bit timer holds).
+MAX_TTL_MS = 2**31 - 1
+
+
+@dataclass(slots=True)
+class Connect:
+    version: bytes = PROTOCOL_VERSION
+    ttl: int | None = None  # milliseconds; None = the client never expires
+    id: bytes | None = None
+    extensions: frozenset[str] = frozenset()
+    headers: Headers = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Disconnect:
+    id: bytes | None = None
+    headers: Headers = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Sub:
+    topics: list[bytes]
+    id: bytes | None = None
+    headers: Headers = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Unsub:
+    topics: list[bytes]
+    id: bytes | None = None
+    headers: Headers = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Put:
+    topic: bytes
+    body: bytes
+    id: bytes | None = None
+    headers: Headers = field(default_factory=dict)  # X- headers and reserved extension headers, not TOPIC/ID
+
+
+@dataclass(slots=True)
+class PutItem:
+    """One message inside a PUTS batch."""
+
+    topic: bytes
+    body: bytes
+    headers: Headers = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Puts:
+    """Extension: many PUTs in one frame set; an ID confirms the whole batch."""
+
+    items: list[PutItem]
+    id: bytes | None = None
+    headers: Headers = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Noop:
+    id: bytes | None = None
+    headers: Headers = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Message:
+    topic: bytes
+    body: bytes
+    headers: Headers = field(default_factory=dict)  # the PUT's headers except TOPIC and ID
+    message_id: int | None = None  # extension "ids"
+    timestamp: int | None = None  # extension "ids": milliseconds since the epoch, set by the broker
+
+
+@dataclass(slots=True)
+class MessageItem:
+    """One message inside a MESSAGES batch."""
+
+    topic: bytes
+    message_id: int
+    timestamp: int
+    body: bytes
+    headers: Headers = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Messages:
+    """Extension "batch": many deliveries in one frame set."""
+
+    items: list[MessageItem]
+
+
+@dataclass(slots=True)
+class Ok:
+    id: bytes | None = None
+    headers: Headers = field(default_factory=dict)
+    body: bytes | None = None  # extension replies (STATS) carry a positional body
+
+
+@dataclass(slots=True)
+class Error:
+    message: bytes
+    id: bytes | None = None
+    headers: Headers = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Stats:
+    """Extension: ask for the broker's counters; answered by OK with a JSON body."""
+
+    id: bytes | None = None
+    headers: Headers = field(default_factory=dict)
+
+
+Event: TypeAlias = (
+    Connect | Disconnect | Sub | Unsub | Put | Puts | Noop | Message | Messages | Ok | Error | Stats
+)
+
+VERBS = frozenset(
+    {b"CONNECT", b"DISCONNECT", b"SUB", b"UNSUB", b"PUT", b"PUTS", b"NOOP", b"MESSAGE", b"MESSAGES", b"OK",
+     b"ERROR", b"STATS"}
+)
+
+
+# ----------------------------------------------------------------------------------------------------- decoding
+
+
+def _text(raw: bytes) -> str:
+    """Bytes from the wire shown inside an error message: printable, short, never raising."""
+    shown = raw[:64].decode("utf-8", "replace")
+    return shown + ("..." if len(raw) > 64 else "")
+
+
+def _split(frames: Frames) -> tuple[bytes, Headers, list[bytes] | None, bytes | None]:
+    """Split a command into verb, headers, positional frames (None when there is no empty key frame) and ID."""
+    if not frames:
+        raise ProtocolError("empty message")
+    start = 1 if frames[0] == b"" else 0
+    if start >= len(frames):
+        raise ProtocolError("no verb after the empty delimiter frame")
+    verb = frames[start]
+    headers: Headers = {}
+    index = start + 1
+    count = len(frames)
+    positional: list[bytes] | None = None
+    while index < count:
+        key = frames[index]
+        if key == b"":
+            positional = frames[index + 1 :]
+            break
+        if index + 1 >= count:
+            raise ProtocolError(f"header {_text(key)!r} has no value", command_id=headers.get(ID))
+        if key in headers:
+            raise ProtocolError(f"header {_text(key)!r} given twice", command_id=headers.get(ID))
+        headers[key] = frames[index + 1]
+        index += 2
+    command_id = headers.get(ID)
+    if verb not in VERBS:
+        raise ProtocolError(f"unknown verb {_text(verb)!r}", command_id=command_id)
+    return verb, headers, positional, command_id
+
+
+def _no_positional(verb: bytes, positional: list[bytes] | None, command_id: bytes | None) -> None:
+    if positional:
+        raise ProtocolError(f"{verb.decode()} takes no positional frames", command_id=command_id)
+
+
+def _topics(verb: bytes, positional: list[bytes] | None, command_id: bytes | None) -> list[bytes]:
+    if not positional:
+        raise ProtocolError(f"{verb.decode()} needs at least one topic", command_id=command_id)
+    if b"" in positional:
+        raise ProtocolError("topic names must not be empty", command_id=command_id)
+    return positional
+
+
+def _body(verb: bytes, positional: list[bytes] | None, command_id: bytes | None) -> bytes:
+    if positional is None or not positional:
+        raise ProtocolError(f"{verb.decode()} needs a body frame after the empty key", command_id=command_id)
+    if len(positional) == 1:
+        return positional[0]
+    # Several body frames are joined: mc0 messages carry one opaque body (docs/mc0.md).
+    return b"".join(positional)
+
+
+def _unsigned(name: bytes, raw: bytes, command_id: bytes | None, limit: int = 2**64 - 1) -> int:
+    if not raw.isdigit() or not raw.isascii():
+        raise ProtocolError(f"{name.decode()} must be a non-negative integer, not {_text(raw)!r}",
+                            command_id=command_id)
+    value = int(raw)
+    if value > limit:
+        raise ProtocolError(f"{name.decode()} {value} is too large (at most {limit})", command_id=command_id)
+    return value
+
+
+def _decode_connect(headers: Headers, command_id: bytes | None) -> Connect:
+    version = headers.pop(VERSION, None)
+    if version is None:
+        raise ProtocolError("CONNECT needs VERSION", command_id=command_id)
+    if version not in SUPPORTED_VERSIONS:
+        raise ProtocolError(f"unsupported VERSION {_text(version)!r} (supported: 0.1, 0.2, 0.3)",
+                            command_id=command_id)
+    raw_ttl = headers.pop(TTL, None)
+    ttl = None if raw_ttl is None else _unsigned(TTL, raw_ttl, command_id, MAX_TTL_MS)
+    raw_ext = headers.pop(EXTENSIONS, b"")
+    try:
+        requested = raw_ext.decode("ascii").split()
+    except UnicodeDecodeError:
+        raise ProtocolError("EXTENSIONS must be ASCII tokens", command_id=command_id) from None
+    # Unknown extension tokens are ignored, not refused: a newer client may ask for more than we know.
+    extensions = frozenset(requested) & KNOWN_EXTENSIONS
+    return Connect(version=version, ttl=ttl or None, id=command_id, extensions=extensions, headers=headers)
+
+
+def _check_bytes_map(value: object, what: str, command_id: bytes | None) -> Headers:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        type(k) is bytes and type(v) is bytes and k for k, v in value.items()
+    ):
+        raise ProtocolError(f"{what} headers must be a map of non-empty bytes to bytes", command_id=command_id)
+    return value
+
+
+def _unpack_array(blob: bytes, what: str, command_id: bytes | None) -> list:
+    try:
+        items = msgpack.unpackb(blob, raw=False, use_list=True, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError(f"{what} payload is not valid msgpack: {exc}", command_id=command_id) from None
+    if not isinstance(items, list):
+        raise ProtocolError(f"{what} payload must be a msgpack array", command_id=command_id)
+    return items
+
+
+def _decode_puts(positional: list[bytes] | None, command_id: bytes | None) -> list[PutItem]:
+    if positional is None or len(positional) != 1:
+        raise ProtocolError("PUTS needs exactly one payload frame after the empty key", command_id=command_id)
+    items: list[PutItem] = []
+    for entry in _unpack_array(positional[0], "PUTS", command_id):
+        if type(entry) is not list or not 2 <= len(entry) <= 3:
+            raise ProtocolError("each PUTS entry must be [topic, body] or [topic, body, headers]",
+                                command_id=command_id)
+        topic, body = entry[0], entry[1]
+        if type(topic) is not bytes or not topic or type(body) is not bytes:
+            raise ProtocolError("PUTS topic must be non-empty bytes and body bytes", command_id=command_id)
+        headers = _check_bytes_map(entry[2], "PUTS", command_id) if len(entry) == 3 else {}
+        items.append(PutItem(topic, body, headers))
+    return items
+
+
+def _decode_messages(positional: list[bytes] | None) -> list[MessageItem]:
+    if positional is None or len(positional) != 1:
+        raise ProtocolError("MESSAGES needs exactly one payload frame after the empty key")
+    items: list[MessageItem] = []
+    for entry in _unpack_array(positional[0], "MESSAGES", None):
+        if type(entry) is not list or not 4 <= len(entry) <= 5:
+            raise ProtocolError("each MESSAGES entry must be [topic, id, timestamp, body, headers?]")
+        topic, message_id, timestamp, body = entry[0], entry[1], entry[2], entry[3]
+        if (type(topic) is not bytes or type(body) is not bytes or type(message_id) is not int
+                or type(timestamp) is not int or message_id < 0):
+            raise ProtocolError("MESSAGES entry has fields of the wrong type")
+        headers = _check_bytes_map(entry[4], "MESSAGES", None) if len(entry) == 5 else {}
+        items.append(MessageItem(topic, message_id, timestamp, body, headers))
+    return items
+
+
+def decode(frames: Frames) -> Event:
+    """Decode one command (the frames after the ROUTER identity, with or without the empty delimiter)."""
+    verb, headers, positional, command_id = _split(frames)
+    if verb == b"PUT":
+        topic = headers.pop(TOPIC, None)
+        if not topic:
+            raise ProtocolError("PUT needs a non-empty TOPIC", command_id=command_id)
+        headers.pop(ID, None)
+        return Put(topic, _body(verb, positional, command_id), command_id, headers)
+    if verb == b"PUTS":
+        headers.pop(ID, None)
+        return Puts(_decode_puts(positional, command_id), command_id, headers)
+    if verb == b"MESSAGE":
+        topic = headers.pop(TOPIC, None)
+        if not topic:
+            raise ProtocolError("MESSAGE needs a non-empty TOPIC")
+        raw_id = headers.pop(MESSAGE_ID, None)
+        raw_ts = headers.pop(TIMESTAMP, None)
+        return Message(
+            topic,
+            _body(verb, positional, None),
+            headers,
+            None if raw_id is None else _unsigned(MESSAGE_ID, raw_id, None),
+            None if raw_ts is None else _unsigned(TIMESTAMP, raw_ts, None),
+        )
+    if verb == b"MESSAGES":
+        return Messages(_decode_messages(positional))
+    if verb in (b"SUB", b"UNSUB"):
+        headers.pop(ID, None)
+        topics = _topics(verb, positional, command_id)
+        return (Sub if verb == b"SUB" else Unsub)(topics, command_id, headers)
+    if verb == b"OK":
+        headers.pop(ID, None)
+        if positional is not None and len(positional) > 1:
+            raise ProtocolError("OK carries at most one positional frame", command_id=command_id)
+        return Ok(command_id, headers, positional[0] if positional else None)
+    _no_positional(verb, positional, command_id)
+    if verb == b"CONNECT":
+        headers.pop(ID, None)
+        return _decode_connect(headers, command_id)
+    if verb == b"ERROR":
+        message = headers.pop(MESSAGE_KEY, None)
+        if message is None:
+            raise ProtocolError("ERROR needs MESSAGE")
+        headers.pop(ID, None)
+        return Error(message, command_id, headers)
+    headers.pop(ID, None)
+    if verb == b"NOOP":
+        return Noop(command_id, headers)
+    if verb == b"DISCONNECT":
+        return Disconnect(command_id, headers)
+    return Stats(command_id, headers)  # the only verb left in VERBS
+
+
+# ----------------------------------------------------------------------------------------------------- encoding
+
+
+def _headers(out: Frames, headers: Headers) -> None:
+    for key, value in headers.items():
+        out.append(key)
+        out.append(value)
+
+
+def _with_id(out: Frames, command_id: bytes | None) -> None:
+    if command_id is not None:
+        out.append(ID)
+        out.append(command_id)
+
+
+def pack_put_items(items: list[PutItem]) -> bytes:
+    return msgpack.packb(
+        [(i.topic, i.body, i.headers) if i.headers else (i.topic, i.body) for i in items], use_bin_type=True
+    )
+
+
+def pack_message_items(items: list[MessageItem]) -> bytes:
+    return msgpack.packb(
+        [
+            (i.topic, i.message_id, i.timestamp, i.body, i.headers)
+            if i.headers
+            else (i.topic, i.message_id, i.timestamp, i.body)
+            for i in items
+        ],
+        use_bin_type=True,
+    )
+
+
+def message_frames(
+    out: Frames,
+    topic: bytes,
+    body: bytes,
+    headers: Headers,
+    message_id: int | None = None,
+    timestamp: int | None = None,
+) -> Frames:
+    """Append one MESSAGE's frames to ``out`` (the broker's hot path for plain clients, so no event object)."""
+    out += (b"MESSAGE", TOPIC, topic)
+    if headers:
+        _headers(out, headers)
+    if message_id is not None:
+        out += (MESSAGE_ID, b"%d" % message_id)
+    if timestamp is not None:
+        out += (TIMESTAMP, b"%d" % timestamp)
+    out += (b"", body)
+    return out
+
+
+def encode(event: Event, *, delimiter: bool = True) -> Frames:
+    """Encode one event as frames, with the empty delimiter frame in front unless ``delimiter`` is false."""
+    out: Frames = [b""] if delimiter else []
+    match event:
+        case Put(topic, body, command_id, headers):
+            out += (b"PUT", TOPIC, topic)
+            _headers(out, headers)
+            _with_id(out, command_id)
+            out += (b"", body)
+        case Message(topic, body, headers, message_id, timestamp):
+            message_frames(out, topic, body, headers, message_id, timestamp)
+        case Puts(items, command_id, headers):
+            out.append(b"PUTS")
+            _headers(out, headers)
+            _with_id(out, command_id)
+            out += (b"", pack_put_items(items))
+        case Messages(items):
+            out += (b"MESSAGES", b"", pack_message_items(items))
+        case Sub(topics, command_id, headers) | Unsub(topics, command_id, headers):
+            out.append(b"SUB" if isinstance(event, Sub) else b"UNSUB")
+            _headers(out, headers)
+            _with_id(out, command_id)
+            out.append(b"")
+            out += topics
+        case Connect(version, ttl, command_id, extensions, headers):
+            out += (b"CONNECT", VERSION, version)
+            if ttl is not None:
+                out += (TTL, b"%d" % ttl)
+            if extensions:
+                out += (EXTENSIONS, " ".join(sorted(extensions)).encode())
+            _headers(out, headers)
+            _with_id(out, command_id)
+        case Ok(command_id, headers, body):
+            out.append(b"OK")
+            _with_id(out, command_id)
+            _headers(out, headers)
+            if body is not None:
+                out += (b"", body)
+        case Error(message, command_id, headers):
+            out += (b"ERROR", MESSAGE_KEY, message)
+            _with_id(out, command_id)
+            _headers(out, headers)
+        case Noop(command_id, headers) | Disconnect(command_id, headers) | Stats(command_id, headers):
+            out.append({Noop: b"NOOP", Disconnect: b"DISCONNECT", Stats: b"STATS"}[type(event)])
+            _headers(out, headers)
+            _with_id(out, command_id)
+        case _:
+            raise TypeError(f"not an mc0 event: {event!r}")
+    return out
+
+
+def error_reply(error: ProtocolError) -> Error:
+    """The ERROR event answering a command that failed to decode."""
+    return Error(str(error).encode("utf-8", "replace"), error.command_id)
