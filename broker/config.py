@@ -53,6 +53,9 @@ _BROKER_KEYS = {
     "pending_limit": int, "max_message_size": int, "send_hwm": int, "recv_hwm": int, "log_level": str,
 }
 
+#: The level names the standard ``logging`` module knows (it refuses any other string).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
 
 def _enum(kind: type, raw: Any, where: str) -> Any:
     try:
@@ -69,12 +72,15 @@ def parse_topic_rule(entry: dict[str, Any], where: str) -> TopicRule:
     pattern = entry.get("pattern")
     if not isinstance(pattern, str) or not pattern:
         raise ConfigError(f"{where}: needs a non-empty string 'pattern'")
+    max_backlog = entry.get("max_backlog", TopicSpec.max_backlog)
+    if not isinstance(max_backlog, int) or isinstance(max_backlog, bool):
+        raise ConfigError(f"{where}.max_backlog: must be an integer, not {max_backlog!r}")
     try:
         spec = TopicSpec(
             delivery=_enum(Delivery, entry.get("delivery", "broadcast"), f"{where}.delivery"),
             persistence=_enum(Persistence, entry.get("persistence", "transient"), f"{where}.persistence"),
             sync=None if "sync" not in entry else _enum(Sync, entry["sync"], f"{where}.sync"),
-            max_backlog=int(entry.get("max_backlog", TopicSpec.max_backlog)),
+            max_backlog=max_backlog,
         )
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from None
@@ -86,22 +92,38 @@ def load(path: Path | None, base: BrokerConfig = DEFAULTS) -> BrokerConfig:
     if path is None:
         return base
     try:
-        data = tomllib.loads(Path(path).read_text())
+        # TOML is UTF-8 whatever the locale says.
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as error:
         raise ConfigError(f"cannot read {path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: {error}") from None
     unknown = set(data) - {"broker", "topics"}
     if unknown:
         raise ConfigError(f"{path}: unknown sections {sorted(unknown)}")
+    broker = data.get("broker", {})
+    if not isinstance(broker, dict):
+        raise ConfigError(f"{path}: 'broker' must be a table ([broker])")
     changes: dict[str, Any] = {}
-    for key, value in data.get("broker", {}).items():
+    for key, value in broker.items():
         if key not in _BROKER_KEYS:
             raise ConfigError(f"{path}: [broker] has no key {key!r}")
-        if not isinstance(value, _BROKER_KEYS[key]) or (isinstance(value, bool) and _BROKER_KEYS[key] is int):
+        # bool is a subclass of int in Python, but `pending_limit = true` is a mistake, not the number 1.
+        wanted = _BROKER_KEYS[key]
+        if not isinstance(value, wanted) or (isinstance(value, bool) and wanted is not bool):
             raise ConfigError(f"{path}: [broker].{key} has the wrong type")
+        if key == "log_level":
+            if value.upper() not in LOG_LEVELS:
+                choices = ", ".join(LOG_LEVELS)
+                raise ConfigError(f"{path}: [broker].log_level: {value!r} is not one of {choices}")
+            value = value.upper()
         changes[key] = Path(value) if key == "keys_dir" else value
-    rules = tuple(parse_topic_rule(entry, f"{path}: topics[{n}]") for n, entry in enumerate(data.get("topics", [])))
+    entries = data.get("topics", [])
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+        raise ConfigError(f"{path}: 'topics' must be an array of tables ([[topics]])")
+    rules = tuple(parse_topic_rule(entry, f"{path}: topics[{n}]") for n, entry in enumerate(entries))
     if rules:
         changes["topics"] = rules
     return dataclasses.replace(base, **changes)

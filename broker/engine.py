@@ -1,10 +1,10 @@
 """The topic engine: topics, subscriptions, message ids and delivery. Pure: no I/O, no sockets, no clock.
 
 Every door (the mc0 router, the TCP gateways, a Spark fetch) registers a :class:`Subscriber` and calls
-:meth:`Engine.publish` / :meth:`Engine.subscribe`. The engine never sends anything: it appends deliveries to each
-subscriber's bounded ``pending`` list and remembers which subscribers became ready; the shell takes
-:meth:`Engine.take_ready` once per loop wake-up and writes the batches out in its own dialect. That turn of the loop
-is the unit of batching for the whole broker.
+:meth:`Engine.publish` / :meth:`Engine.subscribe`. The engine never sends anything: it appends deliveries to
+each subscriber's bounded ``pending`` list and remembers which subscribers became ready; the shell takes
+:meth:`Engine.take_ready` once per loop wake-up and writes the batches out in its own dialect. That turn of
+the loop is the unit of batching for the whole broker.
 
 Delivery rules:
 
@@ -18,6 +18,7 @@ dropped and counted in ``dropped`` (transient topics promise no more than that).
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,10 @@ from broker.topics import Delivery, Persistence, TopicRules, TopicSpec
 
 #: Message ids start at 1 so that 0 can mean "nothing seen yet" in offsets and resume points.
 FIRST_MESSAGE_ID = 1
+
+
+def _message_id(message: Message) -> int:
+    return message.id
 
 
 class EngineError(Exception):
@@ -146,15 +151,19 @@ class Engine:
         topic = self.topics.get(name)
         if topic is None or subscriber not in topic.subscribers:
             return False
+        if topic.round_robin and list(topic.subscribers).index(subscriber) < topic.rotation:
+            # Everyone after the leaver moves one place forward; so must the turn, or the next one is skipped.
+            topic.rotation -= 1
         del topic.subscribers[subscriber]
         subscriber.topics.discard(name)
         return True
 
     def detach(self, subscriber: Subscriber) -> None:
-        """Forget a subscriber entirely (disconnected, expired, gone): every subscription and pending delivery.
+        """Forget a subscriber entirely (disconnected, expired, gone): subscriptions and pending deliveries.
 
         Round-robin messages it had not yet been handed go back to the front of their topic's backlog, so a
-        dying consumer does not take queued messages with it.
+        dying consumer does not take queued messages with it. They are merged by id: a consumer may hold
+        messages newer than some still waiting (redelivered ones), and the backlog stays in publish order.
         """
         requeue: dict[bytes, list[Message]] = {}
         for message in subscriber.pending:
@@ -167,7 +176,8 @@ class Engine:
         for name, messages in requeue.items():
             topic = self.topics[name]
             topic.messages_out -= len(messages)
-            topic.backlog.extendleft(reversed(messages))
+            messages.sort(key=_message_id)
+            topic.backlog = deque(heapq.merge(messages, topic.backlog, key=_message_id))
             self._drain_backlog(topic)
 
     # --------------------------------------------------------------------------------------------- delivery
@@ -248,7 +258,7 @@ class Engine:
         return ready
 
     def requeue_ready(self, subscriber: Subscriber) -> None:
-        """The shell could not write everything out; keep the subscriber on the ready list for the next turn."""
+        """The shell could not write everything out: keep the subscriber on the ready list for next turn."""
         if subscriber.pending and not subscriber.ready:
             subscriber.ready = True
             self._ready.append(subscriber)

@@ -43,7 +43,7 @@ class RouterShell:
         engine: Engine,
         socket: zmq.asyncio.Socket,
         *,
-        recv_budget: int = 4096,
+        recv_budget: int = 8192,
         pending_limit: int = 100_000,
         tick: float = 0.1,
         stats: Callable[[], dict[str, Any]] | None = None,
@@ -84,22 +84,27 @@ class RouterShell:
             await asyncio.sleep(0)
 
     def receive(self, now: float) -> int:
-        """Take up to ``recv_budget`` commands without blocking and handle each one."""
+        """Take commands without blocking until the socket is dry or the turn's budget is spent.
+
+        The budget counts messages, not frame sets: one PUTS frame may carry a thousand messages, and a turn
+        that took too many would overflow the subscribers' pending bounds before the flush that empties them.
+        """
         raw = self.raw
         wall = self.wall_ms()
+        budget = self.recv_budget
         taken = 0
-        for taken in range(self.recv_budget):  # noqa: B007 - the count is the return value
+        while taken < budget:
             try:
                 frames = raw.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return taken
-            self.handle(frames, now, wall)
-        return taken + 1
+                break
+            taken += self.handle(frames, now, wall)
+        return taken
 
     # ---------------------------------------------------------------------------------------------- commands
 
-    def handle(self, frames: list[bytes], now: float, wall: int) -> None:
-        """One command from one peer: ``frames[0]`` is the ROUTER identity."""
+    def handle(self, frames: list[bytes], now: float, wall: int) -> int:
+        """One command from one peer (``frames[0]`` is the ROUTER identity); returns the messages it carried."""
         identity = frames[0]
         session = self.sessions.get_or_create(identity, now, self.pending_limit)
         session.last_heard = now
@@ -113,7 +118,7 @@ class RouterShell:
         except ProtocolError as error:
             self.counters["errors"] += 1
             self.reply(session, mc0.error_reply(error))
-            return
+            return 1
         try:
             self.dispatch(session, event, wall)
         except ProtocolError as error:
@@ -122,6 +127,7 @@ class RouterShell:
         except EngineError as error:
             self.counters["errors"] += 1
             self.reply(session, mc0.Error(str(error).encode(), getattr(event, "id", None)))
+        return len(event.items) if type(event) is mc0.Puts else 1
 
     def dispatch(self, session: Session, event: mc0.Event, wall: int) -> None:
         engine = self.engine

@@ -7,20 +7,20 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Delivery(str, Enum):
+class Delivery(StrEnum):
     BROADCAST = "broadcast"  # every subscriber gets every message
     ROUND_ROBIN = "round-robin"  # each message goes to exactly one subscriber, in strict rotation
 
 
-class Persistence(str, Enum):
+class Persistence(StrEnum):
     TRANSIENT = "transient"  # memory only
     PERSISTENT = "persistent"  # written to the log (needs a store)
 
 
-class Sync(str, Enum):
+class Sync(StrEnum):
     STRONG = "strong"  # appended and fsynced before anyone is told
     WEAK = "weak"  # appended before delivery, fsynced every few seconds
     ASYNC = "async"  # no flush promise

@@ -16,6 +16,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import zmq
 import zmq.auth
 
 BROKER = "broker"
@@ -91,3 +92,26 @@ def client_pair(keys_dir: Path, name: str = CLIENT) -> KeyPair:
     if pair.secret is None:
         raise KeyFileError(f"{path} holds no secret key")
     return pair
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What a CURVE client needs: the broker's public key to pin, and its own key pair."""
+
+    server_public: bytes
+    public: bytes
+    secret: bytes
+
+    @classmethod
+    def from_dir(cls, keys_dir: Path, name: str = CLIENT) -> Credentials:
+        server = Path(keys_dir) / f"{BROKER}.key"
+        if not server.exists():
+            raise KeyFileError(f"no broker public key {server}; start the broker once or run `mc0 keys generate`")
+        pair = client_pair(keys_dir, name)
+        assert pair.secret is not None  # client_pair checked it
+        return cls(broker_public(keys_dir), pair.public, pair.secret)
+
+    def apply(self, socket: zmq.Socket) -> None:
+        socket.curve_serverkey = self.server_public
+        socket.curve_publickey = self.public
+        socket.curve_secretkey = self.secret

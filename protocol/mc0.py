@@ -1,16 +1,16 @@
 """The mc0 dialect (version 0.3 plus our extensions) as a sans-IO frame codec.
 
-A command is a list of ZeroMQ frames: ``VERB, key1, value1, ..., b"", positional...``. A DEALER puts an empty
-delimiter frame in front (``b"", VERB, ...``); some clients omit it, and both shapes decode. :func:`decode` turns
-frames into one typed event and :func:`encode` does the reverse; neither knows about sockets or identities (the
-router shell strips and adds the ROUTER identity frame).
+A command is a list of ZeroMQ frames: ``VERB, key1, value1, ..., b"", positional...``. A DEALER puts an
+empty delimiter frame in front (``b"", VERB, ...``); some clients omit it, and both shapes decode.
+:func:`decode` turns frames into one typed event and :func:`encode` does the reverse; neither knows about
+sockets or identities (the router shell strips and adds the ROUTER identity frame).
 
-Plain 0.3 verbs: CONNECT, DISCONNECT, SUB, UNSUB, PUT, NOOP, MESSAGE, OK, ERROR. Our extensions, reserved by the
-spec for the protocol and documented in ``docs/mc0.md``: the ``EXTENSIONS`` header on CONNECT/OK, ``MESSAGE-ID``
-and ``TIMESTAMP`` on MESSAGE, the batch verbs PUTS and MESSAGES (msgpack payloads), and STATS.
+Plain 0.3 verbs: CONNECT, DISCONNECT, SUB, UNSUB, PUT, NOOP, MESSAGE, OK, ERROR. Our extensions, reserved by
+the spec for the protocol and documented in ``docs/mc0.md``: the ``EXTENSIONS`` header on CONNECT/OK,
+``MESSAGE-ID`` and ``TIMESTAMP`` on MESSAGE, the batch verbs PUTS and MESSAGES (msgpack payloads), and STATS.
 
-Every malformed input raises :class:`ProtocolError` with a message fit for an ERROR reply and, when the decoder
-got that far, the command's ID so the reply can carry it.
+Every malformed input raises :class:`ProtocolError` with a message fit for an ERROR reply and, when the
+decoder got that far, the command's ID so the reply can carry it.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ VERBS = frozenset(
 )
 
 
-# ----------------------------------------------------------------------------------------------------- decoding
+# --------------------------------------------------------------------------------------------------- decoding
 
 
 def _text(raw: bytes) -> str:
@@ -178,7 +178,7 @@ def _text(raw: bytes) -> str:
 
 
 def _split(frames: Frames) -> tuple[bytes, Headers, list[bytes] | None, bytes | None]:
-    """Split a command into verb, headers, positional frames (None when there is no empty key frame) and ID."""
+    """Split a command into verb, headers, positional frames (None without an empty key frame) and ID."""
     if not frames:
         raise ProtocolError("empty message")
     start = 1 if frames[0] == b"" else 0
@@ -189,6 +189,7 @@ def _split(frames: Frames) -> tuple[bytes, Headers, list[bytes] | None, bytes | 
     index = start + 1
     count = len(frames)
     positional: list[bytes] | None = None
+    duplicate: bytes | None = None
     while index < count:
         key = frames[index]
         if key == b"":
@@ -197,10 +198,14 @@ def _split(frames: Frames) -> tuple[bytes, Headers, list[bytes] | None, bytes | 
         if index + 1 >= count:
             raise ProtocolError(f"header {_text(key)!r} has no value", command_id=headers.get(ID))
         if key in headers:
-            raise ProtocolError(f"header {_text(key)!r} given twice", command_id=headers.get(ID))
-        headers[key] = frames[index + 1]
+            # Refused once every pair is read, so that an ID after the duplicate still reaches the reply.
+            duplicate = key if duplicate is None else duplicate
+        else:
+            headers[key] = frames[index + 1]
         index += 2
     command_id = headers.get(ID)
+    if duplicate is not None:
+        raise ProtocolError(f"header {_text(duplicate)!r} given twice", command_id=command_id)
     if verb not in VERBS:
         raise ProtocolError(f"unknown verb {_text(verb)!r}", command_id=command_id)
     return verb, headers, positional, command_id
@@ -232,6 +237,10 @@ def _unsigned(name: bytes, raw: bytes, command_id: bytes | None, limit: int = 2*
     if not raw.isdigit() or not raw.isascii():
         raise ProtocolError(f"{name.decode()} must be a non-negative integer, not {_text(raw)!r}",
                             command_id=command_id)
+    # Compare digit counts before converting: int() refuses strings over 4300 digits with a ValueError.
+    digits = raw.lstrip(b"0")
+    if len(digits) > len(str(limit)):
+        raise ProtocolError(f"{name.decode()} is too large (at most {limit})", command_id=command_id)
     value = int(raw)
     if value > limit:
         raise ProtocolError(f"{name.decode()} {value} is too large (at most {limit})", command_id=command_id)
@@ -263,7 +272,8 @@ def _check_bytes_map(value: object, what: str, command_id: bytes | None) -> Head
     if not isinstance(value, dict) or not all(
         type(k) is bytes and type(v) is bytes and k for k, v in value.items()
     ):
-        raise ProtocolError(f"{what} headers must be a map of non-empty bytes to bytes", command_id=command_id)
+        raise ProtocolError(f"{what} headers must be a map of non-empty bytes to bytes",
+                            command_id=command_id)
     return value
 
 
@@ -293,18 +303,21 @@ def _decode_puts(positional: list[bytes] | None, command_id: bytes | None) -> li
     return items
 
 
-def _decode_messages(positional: list[bytes] | None) -> list[MessageItem]:
+def _decode_messages(positional: list[bytes] | None, command_id: bytes | None) -> list[MessageItem]:
     if positional is None or len(positional) != 1:
-        raise ProtocolError("MESSAGES needs exactly one payload frame after the empty key")
+        raise ProtocolError("MESSAGES needs exactly one payload frame after the empty key",
+                            command_id=command_id)
     items: list[MessageItem] = []
-    for entry in _unpack_array(positional[0], "MESSAGES", None):
+    for entry in _unpack_array(positional[0], "MESSAGES", command_id):
         if type(entry) is not list or not 4 <= len(entry) <= 5:
-            raise ProtocolError("each MESSAGES entry must be [topic, id, timestamp, body, headers?]")
+            raise ProtocolError("each MESSAGES entry must be [topic, id, timestamp, body, headers?]",
+                                command_id=command_id)
         topic, message_id, timestamp, body = entry[0], entry[1], entry[2], entry[3]
-        if (type(topic) is not bytes or type(body) is not bytes or type(message_id) is not int
+        if (type(topic) is not bytes or not topic or type(body) is not bytes or type(message_id) is not int
                 or type(timestamp) is not int or message_id < 0):
-            raise ProtocolError("MESSAGES entry has fields of the wrong type")
-        headers = _check_bytes_map(entry[4], "MESSAGES", None) if len(entry) == 5 else {}
+            raise ProtocolError("MESSAGES entry has fields of the wrong type (or an empty topic)",
+                                command_id=command_id)
+        headers = _check_bytes_map(entry[4], "MESSAGES", command_id) if len(entry) == 5 else {}
         items.append(MessageItem(topic, message_id, timestamp, body, headers))
     return items
 
@@ -324,18 +337,18 @@ def decode(frames: Frames) -> Event:
     if verb == b"MESSAGE":
         topic = headers.pop(TOPIC, None)
         if not topic:
-            raise ProtocolError("MESSAGE needs a non-empty TOPIC")
+            raise ProtocolError("MESSAGE needs a non-empty TOPIC", command_id=command_id)
         raw_id = headers.pop(MESSAGE_ID, None)
         raw_ts = headers.pop(TIMESTAMP, None)
         return Message(
             topic,
-            _body(verb, positional, None),
+            _body(verb, positional, command_id),
             headers,
-            None if raw_id is None else _unsigned(MESSAGE_ID, raw_id, None),
-            None if raw_ts is None else _unsigned(TIMESTAMP, raw_ts, None),
+            None if raw_id is None else _unsigned(MESSAGE_ID, raw_id, command_id),
+            None if raw_ts is None else _unsigned(TIMESTAMP, raw_ts, command_id),
         )
     if verb == b"MESSAGES":
-        return Messages(_decode_messages(positional))
+        return Messages(_decode_messages(positional, command_id))
     if verb in (b"SUB", b"UNSUB"):
         headers.pop(ID, None)
         topics = _topics(verb, positional, command_id)
@@ -352,7 +365,7 @@ def decode(frames: Frames) -> Event:
     if verb == b"ERROR":
         message = headers.pop(MESSAGE_KEY, None)
         if message is None:
-            raise ProtocolError("ERROR needs MESSAGE")
+            raise ProtocolError("ERROR needs MESSAGE", command_id=command_id)
         headers.pop(ID, None)
         return Error(message, command_id, headers)
     headers.pop(ID, None)
@@ -363,7 +376,7 @@ def decode(frames: Frames) -> Event:
     return Stats(command_id, headers)  # the only verb left in VERBS
 
 
-# ----------------------------------------------------------------------------------------------------- encoding
+# --------------------------------------------------------------------------------------------------- encoding
 
 
 def _headers(out: Frames, headers: Headers) -> None:
@@ -404,7 +417,7 @@ def message_frames(
     message_id: int | None = None,
     timestamp: int | None = None,
 ) -> Frames:
-    """Append one MESSAGE's frames to ``out`` (the broker's hot path for plain clients, so no event object)."""
+    """Append one MESSAGE's frames to ``out`` (the broker's hot path for plain clients: no event object)."""
     out += (b"MESSAGE", TOPIC, topic)
     if headers:
         _headers(out, headers)

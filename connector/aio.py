@@ -1,0 +1,322 @@
+"""The asyncio mc0 client: the same protocol core as :class:`connector.Client`, driven by the caller's loop.
+
+Publishes are queued and written once per loop turn (``call_soon``), so everything published in one turn leaves
+as one PUTS batch. A reader task takes every readable frame set without blocking, resolves replies and keeps the
+heartbeat. Not thread-safe: use one :class:`AsyncClient` from the loop that created it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from connector.client import (
+    DEFAULT_ENDPOINT,
+    READ_BUDGET,
+    make_socket,
+    reply_or_raise,
+    resolve_credentials,
+)
+from connector.core import ClientCore, ConnectorError, Message, Publish, encode_headers, to_bytes
+from connector.keys import Credentials
+from protocol import mc0
+
+
+class AsyncClient:
+    """An asyncio mc0 client.
+
+    >>> async with AsyncClient("tcp://127.0.0.1:61616", keys="keys") as client:   # doctest: +SKIP
+    ...     await client.subscribe("orders")
+    ...     await client.publish("orders", "hello")
+    ...     print((await client.receive(timeout=1)).text)
+    """
+
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        *,
+        keys: str | Path | None = None,
+        credentials: Credentials | None = None,
+        curve: bool | None = None,
+        ttl: int | None = 30_000,
+        timeout: float = 5.0,
+        max_outbox: int = 100_000,
+        max_inbox: int = 100_000,
+    ) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.reconnects = 0
+        self._credentials = resolve_credentials(keys, credentials, curve)
+        self._core = ClientCore(ttl)
+        self._max_outbox = max_outbox
+        self._max_inbox = max_inbox
+        self._outbox: deque[Publish] = deque()
+        self._inbox: deque[Message] = deque()
+        self._unsent: deque[mc0.Frames] = deque()
+        self._waiting: dict[bytes, tuple[asyncio.Future[mc0.Ok | mc0.Error], Any]] = {}
+        self._context = zmq.asyncio.Context()
+        self._socket: zmq.asyncio.Socket | None = None
+        self._raw: zmq.Socket | None = None
+        self._arrived = asyncio.Event()
+        self._room = asyncio.Event()
+        self._flush_scheduled = False
+        self._reader: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------------ public methods
+
+    async def connect(self) -> AsyncClient:
+        """Open the socket, CONNECT and wait for the broker's OK."""
+        reply = self._open()
+        self._reader = asyncio.get_running_loop().create_task(self._read_loop(), name="mc0-client-reader")
+        try:
+            self._core.connected(reply_or_raise(await asyncio.wait_for(reply, self.timeout), "CONNECT"))
+        except TimeoutError:
+            await self.close()
+            raise ConnectorError(
+                f"no answer to CONNECT from {self.endpoint} within {self.timeout:g}s "
+                "(broker down, wrong server key, or this client's key is not admitted)"
+            ) from None
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aenter__(self) -> AsyncClient:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def publish(
+        self,
+        topic: str | bytes,
+        body: str | bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        confirm: bool = False,
+        timeout: float | None = None,
+    ) -> dict[str, str] | None:
+        """Publish one message; waits only when the outbox is full or ``confirm=True`` (then returns OK's headers)."""
+        self._check()
+        item = (to_bytes(topic), to_bytes(body), encode_headers(headers))
+        if confirm:
+            reply = await self._call(mc0.Put(item[0], item[1], None, item[2]), timeout, "PUT")
+            return {k.decode(): v.decode("utf-8", "replace") for k, v in reply.headers.items()}
+        while len(self._outbox) >= self._max_outbox:
+            self._room.clear()
+            self._schedule_flush()
+            try:
+                await asyncio.wait_for(self._room.wait(), self.timeout if timeout is None else timeout)
+            except TimeoutError:
+                raise ConnectorError("outbox full: the broker is not taking messages") from None
+            self._check()
+        self._outbox.append(item)
+        self._schedule_flush()
+        return None
+
+    async def subscribe(self, *topics: str | bytes, timeout: float | None = None) -> None:
+        await self._call(mc0.Sub([to_bytes(t) for t in topics]), timeout, "SUB")
+
+    async def unsubscribe(self, *topics: str | bytes, timeout: float | None = None) -> None:
+        await self._call(mc0.Unsub([to_bytes(t) for t in topics]), timeout, "UNSUB")
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Return once the broker has taken every message published before this call."""
+        await self._call(mc0.Noop(), timeout, "NOOP")
+
+    async def stats(self, timeout: float | None = None) -> dict[str, Any]:
+        reply = await self._call(mc0.Stats(), timeout, "STATS")
+        return json.loads(reply.body or b"{}")
+
+    async def receive(self, timeout: float | None = None) -> Message | None:
+        """The next delivered message, or None after ``timeout`` seconds (None = wait forever)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._arrived.clear()
+            if self._inbox:
+                return self._inbox.popleft()
+            self._check()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+
+    async def __aiter__(self) -> AsyncIterator[Message]:
+        while True:
+            message = await self.receive()
+            if message is not None:
+                yield message
+
+    async def close(self) -> None:
+        """Send what is queued, say DISCONNECT, stop the reader. Idempotent."""
+        if self._closed:
+            return
+        if self._raw is not None:
+            self._flush()
+            self._send(mc0.encode(mc0.Disconnect()), time.monotonic())
+        self._closed = True
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+        self._fail_waiting("client closed")
+        if self._socket is not None:
+            self._socket.close(linger=0)
+        self._context.term()
+        self._arrived.set()
+        self._room.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._inbox)
+
+    # ------------------------------------------------------------------------------------------------ internals
+
+    def _check(self) -> None:
+        if self._closed:
+            raise ConnectorError("client is closed")
+
+    async def _call(self, event: Any, timeout: float | None, what: str) -> mc0.Ok:
+        self._check()
+        self._flush()  # keep order: everything published before this command goes first
+        core = self._core
+        if isinstance(event, mc0.Sub):
+            for topic in event.topics:
+                core.subscriptions[topic] = None
+        elif isinstance(event, mc0.Unsub):
+            for topic in event.topics:
+                core.subscriptions.pop(topic, None)
+        command_id, frames = core.request(event)
+        future: asyncio.Future[mc0.Ok | mc0.Error] = asyncio.get_running_loop().create_future()
+        self._waiting[command_id] = (future, event)
+        self._send(frames, time.monotonic())
+        wait = self.timeout if timeout is None else timeout
+        try:
+            reply = await asyncio.wait_for(future, wait)
+        except TimeoutError:
+            self._waiting.pop(command_id, None)
+            raise ConnectorError(f"no answer to {what} within {wait:g}s") from None
+        if isinstance(reply, mc0.Error) and isinstance(event, mc0.Sub):
+            for topic in event.topics:
+                core.subscriptions.pop(topic, None)
+        return reply_or_raise(reply, what)
+
+    def _open(self) -> asyncio.Future[mc0.Ok | mc0.Error]:
+        """A new DEALER, CONNECT, and SUB for everything subscribed before; returns the CONNECT reply future."""
+        if self._socket is not None:
+            self._socket.close(linger=0)
+        self._fail_waiting("connection to the broker was lost")
+        self._socket = make_socket(self._context, self.endpoint, self._credentials)  # type: ignore[arg-type]
+        self._raw = zmq.Socket.shadow(self._socket.underlying)
+        self._unsent.clear()
+        now = time.monotonic()
+        loop = asyncio.get_running_loop()
+        command_id, frames = self._core.connect(now)
+        connected: asyncio.Future[mc0.Ok | mc0.Error] = loop.create_future()
+        self._waiting[command_id] = (connected, None)
+        self._send(frames, now)
+        for command_id, frames in self._core.resubscribe():
+            self._waiting[command_id] = (loop.create_future(), None)
+            self._send(frames, now)
+        return connected
+
+    def _fail_waiting(self, why: str) -> None:
+        for future, _ in self._waiting.values():
+            if not future.done():
+                future.set_exception(ConnectorError(why))
+        self._waiting.clear()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._raw is None or self._closed:
+            return
+        now = time.monotonic()
+        while self._unsent:
+            if not self._send(self._unsent[0], now, retry=True):
+                asyncio.get_running_loop().call_later(0.001, self._schedule_flush)
+                return
+            self._unsent.popleft()
+        if self._outbox:
+            batch = list(self._outbox)
+            self._outbox.clear()
+            for frames in self._core.pack(batch):
+                self._send(frames, now)
+            self._room.set()
+
+    def _send(self, frames: mc0.Frames, now: float, retry: bool = False) -> bool:
+        if self._unsent and not retry:
+            self._unsent.append(frames)
+            return False
+        assert self._raw is not None
+        try:
+            self._raw.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            if not retry:
+                self._unsent.append(frames)
+                asyncio.get_running_loop().call_later(0.001, self._schedule_flush)
+            return False
+        self._core.sent(now)
+        return True
+
+    async def _read_loop(self) -> None:
+        core = self._core
+        while not self._closed:
+            socket, raw = self._socket, self._raw
+            assert socket is not None and raw is not None
+            timer = core.next_timer(time.monotonic())
+            paused = len(self._inbox) >= self._max_inbox
+            if paused:
+                await asyncio.sleep(0.01 if timer is None else min(0.01, timer))
+            else:
+                await socket.poll(None if timer is None else int(timer * 1000) + 1, zmq.POLLIN)
+            now = time.monotonic()
+            if not paused:
+                self._read(raw, now)
+            if core.noop_due(now):
+                self._send(mc0.encode(mc0.Noop()), now)
+            alive = paused and bool(raw.get(zmq.EVENTS) & zmq.POLLIN)
+            if core.broker_silent(now) and not alive:
+                self.reconnects += 1
+                connected = self._open()
+                connected.add_done_callback(self._reconnected)
+
+    def _reconnected(self, future: asyncio.Future[mc0.Ok | mc0.Error]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            reply = future.result()
+            if isinstance(reply, mc0.Ok):
+                self._core.connected(reply)
+
+    def _read(self, raw: zmq.Socket, now: float) -> None:
+        core = self._core
+        got = False
+        for _ in range(READ_BUDGET):
+            try:
+                frames = raw.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            messages, reply = core.receive(frames, now)
+            if messages:
+                self._inbox.extend(messages)
+                got = True
+            elif reply is not None and reply.id is not None:
+                waiting = self._waiting.pop(reply.id, None)
+                if waiting is not None and not waiting[0].done():
+                    waiting[0].set_result(reply)
+        if got:
+            self._arrived.set()

@@ -1,0 +1,452 @@
+"""The blocking mc0 client: a DEALER socket owned by one I/O thread, and thread-safe methods in front of it.
+
+ZeroMQ sockets must stay on one thread, so every socket call happens on the client's I/O thread. Callers hand it
+work through two bounded deques: ``publish`` appends to the outbox (no lock, no syscall on the fast path; the I/O
+thread is woken through a pipe only when it is idle) and deliveries come back through the inbox. Whatever piles up
+while the I/O thread is busy leaves as one PUTS batch: batching costs no latency when the client is idle and
+takes over when it is not.
+
+Thread-safety: every public method of :class:`Client` may be called from any thread. Messages are returned to
+whichever thread calls :meth:`Client.receive` first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from connector.core import (
+    ClientCore,
+    ConnectorError,
+    Message,
+    Publish,
+    encode_headers,
+    to_bytes,
+)
+from connector.keys import Credentials
+from protocol import mc0
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:61616"
+#: Frame sets read per wake-up before the I/O thread looks at its outbox again (fairness, not a limit).
+READ_BUDGET = 512
+
+
+class _Request:
+    """A command waiting for the broker's OK or ERROR, resolved on the I/O thread."""
+
+    __slots__ = ("event", "future")
+
+    def __init__(self, event: Any) -> None:
+        self.event = event
+        self.future: Future[mc0.Ok] = Future()
+
+
+class _Close:
+    __slots__ = ("future",)
+
+    def __init__(self) -> None:
+        self.future: Future[None] = Future()
+
+
+def make_socket(context: zmq.Context, endpoint: str, credentials: Credentials | None) -> zmq.Socket:
+    """A DEALER connected to ``endpoint``, CURVE-pinned when ``credentials`` are given (shared with asyncio)."""
+    socket = context.socket(zmq.DEALER)
+    socket.linger = 0
+    socket.sndhwm = 100_000
+    socket.rcvhwm = 100_000
+    if credentials is not None:
+        credentials.apply(socket)
+    socket.connect(endpoint)
+    return socket
+
+
+def resolve_credentials(
+    keys: str | Path | None, credentials: Credentials | None, curve: bool | None
+) -> Credentials | None:
+    """CURVE settings from explicit credentials or a keys folder; ``curve=False`` means plaintext."""
+    if curve is False:
+        return None
+    if credentials is not None:
+        return credentials
+    if keys is not None:
+        return Credentials.from_dir(Path(keys))
+    if curve:
+        raise ConnectorError("CURVE requested but neither keys nor credentials were given")
+    return None
+
+
+def reply_or_raise(reply: mc0.Ok | mc0.Error, what: str) -> mc0.Ok:
+    if isinstance(reply, mc0.Error):
+        raise ConnectorError(f"broker refused {what}: {reply.message.decode('utf-8', 'replace')}")
+    return reply
+
+
+class Client:
+    """A blocking mc0 client.
+
+    >>> with Client("tcp://127.0.0.1:61616", keys="keys") as client:   # doctest: +SKIP
+    ...     client.subscribe("orders")
+    ...     client.publish("orders", "hello")
+    ...     print(client.receive(timeout=1).text)
+    """
+
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        *,
+        keys: str | Path | None = None,
+        credentials: Credentials | None = None,
+        curve: bool | None = None,
+        ttl: int | None = 30_000,
+        timeout: float = 5.0,
+        max_outbox: int = 100_000,
+        max_inbox: int = 100_000,
+    ) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.reconnects = 0
+        self._credentials = resolve_credentials(keys, credentials, curve)
+        self._core = ClientCore(ttl)
+        self._outbox: deque[Publish | _Request | _Close] = deque()
+        self._inbox: deque[Message] = deque()
+        self._arrived = threading.Event()
+        self._room = threading.Condition()
+        self._max_outbox = max_outbox
+        self._max_inbox = max_inbox
+        self._signaled = False
+        self._room_wanted = False  # a publisher waits for outbox room: the I/O thread notifies after draining
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._context = zmq.Context()
+        self._socket: zmq.Socket | None = None
+        self._waiting: dict[bytes, _Request] = {}
+        self._unsent: deque[mc0.Frames] = deque()
+        self._connected: Future[None] = Future()
+        self._thread = threading.Thread(target=self._run, name=f"mc0-client {endpoint}", daemon=True)
+        self._thread.start()
+        try:
+            self._connected.result(timeout)
+        except FutureTimeout:
+            self._shutdown()
+            raise ConnectorError(
+                f"no answer to CONNECT from {endpoint} within {timeout:g}s "
+                "(broker down, wrong server key, or this client's key is not admitted)"
+            ) from None
+        except BaseException:
+            self._shutdown()
+            raise
+
+    # ------------------------------------------------------------------------------------------ public methods
+
+    def publish(
+        self,
+        topic: str | bytes,
+        body: str | bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        confirm: bool = False,
+        timeout: float | None = None,
+    ) -> dict[str, str] | None:
+        """Publish one message. Fire-and-forget by default; ``confirm=True`` waits for the broker's OK and
+        returns its headers (``MESSAGE-ID`` among them)."""
+        item = (to_bytes(topic), to_bytes(body), encode_headers(headers))
+        if confirm:
+            reply = self._call(mc0.Put(*item[:2], None, item[2]), timeout, "PUT")
+            return {k.decode(): v.decode("utf-8", "replace") for k, v in reply.headers.items()}
+        if len(self._outbox) >= self._max_outbox:
+            self._wait_for_room(timeout)
+        self._outbox.append(item)
+        if not self._signaled:
+            self._wake()
+        return None
+
+    def subscribe(self, *topics: str | bytes, timeout: float | None = None) -> None:
+        """Subscribe and wait for the broker's OK; raises ConnectorError on ERROR or timeout."""
+        self._call(mc0.Sub([to_bytes(t) for t in topics]), timeout, "SUB")
+
+    def unsubscribe(self, *topics: str | bytes, timeout: float | None = None) -> None:
+        self._call(mc0.Unsub([to_bytes(t) for t in topics]), timeout, "UNSUB")
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Return once the broker has taken every message published before this call (a NOOP round trip)."""
+        self._call(mc0.Noop(), timeout, "NOOP")
+
+    def stats(self, timeout: float | None = None) -> dict[str, Any]:
+        reply = self._call(mc0.Stats(), timeout, "STATS")
+        return json.loads(reply.body or b"{}")
+
+    def receive(self, timeout: float | None = None) -> Message | None:
+        """The next delivered message, or None after ``timeout`` seconds (None = wait forever)."""
+        inbox = self._inbox
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._arrived.clear()
+            try:
+                return inbox.popleft()
+            except IndexError:
+                pass
+            self._check()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            if self._paused_reading:
+                self._wake()  # we just made room: let the I/O thread read again
+            self._arrived.wait(remaining if remaining is None else min(remaining, 1.0))
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            message = self.receive()
+            if message is not None:
+                yield message
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is queued, say DISCONNECT and stop the I/O thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        closing = _Close()
+        self._outbox.append(closing)
+        self._wake()
+        with contextlib.suppress(FutureTimeout, ConnectorError):
+            closing.future.result(timeout)
+        self._shutdown()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def pending(self) -> int:
+        """Messages received but not yet taken with receive()."""
+        return len(self._inbox)
+
+    # ------------------------------------------------------------------------------------ caller-side helpers
+
+    @property
+    def _paused_reading(self) -> bool:
+        return len(self._inbox) >= self._max_inbox
+
+    def _wake(self) -> None:
+        self._signaled = True
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"!")
+
+    def _check(self) -> None:
+        if self._failure is not None:
+            raise ConnectorError(f"client stopped: {self._failure}") from self._failure
+        if self._closed:
+            raise ConnectorError("client is closed")
+
+    def _call(self, event: Any, timeout: float | None, what: str) -> mc0.Ok:
+        self._check()
+        request = _Request(event)
+        self._outbox.append(request)
+        self._wake()
+        wait = self.timeout if timeout is None else timeout
+        try:
+            reply = request.future.result(wait)
+        except FutureTimeout:
+            raise ConnectorError(f"no answer to {what} within {wait:g}s") from None
+        return reply_or_raise(reply, what)
+
+    def _wait_for_room(self, timeout: float | None) -> None:
+        wait = self.timeout if timeout is None else timeout
+        with self._room:
+            self._room_wanted = True
+            if not self._room.wait_for(lambda: len(self._outbox) < self._max_outbox or self._failure, wait):
+                raise ConnectorError(f"outbox full for {wait:g}s: the broker is not taking messages")
+        self._check()
+
+    def _shutdown(self) -> None:
+        self._closed = True
+        self._wake()
+        self._thread.join(timeout=5)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._context.term()
+
+    # ------------------------------------------------------------------------------------------ the I/O thread
+
+    def _run(self) -> None:
+        try:
+            self._open()
+            self._loop()
+        except BaseException as error:  # surfaced to callers through _check() and their futures
+            self._failure = error
+            if not self._connected.done():
+                self._connected.set_exception(ConnectorError(str(error)))
+        finally:
+            for request in self._waiting.values():
+                if not request.future.done():
+                    request.future.set_exception(ConnectorError("client stopped before the broker answered"))
+            for item in self._outbox:
+                if isinstance(item, _Request | _Close) and not item.future.done():
+                    item.future.set_exception(ConnectorError("client stopped"))
+            if self._socket is not None:
+                self._socket.close(linger=0)
+            with self._room:
+                self._room.notify_all()
+            self._arrived.set()
+
+    def _open(self) -> None:
+        """A new DEALER (new identity), CONNECT, and SUB for everything subscribed before."""
+        if self._socket is not None:
+            self._socket.close(linger=0)
+        self._socket = make_socket(self._context, self.endpoint, self._credentials)
+        self._unsent.clear()
+        for request in self._waiting.values():
+            request.future.set_exception(ConnectorError("connection to the broker was lost"))
+        self._waiting.clear()
+        now = time.monotonic()
+        command_id, frames = self._core.connect(now)
+        connect = _Request(None)
+        connect.future.add_done_callback(self._on_connected)
+        self._waiting[command_id] = connect
+        self._send(frames, now)
+        for command_id, frames in self._core.resubscribe():
+            self._waiting[command_id] = _Request(None)
+            self._send(frames, now)
+
+    def _on_connected(self, future: Future[mc0.Ok]) -> None:
+        with contextlib.suppress(BaseException):
+            reply = future.result()
+            if isinstance(reply, mc0.Ok):
+                self._core.connected(reply)
+                if not self._connected.done():
+                    self._connected.set_result(None)
+            elif not self._connected.done():
+                self._connected.set_exception(ConnectorError(reply.message.decode("utf-8", "replace")))
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._wake_r, zmq.POLLIN)
+        core = self._core
+        while True:
+            socket = self._socket
+            assert socket is not None
+            flags = 0 if self._paused_reading else zmq.POLLIN
+            if self._unsent:
+                flags |= zmq.POLLOUT
+            poller.register(socket, flags)  # register() on a registered socket modifies its flags
+            timer = core.next_timer(time.monotonic())
+            events = dict(poller.poll(None if timer is None else int(timer * 1000) + 1))
+            poller.unregister(socket)
+            if self._wake_r in events:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+            self._signaled = False  # cleared before the outbox is drained, so no publish is left unseen
+            now = time.monotonic()
+            if self._closed and self._failure is None and not any(isinstance(i, _Close) for i in self._outbox):
+                return  # shut down without a clean close
+            self._read(socket, now)
+            if self._write(now):
+                return
+            if core.noop_due(now):
+                self._send(mc0.encode(mc0.Noop()), now)
+            if core.broker_silent(now) and not self._data_waiting(socket):
+                self.reconnects += 1
+                self._open()
+
+    def _data_waiting(self, socket: zmq.Socket) -> bool:
+        # While reading is paused for a full inbox, unread data proves the broker is alive.
+        return self._paused_reading and bool(socket.get(zmq.EVENTS) & zmq.POLLIN)
+
+    def _read(self, socket: zmq.Socket, now: float) -> None:
+        if self._paused_reading:
+            return
+        core = self._core
+        got = False
+        for _ in range(READ_BUDGET):
+            try:
+                frames = socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            messages, reply = core.receive(frames, now)
+            if messages:
+                self._inbox.extend(messages)
+                got = True
+            elif reply is not None and reply.id is not None:
+                request = self._waiting.pop(reply.id, None)
+                if request is not None:
+                    self._settle(request, reply)
+        if got:
+            self._arrived.set()
+
+    def _settle(self, request: _Request, reply: mc0.Ok | mc0.Error) -> None:
+        if isinstance(reply, mc0.Error) and isinstance(request.event, mc0.Sub):
+            for topic in request.event.topics:
+                self._core.subscriptions.pop(topic, None)
+        if not request.future.done():
+            request.future.set_result(reply)
+
+    def _write(self, now: float) -> bool:
+        """Send what callers queued, in order; True once a close has been carried out."""
+        while self._unsent:
+            if not self._send(self._unsent[0], now, retry=True):
+                return False
+            self._unsent.popleft()
+        outbox = self._outbox
+        core = self._core
+        batch: list[Publish] = []
+        while outbox:
+            item = outbox.popleft()
+            if type(item) is tuple:
+                batch.append(item)
+                continue
+            self._send_publishes(batch, now)
+            batch = []
+            if isinstance(item, _Close):
+                self._send(mc0.encode(mc0.Disconnect()), now)
+                item.future.set_result(None)
+                return True
+            if isinstance(item.event, mc0.Sub):
+                for topic in item.event.topics:
+                    core.subscriptions[topic] = None
+            elif isinstance(item.event, mc0.Unsub):
+                for topic in item.event.topics:
+                    core.subscriptions.pop(topic, None)
+            command_id, frames = core.request(item.event)
+            self._waiting[command_id] = item
+            self._send(frames, now)
+        self._send_publishes(batch, now)
+        if self._room_wanted:
+            with self._room:
+                self._room.notify_all()
+        return False
+
+    def _send_publishes(self, batch: list[Publish], now: float) -> None:
+        if batch:
+            for frames in self._core.pack(batch):
+                self._send(frames, now)
+
+    def _send(self, frames: mc0.Frames, now: float, retry: bool = False) -> bool:
+        """Send or keep in order for later; never blocks the I/O thread."""
+        if self._unsent and not retry:
+            self._unsent.append(frames)
+            return False
+        socket = self._socket
+        assert socket is not None
+        try:
+            socket.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            if not retry:
+                self._unsent.append(frames)
+            return False
+        self._core.sent(now)
+        return True
