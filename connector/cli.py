@@ -1,0 +1,249 @@
+"""The ``mc0`` command: run the broker, publish, subscribe, manage keys, show stats.
+
+Errors are one clear line and a non-zero exit, never a traceback: every failure the library reports by exception
+(:class:`ConnectorError`, key files, configuration, sockets) becomes a ``click.ClickException``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import zmq
+
+from connector.client import DEFAULT_ENDPOINT, Client
+from connector.core import ConnectorError, Message
+from connector.keys import KeyFileError
+
+#: Runs at least this long get a progress bar on stderr.
+PROGRESS_FROM = 10_000
+
+
+class _Group(click.Group):
+    """Turns the library's exceptions into one-line errors."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from broker.config import ConfigError  # the broker is optional for client-only commands
+
+        try:
+            return super().invoke(ctx)
+        except (ConnectorError, KeyFileError, ConfigError) as error:
+            raise click.ClickException(str(error)) from None
+        except zmq.ZMQError as error:
+            raise click.ClickException(f"ZeroMQ: {error}") from None
+        except OSError as error:
+            raise click.ClickException(f"{error.filename or ''}{': ' if error.filename else ''}{error.strerror}") \
+                from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mc0")
+def main() -> None:
+    """mc0: a message broker with one topic engine behind several wire dialects."""
+
+
+def _client_options(func: Any) -> Any:
+    func = click.option("--no-curve", is_flag=True, help="Plaintext (only against a broker run with --no-curve).")(func)
+    func = click.option("--keys", "keys_dir", default="keys", envvar="MC0_KEYS", show_default=True,
+                        type=click.Path(path_type=Path), help="Folder with broker.key and client.key_secret.")(func)
+    func = click.option("--broker", "endpoint", default=DEFAULT_ENDPOINT, envvar="MC0_BROKER", show_default=True,
+                        help="Broker endpoint.")(func)
+    return func
+
+
+def _connect(endpoint: str, keys_dir: Path, no_curve: bool, **options: Any) -> Client:
+    if no_curve:
+        return Client(endpoint, curve=False, **options)
+    return Client(endpoint, keys=keys_dir, **options)
+
+
+# ----------------------------------------------------------------------------------------------------- broker
+
+
+@main.command()
+@click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="TOML configuration (optional; defaults are embedded).")
+@click.option("--bind", help="mc0 ROUTER endpoint [default: tcp://*:61616].")
+@click.option("--keys", "keys_dir", type=click.Path(path_type=Path), envvar="MC0_KEYS",
+              help="Keys folder [default: keys].")
+@click.option("--no-curve", is_flag=True, help="Plaintext, any client admitted: development only.")
+@click.option("--allow-any-client", is_flag=True, help="CURVE encryption without the client allow-list.")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              help="Logging level [default: INFO].")
+def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, no_curve: bool,
+           allow_any_client: bool, log_level: str | None) -> None:
+    """Run the broker until SIGINT or SIGTERM."""
+    from broker import config as broker_config
+    from broker import server
+
+    config = broker_config.load(config_file).replace(
+        bind=bind, keys_dir=keys_dir, log_level=log_level.upper() if log_level else None,
+        curve=False if no_curve else None, allow_any_client=True if allow_any_client else None,
+    )
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not config.curve:
+        click.secho("WARNING: CURVE is off. Traffic is plaintext and any client may connect.", fg="red",
+                    bold=True, err=True)
+    created = server.ensure_keys(config)
+    if created:
+        keys = config.keys_dir
+        click.echo(f"Created CURVE keys in {keys}/:", err=True)
+        for path in created:
+            click.echo(f"  {path}", err=True)
+        click.echo(
+            f"Clients pin {keys}/broker.key and use a key pair whose public half is in {keys}/allowed/.\n"
+            f"The default client pair is {keys}/client.key_secret: `mc0 sub TOPIC --keys {keys}` uses it;\n"
+            f"in Python: Client(endpoint, keys={str(keys)!r}).",
+            err=True,
+        )
+
+    def ready(running: server.Broker) -> None:
+        click.echo(f"mc0 broker listening on {running.endpoint}", err=True)
+
+    server.run(config, ready)
+
+
+# ------------------------------------------------------------------------------------------------ pub and sub
+
+
+def _parse_headers(pairs: tuple[str, ...]) -> dict[str, str]:
+    headers = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not K=V", param_hint="--header")
+        headers[key] = value
+    return headers
+
+
+def _stdin_lines() -> Iterator[bytes]:
+    for line in click.get_binary_stream("stdin"):
+        yield line.rstrip(b"\r\n")
+
+
+@main.command()
+@click.argument("topic")
+@click.argument("message", required=False)
+@_client_options
+@click.option("--header", "-H", "header_pairs", multiple=True, metavar="K=V", help="Header (repeatable).")
+@click.option("--count", "-n", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Publish MESSAGE this many times (load generation).")
+@click.option("--rate", type=click.FloatRange(min=0), default=0, help="Messages per second (0 = as fast as possible).")
+@click.option("--confirm", is_flag=True, help="Wait for the broker's OK for every message.")
+def pub(topic: str, message: str | None, endpoint: str, keys_dir: Path, no_curve: bool,
+        header_pairs: tuple[str, ...], count: int, rate: float, confirm: bool) -> None:
+    """Publish MESSAGE to TOPIC, or each line of stdin when MESSAGE is omitted."""
+    headers = _parse_headers(header_pairs)
+    with _connect(endpoint, keys_dir, no_curve) as client:
+        if message is None:
+            sent = 0
+            for line in _stdin_lines():
+                client.publish(topic, line, headers, confirm=confirm)
+                sent += 1
+            client.flush()
+            click.echo(f"published {sent} message(s) to {topic}", err=True)
+            return
+        body = message.encode()
+        interval = 1.0 / rate if rate else 0.0
+        start = time.monotonic()
+        with click.progressbar(length=count, label=f"publishing to {topic}", file=sys.stderr,
+                               hidden=count < PROGRESS_FROM) as bar:
+            for n in range(count):
+                if interval:
+                    delay = start + n * interval - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                client.publish(topic, body, headers, confirm=confirm)
+                if n % 1000 == 999:
+                    bar.update(1000)
+            bar.update(count % 1000)
+        client.flush()
+        if count >= PROGRESS_FROM:
+            elapsed = time.monotonic() - start
+            click.echo(f"published {count} messages in {elapsed:.2f}s ({count / elapsed:,.0f}/s)", err=True)
+
+
+def _as_json(message: Message) -> str:
+    return json.dumps({
+        "topic": message.topic, "id": message.id, "timestamp": message.timestamp, "headers": message.headers,
+        "body": message.body.decode("utf-8", "replace"),
+    })
+
+
+@main.command()
+@click.argument("topics", nargs=-1, required=True)
+@_client_options
+@click.option("--count", "-n", type=click.IntRange(min=1), help="Exit after N messages.")
+@click.option("--timeout", type=click.FloatRange(min=0), help="Exit after this many seconds without a message.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per message, with id and headers.")
+def sub(topics: tuple[str, ...], endpoint: str, keys_dir: Path, no_curve: bool, count: int | None,
+        timeout: float | None, as_json: bool) -> None:
+    """Print the messages published to TOPICS, one per line."""
+    out = click.get_text_stream("stdout")
+    with _connect(endpoint, keys_dir, no_curve) as client:
+        client.subscribe(*topics)
+        received = 0
+        try:
+            while count is None or received < count:
+                message = client.receive(timeout=timeout)
+                if message is None:
+                    break
+                out.write((_as_json(message) if as_json else message.text) + "\n")
+                out.flush()
+                received += 1
+        except KeyboardInterrupt:
+            pass
+
+
+# ----------------------------------------------------------------------------------------------- keys, stats
+
+
+@main.group()
+def keys() -> None:
+    """Manage CURVE certificates."""
+
+
+@keys.command("generate")
+@click.option("--keys", "keys_dir", default="keys", envvar="MC0_KEYS", show_default=True,
+              type=click.Path(path_type=Path), help="Keys folder.")
+@click.option("--client", "clients", multiple=True, metavar="NAME",
+              help="Client certificate to create and admit (repeatable) [default: client].")
+@click.option("--force", is_flag=True, help="Replace existing pairs (clients pinned to the old broker key break).")
+def keys_generate(keys_dir: Path, clients: tuple[str, ...], force: bool) -> None:
+    """Create the broker key pair and client certificates admitted by the broker."""
+    from connector import keys as key_files
+
+    written = key_files.generate(keys_dir, clients or (key_files.CLIENT,), force=force)
+    if not written:
+        click.echo(f"{keys_dir}: every requested key pair exists already (use --force to replace)")
+    for path in written:
+        click.echo(f"wrote {path}")
+
+
+@main.command()
+@_client_options
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+def stats(endpoint: str, keys_dir: Path, no_curve: bool, as_json: bool) -> None:
+    """Show the broker's uptime, connections and per-topic counters."""
+    with _connect(endpoint, keys_dir, no_curve, ttl=None) as client:
+        data = client.stats()
+    if as_json:
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+    click.echo(f"uptime       {data['uptime_seconds']:.0f}s")
+    click.echo("connections  " + ", ".join(f"{k} {v}" for k, v in data["connections"].items()))
+    topics = data["topics"]
+    if not topics:
+        click.echo("topics       (none)")
+        return
+    width = max(len(name) for name in topics)
+    click.echo(f"{'topic':<{width}}  {'delivery':<11} {'subs':>5} {'in':>10} {'out':>10} {'dropped':>8}")
+    for name, topic in sorted(topics.items()):
+        click.echo(f"{name:<{width}}  {topic['delivery']:<11} {topic['subscribers']:>5} {topic['messages_in']:>10} "
+                   f"{topic['messages_out']:>10} {topic['dropped']:>8}")
