@@ -30,6 +30,7 @@ from connector.core import (
     ClientCore,
     ConnectorError,
     Message,
+    NO_HEADERS,
     Publish,
     encode_headers,
     to_bytes,
@@ -125,6 +126,8 @@ class Client:
         self._max_outbox = max_outbox
         self._max_inbox = max_inbox
         self._signaled = False
+        self._read_paused = False  # the I/O thread stopped reading because the inbox is full
+        self._topics: dict[str | bytes, bytes] = {}
         self._room_wanted = False  # a publisher waits for outbox room: the I/O thread notifies after draining
         self._closed = False
         self._failure: BaseException | None = None
@@ -162,9 +165,15 @@ class Client:
     ) -> dict[str, str] | None:
         """Publish one message. Fire-and-forget by default; ``confirm=True`` waits for the broker's OK and
         returns its headers (``MESSAGE-ID`` among them)."""
-        item = (to_bytes(topic), to_bytes(body), encode_headers(headers))
+        # The fast path is a few dictionary and type checks: one call per message is the publisher's whole cost.
+        raw_topic = self._topics.get(topic)
+        if raw_topic is None:
+            raw_topic = self._topics[topic] = to_bytes(topic)
+        if type(body) is not bytes:
+            body = to_bytes(body)
+        item = (raw_topic, body, encode_headers(headers) if headers else NO_HEADERS)
         if confirm:
-            reply = self._call(mc0.Put(*item[:2], None, item[2]), timeout, "PUT")
+            reply = self._call(mc0.Put(raw_topic, body, None, item[2]), timeout, "PUT")
             return {k.decode(): v.decode("utf-8", "replace") for k, v in reply.headers.items()}
         if len(self._outbox) >= self._max_outbox:
             self._wait_for_room(timeout)
@@ -191,6 +200,12 @@ class Client:
     def receive(self, timeout: float | None = None) -> Message | None:
         """The next delivered message, or None after ``timeout`` seconds (None = wait forever)."""
         inbox = self._inbox
+        if inbox:
+            message = inbox.popleft()  # fast path: no lock, no clock
+            if self._read_paused and len(inbox) <= self._max_inbox // 2:
+                self._read_paused = False
+                self._wake()  # room again: the I/O thread resumes reading the socket
+            return message
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._arrived.clear()
@@ -202,8 +217,9 @@ class Client:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return None
-            if self._paused_reading:
-                self._wake()  # we just made room: let the I/O thread read again
+            if self._read_paused:
+                self._read_paused = False
+                self._wake()  # the inbox is empty: let the I/O thread read again
             self._arrived.wait(remaining if remaining is None else min(remaining, 1.0))
 
     def __iter__(self) -> Iterator[Message]:
@@ -340,7 +356,8 @@ class Client:
         while True:
             socket = self._socket
             assert socket is not None
-            flags = 0 if self._paused_reading else zmq.POLLIN
+            self._read_paused = self._paused_reading
+            flags = 0 if self._read_paused else zmq.POLLIN
             if self._unsent:
                 flags |= zmq.POLLOUT
             poller.register(socket, flags)  # register() on a registered socket modifies its flags

@@ -26,9 +26,12 @@ class ConnectorError(Exception):
     """The broker refused a command, did not answer in time, or the client was used after close()."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Message:
-    """A delivered message. ``id`` and ``timestamp`` (ms since the epoch) are set by brokers that speak ``ids``."""
+    """A delivered message. ``id`` and ``timestamp`` (ms since the epoch) are set by brokers that speak ``ids``.
+
+    Not frozen on purpose: a frozen dataclass costs several times more to build, and one is built per delivery.
+    """
 
     topic: str
     body: bytes
@@ -54,6 +57,9 @@ def encode_headers(headers: dict[str, str] | dict[bytes, bytes] | None) -> dict[
         return {}
     return {to_bytes(k): to_bytes(v) for k, v in headers.items()}
 
+
+#: Shared by every header-less publish; treated as read-only everywhere.
+NO_HEADERS: dict[bytes, bytes] = {}
 
 #: One queued publish: (topic, body, headers) as bytes, headers possibly empty.
 Publish = tuple[bytes, bytes, dict[bytes, bytes]]
@@ -115,6 +121,13 @@ class ClientCore:
         packb = mc0.msgpack.packb
         while start < total:
             end = min(total, start + BATCH_MAX_MESSAGES)
+            size = 0
+            for index in range(start, end):
+                # Bounded in bytes too: a frame over the broker's max_message_size would cost the connection.
+                size += len(publishes[index][1])
+                if size >= BATCH_MAX_BYTES:
+                    end = index + 1
+                    break
             chunk = publishes[start:end]
             yield [b"", b"PUTS", b"", packb([(t, b, h) if h else (t, b) for t, b, h in chunk], use_bin_type=True)]
             start = end
@@ -133,6 +146,9 @@ class ClientCore:
         match event:
             case mc0.Message(topic, body, headers, message_id, timestamp):
                 return [Message(self._topic(topic), body, _text_headers(headers), message_id, timestamp)], None
+            case mc0.Messages(items):  # a batch framed without the delimiter misses the fast path above
+                return [Message(self._topic(i.topic), i.body, _text_headers(i.headers), i.message_id, i.timestamp)
+                        for i in items], None
             case mc0.Ok() | mc0.Error():
                 return [], event
         return [], None  # NOOP (liveness already recorded) or anything a client need not act on
@@ -158,7 +174,7 @@ class ClientCore:
                     out.append(Message(topic_name(entry[0]), entry[3], {}, entry[1], entry[2]))
                 else:
                     out.append(Message(topic_name(entry[0]), entry[3], _text_headers(entry[4]), entry[1], entry[2]))
-        except (TypeError, AttributeError, IndexError):
+        except (TypeError, AttributeError, IndexError, KeyError):
             pass  # a malformed entry from a broker bug: keep what parsed, never kill the client
         return out
 

@@ -1,4 +1,4 @@
-"""CURVE certificates on disk, in pyzmq's certificate format (``NAME.key`` public, ``NAME.key_secret`` secret).
+"""CURVE certificates on disk in pyzmq's certificate format (``NAME.key`` public, ``NAME.key_secret`` secret).
 
 The layout of a keys folder (see ``keys/README.md``)::
 
@@ -45,7 +45,7 @@ def load(path: Path) -> KeyPair:
 
 def _write_pair(folder: Path, name: str) -> KeyPair:
     folder.mkdir(parents=True, exist_ok=True)
-    public_file, secret_file = zmq.auth.create_certificates(folder, name)
+    _, secret_file = zmq.auth.create_certificates(folder, name)
     os.chmod(secret_file, 0o600)
     return load(Path(secret_file))
 
@@ -106,7 +106,9 @@ class Credentials:
     def from_dir(cls, keys_dir: Path, name: str = CLIENT) -> Credentials:
         server = Path(keys_dir) / f"{BROKER}.key"
         if not server.exists():
-            raise KeyFileError(f"no broker public key {server}; start the broker once or run `mc0 keys generate`")
+            raise KeyFileError(
+                f"no broker public key {server}; start the broker once or run `mc0 keys generate`"
+            )
         pair = client_pair(keys_dir, name)
         assert pair.secret is not None  # client_pair checked it
         return cls(broker_public(keys_dir), pair.public, pair.secret)

@@ -1,0 +1,63 @@
+"""``python -m bench``: mc0 against libzmq's C proxy and a plain Python forwarder, same clients, same run.
+
+Prints deliveries per second for 1 → 1, 1 → 4 fan-out and 1 → 2 round-robin with 100-byte messages, and one-way
+latency (p50/p99) at a paced 1,000 msg/s, each with mc0's ratio against both baselines. The target for the
+foundation: mc0 ≥ 1.0 × the libzmq proxy on 1 → 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+
+import zmq
+
+from bench.throughput import Result, median_case
+
+SYSTEMS = ("zmq-proxy", "py-forwarder", "mc0")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--messages", type=int, default=200_000, help="messages per throughput run")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
+    parser.add_argument("--latency-seconds", type=float, default=3.0, help="length of the paced latency run")
+    args = parser.parse_args(argv)
+
+    print(f"python {platform.python_version()}, pyzmq {zmq.pyzmq_version()}, libzmq {zmq.zmq_version()}, "
+          f"{args.messages:,} x {100}-byte messages, median of {args.repeat}")
+    scenarios = [
+        ("1 -> 1", "broadcast", 1, args.messages, 0.0),
+        ("1 -> 4 fan-out", "broadcast", 4, args.messages // 2, 0.0),
+        ("1 -> 2 round-robin", "round-robin", 2, args.messages, 0.0),
+        ("latency @1000/s", "broadcast", 1, int(1000 * args.latency_seconds), 1000.0),
+    ]
+    header = f"{'scenario':<22}" + "".join(f"{s:>14}" for s in SYSTEMS) + f"{'mc0/zmq-proxy':>15}{'mc0/py-fwd':>12}"
+    print(header)
+    print("-" * len(header))
+    target_met = True
+    for name, mode, subscribers, messages, rate in scenarios:
+        results: dict[str, Result] = {}
+        for system in SYSTEMS:
+            results[system] = median_case(system, mode, subscribers, messages, args.repeat, rate)
+        if rate:
+            for label, attr in (("p50 us", "p50_us"), ("p99 us", "p99_us")):
+                row = [getattr(results[s], attr) for s in SYSTEMS]
+                print(f"{name + ' ' + label:<22}" + "".join(f"{v:>14,.0f}" for v in row)
+                      + f"{row[2] / row[0]:>15.2f}{row[2] / row[1]:>12.2f}")
+            continue
+        row = [results[s].rate for s in SYSTEMS]
+        lost = {s: results[s].expected - results[s].delivered for s in SYSTEMS if results[s].delivered
+                < results[s].expected}
+        print(f"{name + ' msg/s':<22}" + "".join(f"{v:>14,.0f}" for v in row)
+              + f"{row[2] / row[0]:>15.2f}{row[2] / row[1]:>12.2f}"
+              + (f"   lost: {lost}" if lost else ""))
+        if name == "1 -> 1":
+            target_met = row[2] >= row[0]
+    print(f"\ntarget mc0 >= 1.0 x zmq-proxy on 1 -> 1: {'met' if target_met else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""mc0 against two baselines measured in the same run, with the same Python client processes.
+
+Systems (each in its own process, on loopback):
+
+* ``zmq-proxy``: libzmq's own C proxy (``zmq.proxy``) between raw pyzmq clients: XSUB/XPUB for broadcast,
+  PULL/PUSH for round-robin. The C speed reference.
+* ``py-forwarder``: a minimal pure-Python ROUTER forwarder, one message per wake-up (what a naive broker does).
+* ``mc0``: the broker with the connector's default settings (``connector.Client``).
+
+Scenarios: 1 publisher → 1 subscriber, 1 → 4 fan-out (broadcast), 1 → 2 round-robin, and one-way latency at a
+paced 1,000 msg/s. Throughput counts deliveries per second at the subscribers, from the first delivery to the last;
+every figure is printed with its ratio against the baselines, because these machines are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+BODY_SIZE = 100
+TOPIC = b"bench"
+QUIET = 2.0  # seconds without a delivery before a subscriber gives up (a baseline that loses messages)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stamped_body(seq: int) -> bytes:
+    """A 100-byte body carrying its send time (monotonic ns, the same clock in every process) and a sequence."""
+    return struct.pack("!qq", time.monotonic_ns(), seq).ljust(BODY_SIZE, b".")
+
+
+def sent_at(body: bytes) -> int:
+    return struct.unpack_from("!q", body)[0]
+
+
+# ---------------------------------------------------------------------------------------------------- servers
+
+
+def serve_zmq_proxy(port: int, mode: str, ready: Any) -> None:
+    context = zmq.Context()
+    front = context.socket(zmq.XSUB if mode == "broadcast" else zmq.PULL)
+    back = context.socket(zmq.XPUB if mode == "broadcast" else zmq.PUSH)
+    for sock in (front, back):
+        sock.sndhwm = sock.rcvhwm = 0  # unbounded: the baseline must not drop what it is measured on
+    front.bind(f"tcp://127.0.0.1:{port}")
+    back.bind(f"tcp://127.0.0.1:{port + 1}")
+    ready.set()
+    zmq.proxy(front, back)
+
+
+def serve_py_forwarder(port: int, mode: str, ready: Any) -> None:
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.sndhwm = router.rcvhwm = 0
+    router.bind(f"tcp://127.0.0.1:{port}")
+    ready.set()
+    subscribers: list[bytes] = []
+    turn = 0
+    while True:
+        identity, verb, *rest = router.recv_multipart()
+        if verb == b"SUB":
+            subscribers.append(identity)
+            router.send_multipart([identity, b"OK"])
+        elif verb == b"PUT":
+            if mode == "broadcast":
+                for subscriber in subscribers:
+                    router.send_multipart([subscriber, rest[0]])
+            elif subscribers:
+                turn = (turn + 1) % len(subscribers)
+                router.send_multipart([subscribers[turn], rest[0]])
+
+
+def serve_mc0(port: int, mode: str, ready: Any) -> None:
+    import logging
+
+    from broker import server
+    from broker.config import BrokerConfig
+    from broker.topics import Delivery, TopicRule, TopicSpec
+
+    logging.basicConfig(level=logging.ERROR)
+    delivery = Delivery.BROADCAST if mode == "broadcast" else Delivery.ROUND_ROBIN
+    config = BrokerConfig(
+        bind=f"tcp://127.0.0.1:{port}", curve=False, topics=(TopicRule("*", TopicSpec(delivery=delivery)),)
+    )
+    server.run(config, lambda _broker: ready.set())
+
+
+SERVERS: dict[str, Callable[[int, str, Any], None]] = {
+    "zmq-proxy": serve_zmq_proxy,
+    "py-forwarder": serve_py_forwarder,
+    "mc0": serve_mc0,
+}
+
+
+# ---------------------------------------------------------------------------------------------------- clients
+
+
+class RawSubscriber:
+    """The baseline clients' receiving side: one pyzmq recv per message."""
+
+    def __init__(self, system: str, port: int) -> None:
+        self.context = zmq.Context()
+        if system == "zmq-proxy":
+            self.socket = self.context.socket(zmq.SUB)
+            self.socket.rcvhwm = 0
+            self.socket.subscribe(b"")
+            self.socket.connect(f"tcp://127.0.0.1:{port + 1}")
+        else:
+            self.socket = self.context.socket(zmq.DEALER)
+            self.socket.rcvhwm = 0
+            self.socket.connect(f"tcp://127.0.0.1:{port}")
+            self.socket.send(b"SUB")
+            self.socket.recv()
+
+    def receive(self, timeout: float) -> bytes | None:
+        if self.socket.poll(int(timeout * 1000)):
+            return self.socket.recv()
+        return None
+
+
+class RawPullSubscriber(RawSubscriber):
+    def __init__(self, system: str, port: int) -> None:
+        if system != "zmq-proxy":
+            super().__init__(system, port)
+            return
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.PULL)
+        self.socket.rcvhwm = 0
+        self.socket.connect(f"tcp://127.0.0.1:{port + 1}")
+
+
+class Mc0Subscriber:
+    def __init__(self, port: int) -> None:
+        from connector import Client
+
+        self.client = Client(f"tcp://127.0.0.1:{port}", curve=False)
+        self.client.subscribe(TOPIC)
+
+    def receive(self, timeout: float) -> bytes | None:
+        message = self.client.receive(timeout)
+        return None if message is None else message.body
+
+
+def subscriber_process(system: str, mode: str, port: int, expected: int, latency: bool, ready: Any,
+                       results: Any) -> None:
+    if system == "mc0":
+        sub: Any = Mc0Subscriber(port)
+    elif mode == "round-robin":
+        sub = RawPullSubscriber(system, port)
+    else:
+        sub = RawSubscriber(system, port)
+    ready.set()
+    first = last = 0.0
+    count = 0
+    delays: list[int] = []
+    timeout = 30.0
+    while count < expected:
+        body = sub.receive(timeout)
+        if body is None:
+            break
+        now = time.perf_counter()
+        if latency:
+            delays.append(time.monotonic_ns() - sent_at(body))
+        if count == 0:
+            first = now
+            timeout = QUIET
+        last = now
+        count += 1
+    results.put({"count": count, "seconds": last - first, "delays": delays})
+
+
+def publisher_process(system: str, mode: str, port: int, count: int, rate: float, go: Any) -> None:
+    go.wait()
+    interval = 1.0 / rate if rate else 0.0
+    start = time.monotonic()
+    if system == "mc0":
+        from connector import Client
+
+        with Client(f"tcp://127.0.0.1:{port}", curve=False) as client:
+            publish = client.publish
+            for seq in range(count):
+                if interval:
+                    _pace(start, seq, interval)
+                    publish(TOPIC, stamped_body(seq))
+                else:
+                    publish(TOPIC, b"%-100d" % seq)
+            client.flush(timeout=120)
+        return
+    context = zmq.Context()
+    if system == "zmq-proxy":
+        sock = context.socket(zmq.PUB if mode == "broadcast" else zmq.PUSH)
+        sock.sndhwm = 0
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        time.sleep(0.3)  # PUB/XSUB subscription propagation
+        send = sock.send
+        for seq in range(count):
+            if interval:
+                _pace(start, seq, interval)
+            send(stamped_body(seq) if interval else b"%-100d" % seq)
+    else:
+        sock = context.socket(zmq.DEALER)
+        sock.sndhwm = 0
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        send_multipart = sock.send_multipart
+        for seq in range(count):
+            if interval:
+                _pace(start, seq, interval)
+            send_multipart([b"PUT", stamped_body(seq) if interval else b"%-100d" % seq])
+    sock.close(linger=10_000)
+    context.term()
+
+
+def _pace(start: float, seq: int, interval: float) -> None:
+    delay = start + seq * interval - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+# ---------------------------------------------------------------------------------------------------- running
+
+
+@dataclass
+class Result:
+    delivered: int
+    expected: int
+    rate: float  # deliveries per second, all subscribers together
+    p50_us: float = 0.0
+    p99_us: float = 0.0
+
+
+def run_case(system: str, mode: str, subscribers: int, messages: int, rate: float = 0.0) -> Result:
+    spawn = mp.get_context("spawn")
+    port = free_port() if system != "zmq-proxy" else _free_pair()
+    server_ready = spawn.Event()
+    server = spawn.Process(target=SERVERS[system], args=(port, mode, server_ready), daemon=True)
+    server.start()
+    try:
+        if not server_ready.wait(30):
+            raise RuntimeError(f"{system} did not start")
+        results = spawn.Queue()
+        per_subscriber = messages if mode == "broadcast" else messages // subscribers
+        readies = []
+        subs = []
+        for _ in range(subscribers):
+            ready = spawn.Event()
+            proc = spawn.Process(target=subscriber_process,
+                                 args=(system, mode, port, per_subscriber, rate > 0, ready, results), daemon=True)
+            proc.start()
+            readies.append(ready)
+            subs.append(proc)
+        for ready in readies:
+            if not ready.wait(30):
+                raise RuntimeError("subscriber did not start")
+        time.sleep(0.2)
+        go = spawn.Event()
+        publisher = spawn.Process(target=publisher_process, args=(system, mode, port, messages, rate, go),
+                                  daemon=True)
+        publisher.start()
+        go.set()
+        outcomes = [results.get(timeout=300) for _ in subs]
+        publisher.join(30)
+        for proc in subs:
+            proc.join(10)
+    finally:
+        server.kill()
+        server.join(5)
+    delivered = sum(o["count"] for o in outcomes)
+    seconds = max(o["seconds"] for o in outcomes) or 1e-9
+    result = Result(delivered, per_subscriber * subscribers, delivered / seconds)
+    delays = sorted(d for o in outcomes for d in o["delays"])
+    if delays:
+        result.p50_us = delays[len(delays) // 2] / 1000
+        result.p99_us = delays[min(len(delays) - 1, int(len(delays) * 0.99))] / 1000
+    return result
+
+
+def _free_pair() -> int:
+    """A port p with p+1 free too (the proxy binds two)."""
+    for _ in range(50):
+        port = free_port()
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no pair of free ports")
+
+
+def median_case(system: str, mode: str, subscribers: int, messages: int, repeat: int, rate: float = 0.0) -> Result:
+    runs = [run_case(system, mode, subscribers, messages, rate) for _ in range(repeat)]
+    runs.sort(key=lambda r: r.rate if not rate else r.p50_us)
+    return runs[len(runs) // 2]
