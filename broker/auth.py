@@ -1,8 +1,8 @@
 """CURVE on the broker's ROUTER: the server key pair on the socket and a ZAP handler admitting clients.
 
-The ZAP handler runs on the broker's own asyncio loop (pyzmq's ``AsyncioAuthenticator``). It admits the client
-public keys found in the allow-list folder, or any client key when the operator asked for encryption without an
-allow-list. The allow-list is re-read by :func:`reload` (the server calls it on SIGHUP).
+The ZAP handler runs on the broker's own asyncio loop (pyzmq's ``AsyncioAuthenticator``). It admits the
+client public keys found in the allow-list folder, or any client key when the operator asked for encryption
+without an allow-list. The allow-list is re-read by :func:`reload` (the server calls it on SIGHUP).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.topics import Delivery, Persistence, Sync, TopicRule, TopicRules, TopicSpec
+from broker.topics import DEFAULT_SPEC, Delivery, Persistence, Sync, TopicRule, TopicRules, TopicSpec
 
 DEFAULT_BIND = "tcp://*:61616"
 
@@ -72,7 +72,8 @@ def parse_topic_rule(entry: dict[str, Any], where: str) -> TopicRule:
     pattern = entry.get("pattern")
     if not isinstance(pattern, str) or not pattern:
         raise ConfigError(f"{where}: needs a non-empty string 'pattern'")
-    max_backlog = entry.get("max_backlog", TopicSpec.max_backlog)
+    # Not ``TopicSpec.max_backlog``: on a slots dataclass that is the field's descriptor, not its default.
+    max_backlog = entry.get("max_backlog", DEFAULT_SPEC.max_backlog)
     if not isinstance(max_backlog, int) or isinstance(max_backlog, bool):
         raise ConfigError(f"{where}.max_backlog: must be an integer, not {max_backlog!r}")
     try:

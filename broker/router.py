@@ -1,13 +1,14 @@
-"""The mc0 door: a ZeroMQ ROUTER socket glued to the engine. A thin shell: the codec decides what frames mean,
-the engine decides where messages go, this module moves frames and keeps per-client session state.
+"""The mc0 door: a ZeroMQ ROUTER socket glued to the engine. A thin shell: the codec decides what frames
+mean, the engine decides where messages go, this module moves frames and keeps per-client session state.
 
-One turn of the loop: wait until the socket is readable (or a heartbeat tick is due), take up to ``recv_budget``
-commands without blocking, handle them all, then flush: replies first (in arrival order), then every delivery the
-turn produced, batched per client. Batching per turn is what lets one Python process keep up with C brokers.
+One turn of the loop: wait until the socket is readable (or a heartbeat tick is due), take up to
+``recv_budget`` commands without blocking, handle them all, then flush: replies first (in arrival order),
+then every delivery the turn produced, batched per client. Batching per turn is what lets one Python process
+keep up with C brokers.
 
 Sends use ``ROUTER_MANDATORY`` so that a message to a vanished peer raises instead of vanishing: the peer's
-session and subscriptions are then dropped. A peer whose pipe is full (``EAGAIN``) keeps its deliveries pending
-(bounded by the engine) and is retried on the next turn.
+session and subscriptions are then dropped. A peer whose pipe is full (``EAGAIN``) keeps its deliveries
+pending (bounded by the engine) and is retried after a short delay that backs off while the pipe stays full.
 """
 
 from __future__ import annotations
@@ -23,16 +24,23 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from broker.engine import Engine, EngineError, Message
+from broker.engine import Engine, EngineError, Message, Subscriber
 from broker.sessions import Session, Sessions
-from protocol import ProtocolError
-from protocol import mc0
+from protocol import ProtocolError, mc0
 
 log = logging.getLogger("mc0.router")
+
+#: Headers the broker itself writes on a delivered MESSAGE. A publisher setting one would have it doubled on
+#: the wire (a frame set no decoder accepts) or forge it (a fake MESSAGE-ID), so PUT and PUTS refuse them.
+DELIVERY_HEADERS = frozenset({mc0.TOPIC, mc0.ID, mc0.MESSAGE_ID, mc0.TIMESTAMP})
 
 #: Deliveries packed into one MESSAGES frame at most (bounds the frame and the subscriber's decode step).
 BATCH_MAX_MESSAGES = 1024
 BATCH_MAX_BYTES = 1 << 20
+
+#: While a client's pipe is full, write again after this long, doubling (up to the heartbeat tick) while no
+#: write succeeds. A ROUTER always polls writable, so there is no POLLOUT to wait for instead.
+RETRY_FIRST = 0.001
 
 
 class RouterShell:
@@ -63,15 +71,19 @@ class RouterShell:
         self.monotonic = monotonic
         self.wall_ms = wall_ms
         self.replies: list[tuple[Session, mc0.Frames]] = []
+        self.retry = 0.0  # seconds until the next write attempt while some client's pipe is full; 0 = none
         self.started = monotonic()
         self.counters = {"commands": 0, "errors": 0, "expired": 0, "unreachable": 0, "blocked": 0}
 
-    # ------------------------------------------------------------------------------------------------ the loop
+    # ----------------------------------------------------------------------------------------------- the loop
 
     async def run(self) -> None:
         next_tick = self.monotonic() + self.tick
         while True:
-            timeout_ms = max(0, int((next_tick - self.monotonic()) * 1000))
+            wait = next_tick - self.monotonic()
+            if self.retry:
+                wait = min(wait, self.retry)
+            timeout_ms = max(0, int(wait * 1000))
             ready = await self.socket.poll(timeout_ms, zmq.POLLIN)
             now = self.monotonic()
             if ready:
@@ -80,6 +92,8 @@ class RouterShell:
             if now >= next_tick:
                 self.heartbeat(now)
                 next_tick = now + self.tick
+                # An expired round-robin consumer's messages went to others: send them now, not a tick later.
+                self.flush(now)
             # Yield to the other tasks on the loop even when the socket never runs dry.
             await asyncio.sleep(0)
 
@@ -104,7 +118,7 @@ class RouterShell:
     # ---------------------------------------------------------------------------------------------- commands
 
     def handle(self, frames: list[bytes], now: float, wall: int) -> int:
-        """One command from one peer (``frames[0]`` is the ROUTER identity); returns the messages it carried."""
+        """One command from one peer (``frames[0]`` is the ROUTER identity); returns its message count."""
         identity = frames[0]
         session = self.sessions.get_or_create(identity, now, self.pending_limit)
         session.last_heard = now
@@ -116,27 +130,29 @@ class RouterShell:
         try:
             event = mc0.decode(body)
         except ProtocolError as error:
-            self.counters["errors"] += 1
-            self.reply(session, mc0.error_reply(error))
+            self.refuse(session, error, body)
             return 1
         try:
             self.dispatch(session, event, wall)
         except ProtocolError as error:
-            self.counters["errors"] += 1
-            self.reply(session, mc0.error_reply(error))
+            self.refuse(session, error, body)
         except EngineError as error:
             self.counters["errors"] += 1
             self.reply(session, mc0.Error(str(error).encode(), getattr(event, "id", None)))
-        return len(event.items) if type(event) is mc0.Puts else 1
+        # An empty PUTS still counts: the budget must run out even for a peer flooding empty batches.
+        return max(1, len(event.items)) if type(event) is mc0.Puts else 1
 
     def dispatch(self, session: Session, event: mc0.Event, wall: int) -> None:
         engine = self.engine
         match event:
             case mc0.Put(topic, body, command_id, headers):
+                _check_publish_headers(headers, command_id)
                 message = engine.publish(topic, body, headers, wall)
                 if command_id is not None:
                     self.ok(session, command_id, self._published(session, message))
             case mc0.Puts(items, command_id):
+                for item in items:  # all or nothing: check the whole batch before publishing any of it
+                    _check_publish_headers(item.headers, command_id)
                 publish = engine.publish
                 last = None
                 for item in items:
@@ -185,6 +201,15 @@ class RouterShell:
                 raise ProtocolError(f"{verb} is sent by the broker, not by clients",
                                     command_id=getattr(event, "id", None))
 
+    def refuse(self, session: Session, error: ProtocolError, body: list[bytes]) -> None:
+        """ERROR for a command, carrying its ID whenever it had one (mc0 requires it)."""
+        self.counters["errors"] += 1
+        if error.command_id is None:
+            # Some refusals come before (or without) the codec reading the ID: a broker-only verb's event
+            # (MESSAGE, MESSAGES) has no ID field, and a malformed one may fail before its ID is parsed.
+            error.command_id = _command_id(body)
+        self.reply(session, mc0.error_reply(error))
+
     @staticmethod
     def _published(session: Session, message: Message) -> dict[bytes, bytes]:
         if not session.ids:
@@ -197,7 +222,7 @@ class RouterShell:
     def reply(self, session: Session, event: mc0.Event) -> None:
         self.replies.append((session, mc0.encode(event, delimiter=session.delimiter)))
 
-    # -------------------------------------------------------------------------------------------------- output
+    # ------------------------------------------------------------------------------------------------- output
 
     def flush(self, now: float) -> None:
         """Send the turn's replies in order, then every client's pending deliveries."""
@@ -207,22 +232,37 @@ class RouterShell:
             for session, frames in replies:
                 self.send(session, frames, now)
         engine = self.engine
-        for subscriber in engine.take_ready():
-            session = subscriber.owner
-            pending = subscriber.pending
-            if not pending:
-                continue
-            subscriber.pending = []
-            sent = self._deliver(session, pending, now)
-            if sent < len(pending):
-                subscriber.pending = pending[sent:] + subscriber.pending
-                if session.identity in self.sessions.by_identity:
-                    engine.requeue_ready(subscriber)
-                else:
-                    engine.detach(subscriber)
-            subscriber.delivered += sent
-            if sent:
-                engine.room_available(subscriber)
+        blocked: list[Subscriber] = []
+        wrote = 0
+        # Writing out can make more deliveries ready in the same turn (a gone consumer's round-robin messages
+        # handed to the next one, a backlog moving into freed room): loop until nothing new is ready. Peers
+        # with a full pipe wait for the next turn, so the loop always ends.
+        while ready := engine.take_ready():
+            for subscriber in ready:
+                session = subscriber.owner
+                pending = subscriber.pending
+                if not pending:
+                    continue
+                subscriber.pending = []
+                sent = self._deliver(session, pending, now)
+                if sent < len(pending):
+                    subscriber.pending = pending[sent:] + subscriber.pending
+                    if self.sessions.by_identity.get(session.identity) is session:
+                        blocked.append(subscriber)
+                    else:
+                        engine.detach(subscriber)
+                subscriber.delivered += sent
+                wrote += sent
+                if sent:
+                    engine.room_available(subscriber)
+        for subscriber in blocked:
+            engine.requeue_ready(subscriber)
+        if not blocked:
+            self.retry = 0.0
+        elif wrote:
+            self.retry = RETRY_FIRST
+        else:
+            self.retry = min(self.base_tick, self.retry * 2 or RETRY_FIRST)
 
     def _deliver(self, session: Session, pending: list[Message], now: float) -> int:
         """Write ``pending`` to one client; returns how many went out (the rest stay pending)."""
@@ -269,13 +309,14 @@ class RouterShell:
         except zmq.ZMQError as error:
             if error.errno != errno.EHOSTUNREACH:
                 raise
-            self.counters["unreachable"] += 1
-            self.drop(session, "unreachable")
+            if self.sessions.by_identity.get(session.identity) is session:  # count each gone peer once
+                self.counters["unreachable"] += 1
+                self.drop(session, "unreachable")
             return False
         session.last_sent = now
         return True
 
-    # ------------------------------------------------------------------------------------------------ liveness
+    # ----------------------------------------------------------------------------------------------- liveness
 
     def heartbeat(self, now: float) -> None:
         noop, expired = self.sessions.due(now)
@@ -284,17 +325,18 @@ class RouterShell:
             self.drop(session, "expired (no traffic for 1.05 x TTL)")
         for session in noop:
             self.send(session, mc0.encode(mc0.Noop(), delimiter=session.delimiter), now)
-        # Re-derive the tick from the clients still here, so one short-TTL client does not keep it fast forever.
+        # Re-derive the tick from the clients still here: one short-TTL client must not keep it fast forever.
         ttls = [s.ttl for s in self.sessions.by_identity.values() if s.ttl is not None]
         self.tick = max(0.002, min([self.base_tick, *(ttl * 0.05 for ttl in ttls)]))
 
     def drop(self, session: Session, why: str) -> None:
-        if self.sessions.remove(session.identity) is None:
-            return
+        if self.sessions.by_identity.get(session.identity) is not session:
+            return  # already gone, or the identity came back as a new session that must not be dropped
+        self.sessions.remove(session.identity)
         log.info("client %s dropped: %s", session.identity.hex(), why)
         self.engine.detach(session.subscriber)
 
-    # --------------------------------------------------------------------------------------------------- stats
+    # -------------------------------------------------------------------------------------------------- stats
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -306,3 +348,21 @@ class RouterShell:
         if self.extra_stats is not None:
             out.update(self.extra_stats())
         return out
+
+
+def _check_publish_headers(headers: mc0.Headers, command_id: bytes | None) -> None:
+    clash = DELIVERY_HEADERS.intersection(headers)
+    if clash:
+        names = ", ".join(sorted(name.decode() for name in clash))
+        raise ProtocolError(f"{names}: set by the broker on delivery, not by publishers",
+                            command_id=command_id)
+
+
+def _command_id(body: list[bytes]) -> bytes | None:
+    """The ID header of a command, read from its raw frames (the same key/value walk as the codec's)."""
+    index = 2 if body[:1] == [b""] else 1
+    while index + 1 < len(body) and body[index] != b"":
+        if body[index] == mc0.ID:
+            return body[index + 1]
+        index += 2
+    return None

@@ -1,8 +1,8 @@
 """The asyncio mc0 client: the same protocol core as :class:`connector.Client`, driven by the caller's loop.
 
-Publishes are queued and written once per loop turn (``call_soon``), so everything published in one turn leaves
-as one PUTS batch. A reader task takes every readable frame set without blocking, resolves replies and keeps the
-heartbeat. Not thread-safe: use one :class:`AsyncClient` from the loop that created it.
+Publishes are queued and written once per loop turn (``call_soon``), so everything published in one turn
+leaves as one PUTS batch. A reader task takes every readable frame set without blocking, resolves replies and
+keeps the heartbeat. Not thread-safe: use one :class:`AsyncClient` from the loop that created it.
 """
 
 from __future__ import annotations
@@ -69,23 +69,42 @@ class AsyncClient:
         self._arrived = asyncio.Event()
         self._room = asyncio.Event()
         self._flush_scheduled = False
+        self._read_scheduled = False
         self._reader: asyncio.Task[None] | None = None
+        self._connecting: asyncio.Future[mc0.Ok | mc0.Error] | None = None  # the latest CONNECT's reply
+        self._ready = False  # the broker answered CONNECT with OK
+        self._closing = False  # close() is waiting for the OK to its DISCONNECT
         self._closed = False
 
-    # ------------------------------------------------------------------------------------------ public methods
+    # ----------------------------------------------------------------------------------------- public methods
+    # Per-call ``timeout`` arguments mirror the blocking Client's methods, hence the ASYNC109 exemptions.
 
     async def connect(self) -> AsyncClient:
         """Open the socket, CONNECT and wait for the broker's OK."""
-        reply = self._open()
-        self._reader = asyncio.get_running_loop().create_task(self._read_loop(), name="mc0-client-reader")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
         try:
-            self._core.connected(reply_or_raise(await asyncio.wait_for(reply, self.timeout), "CONNECT"))
+            reply = self._open()
+            self._reader = loop.create_task(self._read_loop(), name="mc0-client-reader")
+            while True:
+                try:
+                    answer = await asyncio.wait_for(reply, max(0.0, deadline - loop.time()))
+                    break
+                except ConnectorError:
+                    if self._connecting is reply:
+                        raise
+                    reply = self._connecting  # the reader gave up on a silent broker and sent a new CONNECT
+            self._core.connected(reply_or_raise(answer, "CONNECT"))
+            self._ready = True
         except TimeoutError:
             await self.close()
             raise ConnectorError(
                 f"no answer to CONNECT from {self.endpoint} within {self.timeout:g}s "
                 "(broker down, wrong server key, or this client's key is not admitted)"
             ) from None
+        except zmq.ZMQError as error:  # e.g. a malformed endpoint
+            await self.close()
+            raise ConnectorError(f"cannot connect to {self.endpoint}: {error}") from None
         except BaseException:
             await self.close()
             raise
@@ -104,9 +123,10 @@ class AsyncClient:
         headers: dict[str, str] | None = None,
         *,
         confirm: bool = False,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
     ) -> dict[str, str] | None:
-        """Publish one message; waits only when the outbox is full or ``confirm=True`` (then returns OK's headers)."""
+        """Publish one message; waits only when the outbox is full or ``confirm=True`` (then returns OK's
+        headers)."""
         self._check()
         item = (to_bytes(topic), to_bytes(body), encode_headers(headers))
         if confirm:
@@ -124,21 +144,21 @@ class AsyncClient:
         self._schedule_flush()
         return None
 
-    async def subscribe(self, *topics: str | bytes, timeout: float | None = None) -> None:
+    async def subscribe(self, *topics: str | bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
         await self._call(mc0.Sub([to_bytes(t) for t in topics]), timeout, "SUB")
 
-    async def unsubscribe(self, *topics: str | bytes, timeout: float | None = None) -> None:
+    async def unsubscribe(self, *topics: str | bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
         await self._call(mc0.Unsub([to_bytes(t) for t in topics]), timeout, "UNSUB")
 
-    async def flush(self, timeout: float | None = None) -> None:
+    async def flush(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
         """Return once the broker has taken every message published before this call."""
         await self._call(mc0.Noop(), timeout, "NOOP")
 
-    async def stats(self, timeout: float | None = None) -> dict[str, Any]:
+    async def stats(self, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
         reply = await self._call(mc0.Stats(), timeout, "STATS")
         return json.loads(reply.body or b"{}")
 
-    async def receive(self, timeout: float | None = None) -> Message | None:
+    async def receive(self, timeout: float | None = None) -> Message | None:  # noqa: ASYNC109
         """The next delivered message, or None after ``timeout`` seconds (None = wait forever)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -159,35 +179,42 @@ class AsyncClient:
                 yield message
 
     async def close(self) -> None:
-        """Send what is queued, say DISCONNECT, stop the reader. Idempotent."""
+        """Send what is queued, say DISCONNECT, stop the reader. Idempotent.
+
+        The DISCONNECT carries an ID and close() waits (up to the client's ``timeout``) for its OK: the OK
+        proves that everything sent before it reached the broker, which closing the socket at once would not.
+        """
         if self._closed:
             return
-        if self._raw is not None:
-            self._flush()
-            self._send(mc0.encode(mc0.Disconnect()), time.monotonic())
-        self._closed = True
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
-        self._fail_waiting("client closed")
-        if self._socket is not None:
-            self._socket.close(linger=0)
-        self._context.term()
-        self._arrived.set()
-        self._room.set()
+        self._closing = True
+        try:
+            if self._ready and self._reader is not None and not self._reader.done():
+                with contextlib.suppress(ConnectorError):
+                    await self._call(mc0.Disconnect(), None, "DISCONNECT")
+        finally:
+            self._closed = True
+            if self._reader is not None:
+                self._reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._reader
+            self._fail_waiting("client closed")
+            if self._socket is not None:
+                self._socket.close(linger=0)
+            self._context.term()
+            self._arrived.set()
+            self._room.set()
 
     @property
     def pending(self) -> int:
         return len(self._inbox)
 
-    # ------------------------------------------------------------------------------------------------ internals
+    # ---------------------------------------------------------------------------------------------- internals
 
     def _check(self) -> None:
         if self._closed:
             raise ConnectorError("client is closed")
 
-    async def _call(self, event: Any, timeout: float | None, what: str) -> mc0.Ok:
+    async def _call(self, event: Any, timeout: float | None, what: str) -> mc0.Ok:  # noqa: ASYNC109
         self._check()
         self._flush()  # keep order: everything published before this command goes first
         core = self._core
@@ -213,7 +240,7 @@ class AsyncClient:
         return reply_or_raise(reply, what)
 
     def _open(self) -> asyncio.Future[mc0.Ok | mc0.Error]:
-        """A new DEALER, CONNECT, and SUB for everything subscribed before; returns the CONNECT reply future."""
+        """A new DEALER, CONNECT, and SUB for everything subscribed before; returns the CONNECT's reply."""
         if self._socket is not None:
             self._socket.close(linger=0)
         self._fail_waiting("connection to the broker was lost")
@@ -224,6 +251,7 @@ class AsyncClient:
         loop = asyncio.get_running_loop()
         command_id, frames = self._core.connect(now)
         connected: asyncio.Future[mc0.Ok | mc0.Error] = loop.create_future()
+        self._connecting = connected
         self._waiting[command_id] = (connected, None)
         self._send(frames, now)
         for command_id, frames in self._core.resubscribe():
@@ -272,15 +300,39 @@ class AsyncClient:
                 asyncio.get_running_loop().call_later(0.001, self._schedule_flush)
             return False
         self._core.sent(now)
+        if self._raw.get(zmq.EVENTS) & zmq.POLLIN:
+            # The send processed the socket's pending events, possibly consuming the edge of the notification
+            # the reader's poll waits for (ZMQ_FD is edge-triggered): read now, or frames wait for a timer.
+            self._schedule_read()
         return True
+
+    @property
+    def _paused(self) -> bool:
+        # Never while closing: the DISCONNECT's OK may queue behind deliveries that nobody is going to take.
+        return len(self._inbox) >= self._max_inbox and not self._closing
+
+    def _schedule_read(self) -> None:
+        if not self._read_scheduled:
+            self._read_scheduled = True
+            asyncio.get_running_loop().call_soon(self._read_pending)
+
+    def _read_pending(self) -> None:
+        self._read_scheduled = False
+        raw = self._raw
+        if raw is None or self._closed or self._paused:
+            return  # a paused reader polls on its own timer
+        self._read(raw, time.monotonic())
+        if raw.get(zmq.EVENTS) & zmq.POLLIN:
+            self._schedule_read()  # the read budget ran out: the rest on the next turn
 
     async def _read_loop(self) -> None:
         core = self._core
         while not self._closed:
             socket, raw = self._socket, self._raw
-            assert socket is not None and raw is not None
+            assert socket is not None
+            assert raw is not None
             timer = core.next_timer(time.monotonic())
-            paused = len(self._inbox) >= self._max_inbox
+            paused = self._paused
             if paused:
                 await asyncio.sleep(0.01 if timer is None else min(0.01, timer))
             else:

@@ -1,7 +1,7 @@
 """The ``mc0`` command: run the broker, publish, subscribe, manage keys, show stats.
 
-Errors are one clear line and a non-zero exit, never a traceback: every failure the library reports by exception
-(:class:`ConnectorError`, key files, configuration, sockets) becomes a ``click.ClickException``.
+Errors are one clear line and a non-zero exit, never a traceback: every failure the library reports by
+exception (:class:`ConnectorError`, key files, configuration, sockets) becomes a ``click.ClickException``.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ class _Group(click.Group):
         except zmq.ZMQError as error:
             raise click.ClickException(f"ZeroMQ: {error}") from None
         except OSError as error:
-            raise click.ClickException(f"{error.filename or ''}{': ' if error.filename else ''}{error.strerror}") \
-                from None
+            where = f"{error.filename}: " if error.filename else ""
+            raise click.ClickException(f"{where}{error.strerror}") from None
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -49,11 +49,13 @@ def main() -> None:
 
 
 def _client_options(func: Any) -> Any:
-    func = click.option("--no-curve", is_flag=True, help="Plaintext (only against a broker run with --no-curve).")(func)
+    func = click.option("--no-curve", is_flag=True,
+                        help="Plaintext (only against a broker run with --no-curve).")(func)
     func = click.option("--keys", "keys_dir", default="keys", envvar="MC0_KEYS", show_default=True,
-                        type=click.Path(path_type=Path), help="Folder with broker.key and client.key_secret.")(func)
-    func = click.option("--broker", "endpoint", default=DEFAULT_ENDPOINT, envvar="MC0_BROKER", show_default=True,
-                        help="Broker endpoint.")(func)
+                        type=click.Path(path_type=Path),
+                        help="Folder with broker.key and client.key_secret.")(func)
+    func = click.option("--broker", "endpoint", default=DEFAULT_ENDPOINT, envvar="MC0_BROKER",
+                        show_default=True, help="Broker endpoint.")(func)
     return func
 
 
@@ -117,7 +119,8 @@ def _parse_headers(pairs: tuple[str, ...]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise click.BadParameter(f"{pair!r} is not K=V", param_hint="--header")
+            # A ClickException, not BadParameter: the module's promise is one line, without the usage block.
+            raise click.ClickException(f"invalid --header {pair!r}: expected K=V")
         headers[key] = value
     return headers
 
@@ -134,7 +137,8 @@ def _stdin_lines() -> Iterator[bytes]:
 @click.option("--header", "-H", "header_pairs", multiple=True, metavar="K=V", help="Header (repeatable).")
 @click.option("--count", "-n", type=click.IntRange(min=1), default=1, show_default=True,
               help="Publish MESSAGE this many times (load generation).")
-@click.option("--rate", type=click.FloatRange(min=0), default=0, help="Messages per second (0 = as fast as possible).")
+@click.option("--rate", type=click.FloatRange(min=0), default=0,
+              help="Messages per second (0 = as fast as possible).")
 @click.option("--confirm", is_flag=True, help="Wait for the broker's OK for every message.")
 def pub(topic: str, message: str | None, endpoint: str, keys_dir: Path, no_curve: bool,
         header_pairs: tuple[str, ...], count: int, rate: float, confirm: bool) -> None:
@@ -180,7 +184,8 @@ def _as_json(message: Message) -> str:
 @click.argument("topics", nargs=-1, required=True)
 @_client_options
 @click.option("--count", "-n", type=click.IntRange(min=1), help="Exit after N messages.")
-@click.option("--timeout", type=click.FloatRange(min=0), help="Exit after this many seconds without a message.")
+@click.option("--timeout", type=click.FloatRange(min=0),
+              help="Exit after this many seconds without a message.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message, with id and headers.")
 def sub(topics: tuple[str, ...], endpoint: str, keys_dir: Path, no_curve: bool, count: int | None,
         timeout: float | None, as_json: bool) -> None:
@@ -214,7 +219,8 @@ def keys() -> None:
               type=click.Path(path_type=Path), help="Keys folder.")
 @click.option("--client", "clients", multiple=True, metavar="NAME",
               help="Client certificate to create and admit (repeatable) [default: client].")
-@click.option("--force", is_flag=True, help="Replace existing pairs (clients pinned to the old broker key break).")
+@click.option("--force", is_flag=True,
+              help="Replace existing pairs (clients pinned to the old broker key break).")
 def keys_generate(keys_dir: Path, clients: tuple[str, ...], force: bool) -> None:
     """Create the broker key pair and client certificates admitted by the broker."""
     from connector import keys as key_files
@@ -245,5 +251,5 @@ def stats(endpoint: str, keys_dir: Path, no_curve: bool, as_json: bool) -> None:
     width = max(len(name) for name in topics)
     click.echo(f"{'topic':<{width}}  {'delivery':<11} {'subs':>5} {'in':>10} {'out':>10} {'dropped':>8}")
     for name, topic in sorted(topics.items()):
-        click.echo(f"{name:<{width}}  {topic['delivery']:<11} {topic['subscribers']:>5} {topic['messages_in']:>10} "
-                   f"{topic['messages_out']:>10} {topic['dropped']:>8}")
+        click.echo(f"{name:<{width}}  {topic['delivery']:<11} {topic['subscribers']:>5} "
+                   f"{topic['messages_in']:>10} {topic['messages_out']:>10} {topic['dropped']:>8}")

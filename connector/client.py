@@ -1,10 +1,10 @@
 """The blocking mc0 client: a DEALER socket owned by one I/O thread, and thread-safe methods in front of it.
 
-ZeroMQ sockets must stay on one thread, so every socket call happens on the client's I/O thread. Callers hand it
-work through two bounded deques: ``publish`` appends to the outbox (no lock, no syscall on the fast path; the I/O
-thread is woken through a pipe only when it is idle) and deliveries come back through the inbox. Whatever piles up
-while the I/O thread is busy leaves as one PUTS batch: batching costs no latency when the client is idle and
-takes over when it is not.
+ZeroMQ sockets must stay on one thread, so every socket call happens on the client's I/O thread. Callers hand
+it work through two bounded deques: ``publish`` appends to the outbox (no lock, no syscall on the fast path;
+the I/O thread is woken through a pipe only when it is idle) and deliveries come back through the inbox.
+Whatever piles up while the I/O thread is busy leaves as one PUTS batch: batching costs no latency when the
+client is idle and takes over when it is not.
 
 Thread-safety: every public method of :class:`Client` may be called from any thread. Messages are returned to
 whichever thread calls :meth:`Client.receive` first.
@@ -27,10 +27,10 @@ from typing import Any
 import zmq
 
 from connector.core import (
+    NO_HEADERS,
     ClientCore,
     ConnectorError,
     Message,
-    NO_HEADERS,
     Publish,
     encode_headers,
     to_bytes,
@@ -54,21 +54,28 @@ class _Request:
 
 
 class _Close:
-    __slots__ = ("future",)
+    """DISCONNECT with an ID: the broker's OK proves that everything sent before it arrived."""
+
+    __slots__ = ("event", "future")
 
     def __init__(self) -> None:
-        self.future: Future[None] = Future()
+        self.event = mc0.Disconnect()
+        self.future: Future[Any] = Future()
 
 
 def make_socket(context: zmq.Context, endpoint: str, credentials: Credentials | None) -> zmq.Socket:
-    """A DEALER connected to ``endpoint``, CURVE-pinned when ``credentials`` are given (shared with asyncio)."""
+    """A DEALER connected to ``endpoint``, CURVE-pinned when ``credentials`` are given (shared with aio)."""
     socket = context.socket(zmq.DEALER)
-    socket.linger = 0
-    socket.sndhwm = 100_000
-    socket.rcvhwm = 100_000
-    if credentials is not None:
-        credentials.apply(socket)
-    socket.connect(endpoint)
+    try:
+        socket.linger = 0
+        socket.sndhwm = 100_000
+        socket.rcvhwm = 100_000
+        if credentials is not None:
+            credentials.apply(socket)
+        socket.connect(endpoint)
+    except BaseException:
+        socket.close(linger=0)  # an open socket would make Context.term() wait forever
+        raise
     return socket
 
 
@@ -130,12 +137,14 @@ class Client:
         self._topics: dict[str | bytes, bytes] = {}
         self._room_wanted = False  # a publisher waits for outbox room: the I/O thread notifies after draining
         self._closed = False
+        self._stopping = False  # the I/O thread must return now, clean close or not
+        self._closing: _Close | None = None  # the DISCONNECT the I/O thread sent, once it has
         self._failure: BaseException | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._context = zmq.Context()
         self._socket: zmq.Socket | None = None
-        self._waiting: dict[bytes, _Request] = {}
+        self._waiting: dict[bytes, _Request | _Close] = {}
         self._unsent: deque[mc0.Frames] = deque()
         self._connected: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, name=f"mc0-client {endpoint}", daemon=True)
@@ -152,7 +161,7 @@ class Client:
             self._shutdown()
             raise
 
-    # ------------------------------------------------------------------------------------------ public methods
+    # ----------------------------------------------------------------------------------------- public methods
 
     def publish(
         self,
@@ -165,7 +174,7 @@ class Client:
     ) -> dict[str, str] | None:
         """Publish one message. Fire-and-forget by default; ``confirm=True`` waits for the broker's OK and
         returns its headers (``MESSAGE-ID`` among them)."""
-        # The fast path is a few dictionary and type checks: one call per message is the publisher's whole cost.
+        # The fast path is a few dictionary and type checks: one call per message is a publisher's whole cost.
         raw_topic = self._topics.get(topic)
         if raw_topic is None:
             raw_topic = self._topics[topic] = to_bytes(topic)
@@ -175,6 +184,8 @@ class Client:
         if confirm:
             reply = self._call(mc0.Put(raw_topic, body, None, item[2]), timeout, "PUT")
             return {k.decode(): v.decode("utf-8", "replace") for k, v in reply.headers.items()}
+        if self._closed or self._failure is not None:
+            self._check()
         if len(self._outbox) >= self._max_outbox:
             self._wait_for_room(timeout)
         self._outbox.append(item)
@@ -229,15 +240,20 @@ class Client:
                 yield message
 
     def close(self, timeout: float = 5.0) -> None:
-        """Send what is queued, say DISCONNECT and stop the I/O thread. Idempotent."""
+        """Send what is queued, say DISCONNECT and stop the I/O thread. Idempotent.
+
+        The DISCONNECT carries an ID and close() waits (up to ``timeout``) for its OK: the OK proves that
+        everything sent before it reached the broker, which closing the socket at once would not.
+        """
         if self._closed:
             return
         self._closed = True
         closing = _Close()
         self._outbox.append(closing)
         self._wake()
-        with contextlib.suppress(FutureTimeout, ConnectorError):
-            closing.future.result(timeout)
+        if self._thread.is_alive():
+            with contextlib.suppress(FutureTimeout, ConnectorError):
+                closing.future.result(timeout)
         self._shutdown()
 
     def __enter__(self) -> Client:
@@ -255,7 +271,8 @@ class Client:
 
     @property
     def _paused_reading(self) -> bool:
-        return len(self._inbox) >= self._max_inbox
+        # Never once DISCONNECT is out: its OK may queue behind deliveries that nobody is going to take.
+        return len(self._inbox) >= self._max_inbox and self._closing is None
 
     def _wake(self) -> None:
         self._signaled = True
@@ -284,12 +301,15 @@ class Client:
         wait = self.timeout if timeout is None else timeout
         with self._room:
             self._room_wanted = True
-            if not self._room.wait_for(lambda: len(self._outbox) < self._max_outbox or self._failure, wait):
+            if not self._room.wait_for(
+                lambda: len(self._outbox) < self._max_outbox or self._failure or self._closed, wait
+            ):
                 raise ConnectorError(f"outbox full for {wait:g}s: the broker is not taking messages")
         self._check()
 
     def _shutdown(self) -> None:
         self._closed = True
+        self._stopping = True
         self._wake()
         self._thread.join(timeout=5)
         for fd in (self._wake_r, self._wake_w):
@@ -297,7 +317,7 @@ class Client:
                 os.close(fd)
         self._context.term()
 
-    # ------------------------------------------------------------------------------------------ the I/O thread
+    # ----------------------------------------------------------------------------------------- the I/O thread
 
     def _run(self) -> None:
         try:
@@ -311,7 +331,8 @@ class Client:
             for request in self._waiting.values():
                 if not request.future.done():
                     request.future.set_exception(ConnectorError("client stopped before the broker answered"))
-            for item in self._outbox:
+            while self._outbox:  # popleft, not iteration: other threads may still be appending
+                item = self._outbox.popleft()
                 if isinstance(item, _Request | _Close) and not item.future.done():
                     item.future.set_exception(ConnectorError("client stopped"))
             if self._socket is not None:
@@ -363,17 +384,18 @@ class Client:
             poller.register(socket, flags)  # register() on a registered socket modifies its flags
             timer = core.next_timer(time.monotonic())
             events = dict(poller.poll(None if timer is None else int(timer * 1000) + 1))
-            poller.unregister(socket)
+            poller.register(socket, 0)  # unregisters; a no-op when paused reading left it unregistered
             if self._wake_r in events:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
             self._signaled = False  # cleared before the outbox is drained, so no publish is left unseen
             now = time.monotonic()
-            if self._closed and self._failure is None and not any(isinstance(i, _Close) for i in self._outbox):
-                return  # shut down without a clean close
+            if self._stopping:
+                return  # close() stopped waiting, or the constructor gave up
             self._read(socket, now)
-            if self._write(now):
-                return
+            if self._closing is not None and self._closing.future.done():
+                return  # DISCONNECT answered (or failed): everything sent before it reached the broker
+            self._write(now)
             if core.noop_due(now):
                 self._send(mc0.encode(mc0.Noop()), now)
             if core.broker_silent(now) and not self._data_waiting(socket):
@@ -405,19 +427,21 @@ class Client:
         if got:
             self._arrived.set()
 
-    def _settle(self, request: _Request, reply: mc0.Ok | mc0.Error) -> None:
+    def _settle(self, request: _Request | _Close, reply: mc0.Ok | mc0.Error) -> None:
         if isinstance(reply, mc0.Error) and isinstance(request.event, mc0.Sub):
             for topic in request.event.topics:
                 self._core.subscriptions.pop(topic, None)
         if not request.future.done():
             request.future.set_result(reply)
 
-    def _write(self, now: float) -> bool:
-        """Send what callers queued, in order; True once a close has been carried out."""
+    def _write(self, now: float) -> None:
+        """Send what callers queued, in order, up to and including the DISCONNECT of a close()."""
         while self._unsent:
             if not self._send(self._unsent[0], now, retry=True):
-                return False
+                return
             self._unsent.popleft()
+        if self._closing is not None:
+            return  # nothing queued after close() goes out
         outbox = self._outbox
         core = self._core
         batch: list[Publish] = []
@@ -429,9 +453,11 @@ class Client:
             self._send_publishes(batch, now)
             batch = []
             if isinstance(item, _Close):
-                self._send(mc0.encode(mc0.Disconnect()), now)
-                item.future.set_result(None)
-                return True
+                command_id, frames = core.request(item.event)
+                self._waiting[command_id] = item
+                self._closing = item
+                self._send(frames, now)
+                return
             if isinstance(item.event, mc0.Sub):
                 for topic in item.event.topics:
                     core.subscriptions[topic] = None
@@ -445,7 +471,6 @@ class Client:
         if self._room_wanted:
             with self._room:
                 self._room.notify_all()
-        return False
 
     def _send_publishes(self, batch: list[Publish], now: float) -> None:
         if batch:

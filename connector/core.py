@@ -1,7 +1,7 @@
 """The client side of mc0 without I/O: what to send, what a received frame set means, when to heartbeat.
 
-Both :class:`connector.Client` (blocking, an I/O thread) and :class:`connector.AsyncClient` (asyncio) drive one
-:class:`ClientCore`; they own the DEALER socket and the waiting, this module owns the protocol. Time is an
+Both :class:`connector.Client` (blocking, an I/O thread) and :class:`connector.AsyncClient` (asyncio) drive
+one :class:`ClientCore`; they own the DEALER socket and the waiting, this module owns the protocol. Time is an
 argument everywhere, so the rules are testable without sleeping.
 """
 
@@ -12,8 +12,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from protocol import ProtocolError
-from protocol import mc0
+from protocol import ProtocolError, mc0
 
 #: The client asks for both extensions; a broker that does not echo one simply is not using it.
 WANTED_EXTENSIONS = frozenset({mc0.EXT_BATCH, mc0.EXT_IDS})
@@ -28,9 +27,11 @@ class ConnectorError(Exception):
 
 @dataclass(slots=True)
 class Message:
-    """A delivered message. ``id`` and ``timestamp`` (ms since the epoch) are set by brokers that speak ``ids``.
+    """A delivered message. ``id`` and ``timestamp`` (ms since the epoch) are set by brokers that speak
+    ``ids``.
 
-    Not frozen on purpose: a frozen dataclass costs several times more to build, and one is built per delivery.
+    Not frozen on purpose: a frozen dataclass costs several times more to build, and one is built per
+    delivery.
     """
 
     topic: str
@@ -49,7 +50,8 @@ def to_bytes(value: str | bytes) -> bytes:
 
 
 def _text_headers(headers: dict[bytes, bytes]) -> dict[str, str]:
-    return {k.decode("utf-8", "surrogateescape"): v.decode("utf-8", "surrogateescape") for k, v in headers.items()}
+    return {k.decode("utf-8", "surrogateescape"): v.decode("utf-8", "surrogateescape")
+            for k, v in headers.items()}
 
 
 def encode_headers(headers: dict[str, str] | dict[bytes, bytes] | None) -> dict[bytes, bytes]:
@@ -80,7 +82,7 @@ class ClientCore:
         self.last_heard = 0.0
         self.last_sent = 0.0
 
-    # ------------------------------------------------------------------------------------------------ commands
+    # ----------------------------------------------------------------------------------------------- commands
 
     def next_id(self) -> bytes:
         return b"%d" % next(self._ids)
@@ -111,7 +113,7 @@ class ClientCore:
         return [self.request(mc0.Sub(list(self.subscriptions)))]
 
     def pack(self, publishes: list[Publish]) -> Iterable[mc0.Frames]:
-        """Fire-and-forget publishes as frame sets: PUTS batches when the broker speaks ``batch``, else PUTs."""
+        """Fire-and-forget publishes as frame sets: PUTS batches if the broker speaks ``batch``, else PUTs."""
         if mc0.EXT_BATCH not in self.extensions:
             for topic, body, headers in publishes:
                 yield mc0.encode(mc0.Put(topic, body, None, headers))
@@ -129,10 +131,11 @@ class ClientCore:
                     end = index + 1
                     break
             chunk = publishes[start:end]
-            yield [b"", b"PUTS", b"", packb([(t, b, h) if h else (t, b) for t, b, h in chunk], use_bin_type=True)]
+            payload = packb([(t, b, h) if h else (t, b) for t, b, h in chunk], use_bin_type=True)
+            yield [b"", b"PUTS", b"", payload]
             start = end
 
-    # ------------------------------------------------------------------------------------------------- replies
+    # ------------------------------------------------------------------------------------------------ replies
 
     def receive(self, frames: mc0.Frames, now: float) -> tuple[list[Message], mc0.Ok | mc0.Error | None]:
         """What one frame set from the broker means: deliveries, or a reply to one of our commands."""
@@ -145,10 +148,13 @@ class ClientCore:
             return [], None  # a broker bug must not kill the client; nothing to act on
         match event:
             case mc0.Message(topic, body, headers, message_id, timestamp):
-                return [Message(self._topic(topic), body, _text_headers(headers), message_id, timestamp)], None
+                topic_name = self._topic(topic)
+                return [Message(topic_name, body, _text_headers(headers), message_id, timestamp)], None
             case mc0.Messages(items):  # a batch framed without the delimiter misses the fast path above
-                return [Message(self._topic(i.topic), i.body, _text_headers(i.headers), i.message_id, i.timestamp)
-                        for i in items], None
+                return [
+                    Message(self._topic(i.topic), i.body, _text_headers(i.headers), i.message_id, i.timestamp)
+                    for i in items
+                ], None
             case mc0.Ok() | mc0.Error():
                 return [], event
         return [], None  # NOOP (liveness already recorded) or anything a client need not act on
@@ -173,12 +179,13 @@ class ClientCore:
                 if len(entry) == 4:
                     out.append(Message(topic_name(entry[0]), entry[3], {}, entry[1], entry[2]))
                 else:
-                    out.append(Message(topic_name(entry[0]), entry[3], _text_headers(entry[4]), entry[1], entry[2]))
+                    headers = _text_headers(entry[4])
+                    out.append(Message(topic_name(entry[0]), entry[3], headers, entry[1], entry[2]))
         except (TypeError, AttributeError, IndexError, KeyError):
             pass  # a malformed entry from a broker bug: keep what parsed, never kill the client
         return out
 
-    # ---------------------------------------------------------------------------------------------- heartbeats
+    # --------------------------------------------------------------------------------------------- heartbeats
 
     def sent(self, now: float) -> None:
         self.last_sent = now

@@ -241,7 +241,7 @@ def _unsigned(name: bytes, raw: bytes, command_id: bytes | None, limit: int = 2*
     digits = raw.lstrip(b"0")
     if len(digits) > len(str(limit)):
         raise ProtocolError(f"{name.decode()} is too large (at most {limit})", command_id=command_id)
-    value = int(raw)
+    value = int(digits or b"0")
     if value > limit:
         raise ProtocolError(f"{name.decode()} {value} is too large (at most {limit})", command_id=command_id)
     return value

@@ -1,0 +1,465 @@
+"""The ``mc0`` command line: ``keys generate``, ``pub`` (argument, ``--count``, ``--header``, stdin lines),
+``sub`` (``--count``, ``--json``, ``--timeout``), ``stats`` (table and ``--json``), one-line errors without a
+traceback, and a real ``mc0 broker`` process that creates its keys on first run, carries a message from an
+``mc0 sub`` process to an ``mc0 pub`` process, and exits 0 on SIGTERM.
+
+In-process tests drive the click group with ``CliRunner`` against a broker from the shared fixtures; the
+subprocess test runs the installed ``mc0`` script (or the same entry point through ``python -c``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from click.testing import CliRunner, Result
+
+from connector import Client
+from connector import cli as cli_module
+from connector import keys as key_files
+from connector.cli import main
+
+if TYPE_CHECKING:
+    from conftest import BrokerFactory
+
+    from broker.server import Broker
+
+pytestmark = pytest.mark.timeout(20)
+
+ARRIVAL = 5.0
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Path:
+    folder = tmp_path / "keys"
+    key_files.generate(folder)
+    return folder
+
+
+@pytest.fixture
+def curve_broker(start_broker: BrokerFactory, keys: Path) -> Broker:
+    return start_broker(curve=True, keys_dir=keys)
+
+
+@pytest.fixture
+def observer(curve_broker: Broker, keys: Path) -> Iterator[Client]:
+    """A library client on the same broker, to subscribe, publish and read stats beside the CLI."""
+    with Client(curve_broker.endpoint, keys=keys, timeout=3.0) as client:
+        yield client
+
+
+@pytest.fixture
+def fast_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands give up on an absent broker after half a second instead of the default five."""
+    monkeypatch.setattr(cli_module, "Client", functools.partial(Client, timeout=0.5))
+
+
+def client_args(broker: Broker, keys: Path) -> list[str]:
+    return ["--broker", broker.endpoint, "--keys", str(keys)]
+
+
+def assert_one_line_error(result: Result) -> str:
+    assert result.exit_code != 0, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("Error: "), lines[0]
+    return lines[0]
+
+
+def wait_for_subscribers(client: Client, topic: str, count: int = 1, timeout: float = ARRIVAL) -> None:
+    deadline = time.monotonic() + timeout
+    while client.stats()["topics"].get(topic, {}).get("subscribers", 0) < count:
+        assert time.monotonic() < deadline, f"nobody subscribed to {topic!r} in time"
+        time.sleep(0.02)
+
+
+def receive_all(client: Client, count: int, timeout: float = ARRIVAL) -> list:
+    out = []
+    deadline = time.monotonic() + timeout
+    while len(out) < count:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"only {len(out)} of {count} messages arrived"
+        message = client.receive(timeout=remaining)
+        if message is not None:
+            out.append(message)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------------------ keys
+
+
+def test_keys_generate_writes_the_broker_and_client_pairs(runner: CliRunner, tmp_path: Path) -> None:
+    folder = tmp_path / "keys"
+    result = runner.invoke(main, ["keys", "generate", "--keys", str(folder)])
+    assert result.exit_code == 0, result.output
+    for name in ("broker.key", "broker.key_secret", "client.key", "client.key_secret", "allowed/client.key"):
+        assert (folder / name).is_file(), name
+        assert f"wrote {folder / name}" in result.output
+    assert (folder / "broker.key_secret").stat().st_mode & 0o077 == 0
+    assert (folder / "client.key_secret").stat().st_mode & 0o077 == 0
+    assert (folder / "allowed/client.key").read_bytes() == (folder / "client.key").read_bytes()
+    assert key_files.Credentials.from_dir(folder).server_public == key_files.broker_public(folder)
+
+
+def test_keys_generate_with_a_named_client(runner: CliRunner, tmp_path: Path) -> None:
+    folder = tmp_path / "keys"
+    result = runner.invoke(main, ["keys", "generate", "--keys", str(folder), "--client", "alice"])
+    assert result.exit_code == 0, result.output
+    assert (folder / "alice.key_secret").is_file()
+    assert (folder / "allowed" / "alice.key").is_file()
+    assert (folder / "broker.key_secret").is_file()
+
+
+def test_keys_generate_twice_writes_nothing_without_force(runner: CliRunner, tmp_path: Path) -> None:
+    folder = tmp_path / "keys"
+    first = runner.invoke(main, ["keys", "generate", "--keys", str(folder), "--client", "alice"])
+    assert first.exit_code == 0, first.output
+    before = {path: path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+    again = runner.invoke(main, ["keys", "generate", "--keys", str(folder), "--client", "alice"])
+    assert again.exit_code == 0, again.output
+    assert "wrote" not in again.output
+    assert "exists already" in again.output
+    assert {path: path.read_bytes() for path in folder.rglob("*") if path.is_file()} == before
+    forced = runner.invoke(main, ["keys", "generate", "--keys", str(folder), "--client", "alice", "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert "wrote" in forced.output
+    assert (folder / "alice.key").read_bytes() != before[folder / "alice.key"]
+
+
+def test_keys_folder_from_the_environment(runner: CliRunner, tmp_path: Path) -> None:
+    folder = tmp_path / "from-env"
+    result = runner.invoke(main, ["keys", "generate"], env={"MC0_KEYS": str(folder)})
+    assert result.exit_code == 0, result.output
+    assert (folder / "client.key_secret").is_file()
+
+
+# ------------------------------------------------------------------------------------------------ pub and sub
+
+
+def test_pub_reaches_a_subscriber_with_headers(
+    runner: CliRunner, curve_broker: Broker, keys: Path, observer: Client
+) -> None:
+    observer.subscribe("orders")
+    result = runner.invoke(main, ["pub", "orders", "hello", *client_args(curve_broker, keys),
+                                  "--header", "X-Reply-To=me", "-H", "X-Equals=a=b", "-H", "X-Empty="])
+    assert result.exit_code == 0, result.output
+    message = observer.receive(timeout=ARRIVAL)
+    assert message is not None
+    assert message.text == "hello"
+    assert message.headers == {"X-Reply-To": "me", "X-Equals": "a=b", "X-Empty": ""}
+
+
+def test_pub_count_and_confirm(runner: CliRunner, curve_broker: Broker, keys: Path, observer: Client) -> None:
+    observer.subscribe("load")
+    result = runner.invoke(main, ["pub", "load", "x", "--count", "50", "--confirm",
+                                  *client_args(curve_broker, keys)])
+    assert result.exit_code == 0, result.output
+    received = receive_all(observer, 50)
+    assert {m.text for m in received} == {"x"}
+    assert observer.receive(timeout=0.1) is None
+
+
+def test_pub_publishes_stdin_lines_when_message_is_omitted(
+    runner: CliRunner, curve_broker: Broker, keys: Path, observer: Client
+) -> None:
+    observer.subscribe("lines")
+    result = runner.invoke(main, ["pub", "lines", *client_args(curve_broker, keys), "-H", "X-Source=stdin"],
+                           input="one\ntwo\r\n\nthree é\n")
+    assert result.exit_code == 0, result.output
+    assert "published 4 message(s) to lines" in result.output
+    received = receive_all(observer, 4)
+    assert [m.text for m in received] == ["one", "two", "", "three é"]
+    assert all(m.headers == {"X-Source": "stdin"} for m in received)
+
+
+def test_sub_prints_json_lines_and_exits_after_count(
+    runner: CliRunner, curve_broker: Broker, keys: Path, observer: Client
+) -> None:
+    def publish_when_subscribed() -> None:
+        wait_for_subscribers(observer, "events")
+        observer.publish("events", "first", {"X-k": "v"})
+        observer.publish("events", "second")
+        observer.publish("events", "third: not read")
+
+    publisher = threading.Thread(target=publish_when_subscribed)
+    publisher.start()
+    result = runner.invoke(main, ["sub", "events", *client_args(curve_broker, keys), "--count", "2", "--json",
+                                  "--timeout", "5"])
+    publisher.join(10)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2, result.stdout
+    first, second = (json.loads(line) for line in lines)
+    assert first["topic"] == "events"
+    assert first["body"] == "first"
+    assert first["headers"] == {"X-k": "v"}
+    assert isinstance(first["id"], int)
+    assert isinstance(first["timestamp"], int)
+    assert second["body"] == "second"
+    assert second["id"] > first["id"]
+
+
+def test_sub_plain_text_and_several_topics(
+    runner: CliRunner, curve_broker: Broker, keys: Path, observer: Client
+) -> None:
+    def publish_when_subscribed() -> None:
+        wait_for_subscribers(observer, "b")
+        observer.publish("a", "from a")
+        observer.publish("b", "from b")
+
+    publisher = threading.Thread(target=publish_when_subscribed)
+    publisher.start()
+    result = runner.invoke(main, ["sub", "a", "b", *client_args(curve_broker, keys), "-n", "2",
+                                  "--timeout", "5"])
+    publisher.join(10)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == ["from a", "from b"]
+
+
+def test_sub_timeout_ends_quietly(runner: CliRunner, curve_broker: Broker, keys: Path) -> None:
+    start = time.monotonic()
+    result = runner.invoke(main, ["sub", "silence", *client_args(curve_broker, keys), "--timeout", "0.3"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    assert time.monotonic() - start < 3.0
+
+
+def test_sub_needs_a_topic(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["sub"])
+    assert result.exit_code == 2
+    assert "Missing argument" in result.output
+
+
+def test_no_curve_against_a_plaintext_broker(runner: CliRunner, broker: Broker) -> None:
+    with Client(broker.endpoint, curve=False) as observer:
+        observer.subscribe("plain")
+        result = runner.invoke(main, ["pub", "plain", "text", "--broker", broker.endpoint, "--no-curve"])
+        assert result.exit_code == 0, result.output
+        message = observer.receive(timeout=ARRIVAL)
+        assert message is not None
+        assert message.text == "text"
+
+
+def test_broker_endpoint_and_keys_from_the_environment(
+    runner: CliRunner, curve_broker: Broker, keys: Path, observer: Client
+) -> None:
+    observer.subscribe("env")
+    result = runner.invoke(main, ["pub", "env", "x"],
+                           env={"MC0_BROKER": curve_broker.endpoint, "MC0_KEYS": str(keys)})
+    assert result.exit_code == 0, result.output
+    assert observer.receive(timeout=ARRIVAL) is not None
+
+
+# ----------------------------------------------------------------------------------------------------- stats
+
+
+def test_stats_table(runner: CliRunner, curve_broker: Broker, keys: Path, observer: Client) -> None:
+    observer.subscribe("orders")
+    observer.publish("orders", "x", confirm=True)
+    result = runner.invoke(main, ["stats", *client_args(curve_broker, keys)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("uptime")
+    assert lines[1].startswith("connections")
+    assert "mc0 2" in lines[1]  # the observer and the stats command itself
+    header = lines[2].split()
+    assert header == ["topic", "delivery", "subs", "in", "out", "dropped"]
+    row = lines[3].split()
+    assert row == ["orders", "broadcast", "1", "1", "1", "0"]
+
+
+def test_stats_without_topics(runner: CliRunner, curve_broker: Broker, keys: Path) -> None:
+    result = runner.invoke(main, ["stats", *client_args(curve_broker, keys)])
+    assert result.exit_code == 0, result.output
+    assert "topics       (none)" in result.output
+
+
+def test_stats_json(runner: CliRunner, curve_broker: Broker, keys: Path, observer: Client) -> None:
+    observer.publish("counted", "x", confirm=True)
+    result = runner.invoke(main, ["stats", "--json", *client_args(curve_broker, keys)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["connections"]["mc0"] == 2
+    assert data["topics"]["counted"]["messages_in"] == 1
+    assert data["uptime_seconds"] >= 0
+
+
+# ---------------------------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.usefixtures("fast_failure")
+@pytest.mark.parametrize("command", [["stats"], ["pub", "t", "m"], ["sub", "t", "--timeout", "1"]])
+def test_no_broker_listening_is_one_line(runner: CliRunner, command: list[str]) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    result = runner.invoke(main, [*command, "--broker", endpoint, "--no-curve"])
+    line = assert_one_line_error(result)
+    assert "no answer to CONNECT" in line
+    assert endpoint in line
+
+
+@pytest.mark.parametrize("command", [["stats"], ["pub", "t", "m"], ["sub", "t"]])
+def test_missing_keys_folder_is_one_line(runner: CliRunner, tmp_path: Path, command: list[str]) -> None:
+    missing = tmp_path / "no-such-keys"
+    result = runner.invoke(main, [*command, "--keys", str(missing), "--broker", f"tcp://127.0.0.1:{free_port()}"])
+    line = assert_one_line_error(result)
+    assert str(missing) in line
+    assert "mc0 keys generate" in line
+
+
+def test_missing_client_key_is_one_line(runner: CliRunner, tmp_path: Path) -> None:
+    folder = tmp_path / "keys"
+    key_files.generate(folder)
+    (folder / "client.key_secret").unlink()
+    result = runner.invoke(main, ["stats", "--keys", str(folder), "--broker", f"tcp://127.0.0.1:{free_port()}"])
+    assert "client.key_secret" in assert_one_line_error(result)
+
+
+@pytest.mark.parametrize("bad", ["novalue", "=value", ""])
+def test_bad_header_is_one_line(runner: CliRunner, bad: str) -> None:
+    result = runner.invoke(main, ["pub", "t", "m", "--header", bad, "--no-curve",
+                                  "--broker", f"tcp://127.0.0.1:{free_port()}"])
+    line = assert_one_line_error(result)
+    assert "--header" in line
+    assert "K=V" in line
+
+
+def test_bad_endpoint_is_one_line(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["stats", "--no-curve", "--broker", "tcp://127.0.0.1:not-a-port"])
+    assert "not-a-port" in assert_one_line_error(result)
+
+
+def test_broker_with_a_bad_config_file_is_one_line(runner: CliRunner, tmp_path: Path) -> None:
+    config = tmp_path / "mc0.toml"
+    config.write_text("[broker]\nno_such_key = 1\n", encoding="utf-8")
+    result = runner.invoke(main, ["broker", "--config", str(config), "--no-curve"])
+    assert "no_such_key" in assert_one_line_error(result)
+
+
+def test_version(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["--version"])
+    assert result.exit_code == 0
+    assert "0." in result.output
+
+
+# ------------------------------------------------------------------------------------------- real processes
+
+
+def mc0_command() -> list[str]:
+    script = shutil.which("mc0")
+    if script is not None:
+        return [script]
+    return [sys.executable, "-c", "from connector.cli import main; main()"]
+
+
+def read_until(process: subprocess.Popen[str], marker: str, timeout: float) -> str:
+    """Read the process's stderr until a line contains ``marker``; everything read so far is returned."""
+    assert process.stderr is not None
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while marker not in seen:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"{marker!r} not printed in time; stderr so far:\n{seen}"
+        ready, _, _ = select.select([process.stderr], [], [], remaining)
+        if ready:
+            line = process.stderr.readline()
+            assert line, f"the process ended (exit {process.poll()}) before printing {marker!r}:\n{seen}"
+            seen += line
+    return seen
+
+
+@pytest.mark.timeout(30)
+def test_real_broker_pub_and_sub_processes(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("MC0_KEYS", None)
+    env.pop("MC0_BROKER", None)
+    broker = subprocess.Popen(
+        [*mc0_command(), "broker", "--bind", endpoint, "--keys", str(keys)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+        cwd=tmp_path,
+    )
+    subscriber: subprocess.Popen[str] | None = None
+    try:
+        started = read_until(broker, "listening on", timeout=15)
+        assert f"Created CURVE keys in {keys}" in started
+        assert f"mc0 broker listening on {endpoint}" in started
+        for name in ("broker.key", "broker.key_secret", "client.key_secret", "allowed/client.key"):
+            assert (keys / name).is_file(), name
+
+        common = ["--broker", endpoint, "--keys", str(keys)]
+        subscriber = subprocess.Popen(
+            [*mc0_command(), "sub", "greetings", *common, "--count", "1", "--json", "--timeout", "15"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        with Client(endpoint, keys=keys, timeout=5.0) as observer:
+            wait_for_subscribers(observer, "greetings", timeout=15)
+        published = subprocess.run(
+            [*mc0_command(), "pub", "greetings", "hello from a process", *common, "-H", "X-From=pub"],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=15,
+        )
+        assert published.returncode == 0, published.stderr
+        out, err = subscriber.communicate(timeout=15)
+        assert subscriber.returncode == 0, err
+        message = json.loads(out.strip())
+        assert message["topic"] == "greetings"
+        assert message["body"] == "hello from a process"
+        assert message["headers"] == {"X-From": "pub"}
+        assert isinstance(message["id"], int)
+
+        broker.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        assert broker.wait(timeout=5) == 0
+        assert time.monotonic() - stopped < 3.0
+        assert broker.stderr is not None
+        assert "Traceback" not in broker.stderr.read()
+    finally:
+        for process in (subscriber, broker):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait(timeout=5)
+        if broker.stderr is not None:
+            broker.stderr.close()
+
+
+@pytest.mark.timeout(30)
+def test_real_broker_refuses_a_busy_port_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run(
+            [*mc0_command(), "broker", "--bind", f"tcp://127.0.0.1:{port}", "--no-curve"],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15, cwd=tmp_path,
+        )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1, result.stderr
+    assert "Address already in use" in errors[0]

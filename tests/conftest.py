@@ -1,0 +1,389 @@
+"""Shared fixtures: an in-process broker on an ephemeral loopback port, and raw ZeroMQ DEALER peers.
+
+``start_broker(...)`` runs :func:`broker.server.serve` on its own asyncio loop in a background thread and
+returns the running :class:`broker.server.Broker` (``broker.endpoint`` is the resolved
+``tcp://127.0.0.1:PORT``). Every broker a test starts is stopped at teardown through its loop
+(``loop.call_soon_threadsafe(broker.stop)``) and its thread joined; an exception that ended the broker's loop
+fails the test.
+
+``dealer(endpoint, ...)`` opens a plain pyzmq DEALER (never the project's connector) wrapped in :class:`Peer`,
+whose every receive goes through ``poll`` with a timeout, so no test can hang on a silent broker. Replies are
+parsed here by a few lines of independent code (:func:`parse`), not by the codec under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from broker.config import BrokerConfig
+from broker.server import Broker, ensure_keys, serve
+from broker.topics import TopicRule
+
+#: Loopback only, port chosen by the kernel.
+LOOPBACK = "tcp://127.0.0.1:*"
+#: How long a receive waits for something that should arrive (generous: a loaded CI machine is slow).
+RECV_TIMEOUT = 2.0
+#: How long we listen to be sure that nothing more arrives.
+QUIET = 0.15
+#: How long starting or stopping a broker may take at most.
+LIFECYCLE_TIMEOUT = 10.0
+
+FrameLike = bytes | str | int
+
+
+def to_frame(value: FrameLike) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, int):
+        return b"%d" % value
+    return value.encode()
+
+
+# ------------------------------------------------------------------------------------------------- the broker
+
+
+class BrokerThread:
+    """One broker serving on its own asyncio loop in a daemon thread."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.broker: Broker | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.error: BaseException | None = None
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._main, name="mc0-test-broker", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(serve(self.config, self._on_ready))
+        except BaseException as error:  # reported to the test at start or teardown
+            self.error = error
+        finally:
+            self.ready.set()
+
+    def _on_ready(self, broker: Broker) -> None:
+        self.broker = broker
+        self.loop = asyncio.get_running_loop()
+        self.ready.set()
+
+    def start(self) -> Broker:
+        self.thread.start()
+        if not self.ready.wait(LIFECYCLE_TIMEOUT):
+            raise TimeoutError("the broker did not report ready in time")
+        if self.broker is None:
+            raise RuntimeError("the broker stopped before it was ready") from self.error
+        return self.broker
+
+    def stop(self) -> None:
+        if self.broker is not None and self.loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already ended (the broker crashed)
+                self.loop.call_soon_threadsafe(self.broker.stop)
+        self.thread.join(LIFECYCLE_TIMEOUT)
+        if self.thread.is_alive():
+            raise TimeoutError("the broker thread did not stop in time")
+        if self.error is not None:
+            raise RuntimeError("the broker's loop ended with an exception") from self.error
+
+
+BrokerFactory = Callable[..., Broker]
+
+
+@pytest.fixture
+def start_broker(tmp_path: Path) -> Iterator[BrokerFactory]:
+    """A factory starting brokers on ``tcp://127.0.0.1:*``; all are stopped at teardown.
+
+    Keyword arguments: ``curve`` (default off), ``allow_any_client``, ``keys_dir`` (default ``tmp_path/keys``;
+    with CURVE on, missing keys are created there the way the broker does on first run), ``heartbeat_tick``,
+    ``topics`` (a tuple of :class:`TopicRule`), and any other :class:`BrokerConfig` field.
+    """
+    running: list[BrokerThread] = []
+
+    def start(
+        *,
+        curve: bool = False,
+        allow_any_client: bool = False,
+        keys_dir: Path | None = None,
+        heartbeat_tick: float = 0.1,
+        topics: tuple[TopicRule, ...] = (),
+        **overrides: Any,
+    ) -> Broker:
+        config = BrokerConfig(
+            bind=LOOPBACK,
+            keys_dir=keys_dir if keys_dir is not None else tmp_path / "keys",
+            curve=curve,
+            allow_any_client=allow_any_client,
+            heartbeat_tick=heartbeat_tick,
+            topics=topics,
+            **overrides,
+        )
+        ensure_keys(config)
+        runner = BrokerThread(config)
+        running.append(runner)
+        return runner.start()
+
+    yield start
+    errors: list[BaseException] = []
+    for runner in reversed(running):
+        try:
+            runner.stop()
+        except BaseException as error:
+            errors.append(error)
+    if errors:
+        raise errors[0]
+
+
+@pytest.fixture
+def broker(start_broker: BrokerFactory) -> Broker:
+    """A plaintext broker with default settings."""
+    return start_broker()
+
+
+# -------------------------------------------------------------------------------------------------- the peers
+
+
+@dataclass
+class Reply:
+    """One frame set from the broker, split the mc0 way (after the delimiter, if any)."""
+
+    frames: list[bytes]
+    verb: bytes
+    headers: dict[bytes, bytes] = field(default_factory=dict)
+    positional: list[bytes] | None = None  # None: there was no empty key frame
+
+    @property
+    def body(self) -> bytes | None:
+        return self.positional[0] if self.positional else None
+
+    def header(self, key: FrameLike) -> bytes | None:
+        return self.headers.get(to_frame(key))
+
+
+def parse(frames: list[bytes]) -> Reply:
+    """Verb, key/value pairs up to an empty key frame, then the positional frames (no delimiter expected)."""
+    assert frames, "an empty frame set"
+    reply = Reply(list(frames), frames[0])
+    index = 1
+    while index < len(frames):
+        key = frames[index]
+        if key == b"":
+            reply.positional = frames[index + 1 :]
+            break
+        assert index + 1 < len(frames), f"header {key!r} without a value in {frames!r}"
+        assert key not in reply.headers, f"header {key!r} twice in {frames!r}"
+        reply.headers[key] = frames[index + 1]
+        index += 2
+    return reply
+
+
+class Peer:
+    """A raw DEALER speaking mc0 by hand. ``delimiter`` says whether it frames with the empty delimiter."""
+
+    def __init__(
+        self, socket: zmq.Socket, *, delimiter: bool = True, monitor: zmq.Socket | None = None
+    ) -> None:
+        self.socket = socket
+        self.delimiter = delimiter
+        self.monitor = monitor
+        self._ids = 0
+
+    # --- raw frames
+
+    def send_raw(self, *frames: FrameLike) -> None:
+        self.socket.send_multipart([to_frame(f) for f in frames], zmq.NOBLOCK)
+
+    def send(self, *frames: FrameLike) -> None:
+        """One command, with the empty delimiter in front when this peer uses it."""
+        if self.delimiter:
+            self.send_raw(b"", *frames)
+        else:
+            self.send_raw(*frames)
+
+    def poll_raw(self, timeout: float) -> list[bytes] | None:
+        """The next frame set, or None if nothing arrives within ``timeout`` seconds."""
+        if not self.socket.poll(int(timeout * 1000), zmq.POLLIN):
+            return None
+        return self.socket.recv_multipart(zmq.NOBLOCK)
+
+    def recv_raw(self, timeout: float = RECV_TIMEOUT) -> list[bytes]:
+        frames = self.poll_raw(timeout)
+        if frames is None:
+            raise AssertionError(f"nothing arrived within {timeout} s")
+        return frames
+
+    # --- parsed replies
+
+    def _strip(self, frames: list[bytes]) -> Reply:
+        if self.delimiter:
+            assert frames[:1] == [b""], f"expected the empty delimiter first: {frames!r}"
+            return parse(frames[1:])
+        assert frames[:1] != [b""], f"no delimiter expected for this peer: {frames!r}"
+        return parse(frames)
+
+    def poll(self, timeout: float) -> Reply | None:
+        frames = self.poll_raw(timeout)
+        return None if frames is None else self._strip(frames)
+
+    def recv(self, timeout: float = RECV_TIMEOUT) -> Reply:
+        return self._strip(self.recv_raw(timeout))
+
+    def recv_skipping_noop(self, timeout: float = RECV_TIMEOUT) -> Reply:
+        """The next frame set that is not a heartbeat NOOP."""
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self.recv(max(0.0, deadline - time.monotonic()))
+            if reply.verb != b"NOOP":
+                return reply
+
+    def expect_silence(self, within: float = QUIET) -> None:
+        frames = self.poll_raw(within)
+        assert frames is None, f"expected nothing, got {frames!r}"
+
+    def drain(self, within: float = QUIET) -> list[Reply]:
+        """Everything that arrives until the line stays quiet for ``within`` seconds."""
+        out: list[Reply] = []
+        while (reply := self.poll(within)) is not None:
+            out.append(reply)
+        return out
+
+    # --- commands
+
+    def next_id(self) -> bytes:
+        self._ids += 1
+        return b"c%d" % self._ids
+
+    def request(self, *frames: FrameLike, quiet: float = 0.0) -> Reply:
+        """Send one command and take its one reply; with ``quiet``, also check that nothing follows it."""
+        self.send(*frames)
+        reply = self.recv()
+        if quiet:
+            self.expect_silence(quiet)
+        return reply
+
+    def ok(self, verb: FrameLike, *rest: FrameLike) -> Reply:
+        """Send ``verb ID <fresh> rest...`` and assert the broker answers OK with that ID."""
+        command_id = self.next_id()
+        reply = self.request(verb, b"ID", command_id, *rest)
+        assert reply.verb == b"OK", reply.frames
+        assert reply.header("ID") == command_id, reply.frames
+        return reply
+
+    def connect(
+        self, ttl: int | None = None, version: FrameLike = "0.2", extensions: str | None = None
+    ) -> Reply:
+        frames: list[FrameLike] = ["VERSION", version]
+        if ttl is not None:
+            frames += ["TTL", ttl]
+        if extensions is not None:
+            frames += ["EXTENSIONS", extensions]
+        return self.ok("CONNECT", *frames)
+
+    def sub(self, *topics: FrameLike) -> Reply:
+        return self.ok("SUB", "", *topics)
+
+    def unsub(self, *topics: FrameLike) -> Reply:
+        return self.ok("UNSUB", "", *topics)
+
+    def put(self, topic: FrameLike, body: FrameLike, headers: dict[str, FrameLike] | None = None) -> None:
+        """Fire-and-forget PUT (no ID, so no reply)."""
+        frames: list[FrameLike] = ["PUT", "TOPIC", topic]
+        for key, value in (headers or {}).items():
+            frames += [key, value]
+        self.send(*frames, "", body)
+
+    def stats(self) -> dict[str, Any]:
+        reply = self.ok("STATS")
+        assert reply.body is not None, reply.frames
+        return json.loads(reply.body)
+
+    # --- socket events (only for a peer made with ``monitor=...``)
+
+    def next_event(self, timeout: float = RECV_TIMEOUT) -> dict[str, Any] | None:
+        """The next monitor event (``{"event": zmq.EVENT_..., "value": ..., "endpoint": ...}``) or None."""
+        assert self.monitor is not None, "this peer was made without monitor=..."
+        if not self.monitor.poll(int(timeout * 1000), zmq.POLLIN):
+            return None
+        return recv_monitor_message(self.monitor)
+
+    def events(self, seconds: float) -> list[int]:
+        """The kinds of every monitor event during ``seconds``."""
+        out: list[int] = []
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            event = self.next_event(left)
+            if event is not None:
+                out.append(event["event"])
+        return out
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.socket.disable_monitor()
+            self.monitor.close(linger=0)
+            self.monitor = None
+        self.socket.close(linger=0)
+
+
+DealerFactory = Callable[..., Peer]
+
+
+@pytest.fixture
+def zmq_context() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+@pytest.fixture
+def dealer(zmq_context: zmq.Context) -> Iterator[DealerFactory]:
+    """A factory of raw DEALER peers connected to ``endpoint``; all are closed at teardown.
+
+    ``dealer(endpoint, delimiter=True, server_key=None, public_key=None, secret_key=None, identity=None,
+    monitor=0, options=None)``: the three keys (Z85) make it a CURVE client pinned to ``server_key``;
+    ``monitor`` is a mask of ``zmq.EVENT_*`` watched from before the connect (see :meth:`Peer.next_event`);
+    ``options`` maps ``zmq`` socket options (``zmq.RCVHWM``, ...) to values set before the connect.
+    """
+    peers: list[Peer] = []
+
+    def make(
+        endpoint: str,
+        *,
+        delimiter: bool = True,
+        server_key: bytes | None = None,
+        public_key: bytes | None = None,
+        secret_key: bytes | None = None,
+        identity: bytes | None = None,
+        monitor: int = 0,
+        options: dict[int, int] | None = None,
+    ) -> Peer:
+        socket = zmq_context.socket(zmq.DEALER)
+        socket.linger = 0
+        for option, value in (options or {}).items():
+            socket.setsockopt(option, value)
+        if identity is not None:
+            socket.identity = identity
+        curve = (server_key, public_key, secret_key)
+        if any(key is not None for key in curve):
+            assert all(key is not None for key in curve), "CURVE needs the server key and the client's pair"
+            socket.curve_serverkey = server_key
+            socket.curve_publickey = public_key
+            socket.curve_secretkey = secret_key
+        monitor_socket = socket.get_monitor_socket(monitor) if monitor else None
+        socket.connect(endpoint)
+        peer = Peer(socket, delimiter=delimiter, monitor=monitor_socket)
+        peers.append(peer)
+        return peer
+
+    yield make
+    for peer in peers:
+        peer.close()

@@ -1,0 +1,436 @@
+"""The asyncio :class:`connector.AsyncClient` against a real in-process broker on a loopback port: the usage
+from its docstring, SUB/UNSUB waiting for OK (and raising on ERROR), confirmed and fire-and-forget publishing,
+flush, stats, receive timeouts, headers, close (DISCONNECT, idempotent, no use afterwards), a missing broker,
+CURVE, TTL heartbeats during idleness, and reconnecting to a broker restarted on the same port.
+
+Each test runs its own event loop with ``asyncio.run`` under an overall ``asyncio.timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import pytest
+from conftest import BrokerThread
+
+from broker.config import BrokerConfig
+from broker.topics import Persistence, TopicRule, TopicSpec
+from connector import AsyncClient, Client, ConnectorError, Message
+from connector import keys as key_files
+
+if TYPE_CHECKING:
+    from conftest import BrokerFactory
+
+    from broker.server import Broker
+
+pytestmark = pytest.mark.timeout(20)
+
+ARRIVAL = 5.0
+T = TypeVar("T")
+
+
+def run(test: Callable[[], Awaitable[T]], limit: float = 15.0) -> T:
+    async def bounded() -> T:
+        async with asyncio.timeout(limit):
+            return await test()
+
+    return asyncio.run(bounded())
+
+
+async def receive_all(client: AsyncClient, count: int, within: float = ARRIVAL) -> list[Message]:
+    out: list[Message] = []
+    deadline = time.monotonic() + within
+    while len(out) < count:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"only {len(out)} of {count} messages arrived"
+        message = await client.receive(timeout=remaining)
+        if message is not None:
+            out.append(message)
+    return out
+
+
+def free_endpoint() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+
+
+# ------------------------------------------------------------------------------------------------- the basics
+
+
+def test_the_usage_from_the_docstring(start_broker: BrokerFactory, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    key_files.generate(keys)
+    broker = start_broker(curve=True, keys_dir=keys)
+
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint, keys=str(keys)) as client:
+            await client.subscribe("orders")
+            await client.publish("orders", "hello")
+            message = await client.receive(timeout=ARRIVAL)
+            assert message is not None
+            assert (message.topic, message.text) == ("orders", "hello")
+            assert isinstance(message.id, int)
+
+    run(main)
+
+
+def test_subscribe_refused_raises_and_the_client_keeps_working(start_broker: BrokerFactory) -> None:
+    broker = start_broker(topics=(TopicRule("p.*", TopicSpec(persistence=Persistence.PERSISTENT)),))
+
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint, timeout=3.0) as client:
+            with pytest.raises(ConnectorError, match="refused SUB"):
+                await client.subscribe("p.orders")
+            await client.subscribe("plain")
+            await client.publish("plain", "fine")
+            message = await client.receive(timeout=ARRIVAL)
+            assert message is not None
+            assert message.text == "fine"
+            with pytest.raises(ConnectorError, match="refused UNSUB"):
+                await client.unsubscribe("")
+
+    run(main)
+
+
+def test_unsubscribe_stops_delivery(broker: Broker) -> None:
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint) as client, AsyncClient(broker.endpoint) as other:
+            await client.subscribe("gone", "kept")
+            await client.unsubscribe("gone")
+            await other.publish("gone", "not for you")
+            await other.publish("kept", "marker")
+            message = await client.receive(timeout=ARRIVAL)
+            assert message is not None
+            assert message.text == "marker"
+            assert await client.receive(timeout=0.2) is None
+
+    run(main)
+
+
+def test_confirmed_publish_returns_the_message_id(broker: Broker) -> None:
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint) as client:
+            await client.subscribe("confirmed")
+            first = await client.publish("confirmed", "one", confirm=True)
+            second = await client.publish("confirmed", "two", confirm=True)
+            assert first is not None
+            assert second is not None
+            assert int(second["MESSAGE-ID"]) > int(first["MESSAGE-ID"])
+            received = await receive_all(client, 2)
+            assert [m.id for m in received] == [int(first["MESSAGE-ID"]), int(second["MESSAGE-ID"])]
+
+    run(main)
+
+
+def test_fire_and_forget_publishes_arrive_complete_and_in_order(broker: Broker) -> None:
+    count = 5000
+
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint) as client, AsyncClient(broker.endpoint) as publisher:
+            await client.subscribe("bulk")
+            for n in range(count):
+                assert await publisher.publish("bulk", b"%d" % n) is None
+            received = await receive_all(client, count)
+            assert [m.body for m in received] == [b"%d" % n for n in range(count)]
+            ids = [m.id for m in received]
+            assert all(a < b for a, b in itertools.pairwise(ids))  # type: ignore[operator]
+
+    run(main)
+
+
+def test_publishes_from_concurrent_tasks_all_arrive(broker: Broker) -> None:
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint) as client:
+            await client.subscribe("tasks")
+
+            async def publish(worker: int) -> None:
+                for n in range(200):
+                    await client.publish("tasks", f"{worker}:{n}")
+                    if n % 50 == 0:
+                        await asyncio.sleep(0)
+
+            async with asyncio.TaskGroup() as group:
+                for worker in range(4):
+                    group.create_task(publish(worker))
+            received = await receive_all(client, 800)
+            by_worker: dict[int, list[int]] = {}
+            for message in received:
+                worker, n = message.text.split(":")
+                by_worker.setdefault(int(worker), []).append(int(n))
+            assert by_worker == {w: list(range(200)) for w in range(4)}
+
+    run(main)
+
+
+def test_flush_and_stats(broker: Broker) -> None:
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint) as client:
+            for n in range(300):
+                await client.publish("flushed", b"%d" % n)
+            await client.flush()
+            data = await client.stats()
+            assert data["topics"]["flushed"]["messages_in"] == 300
+            assert data["connections"]["mc0"] == 1
+            assert data["uptime_seconds"] >= 0
+
+    run(main)
+
+
+def test_receive_returns_none_on_timeout(broker: Broker) -> None:
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint) as client:
+            await client.subscribe("quiet")
+            start = time.monotonic()
+            assert await client.receive(timeout=0.3) is None
+            assert 0.25 <= time.monotonic() - start < 2.0
+            assert await client.receive(timeout=0) is None
+
+    run(main)
+
+
+def test_headers_round_trip(broker: Broker) -> None:
+    headers = {"X-Reply-To": "me", "X-Empty": "", "X-Unicode": "é ✓"}
+
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint) as client:
+            await client.subscribe("headed")
+            await client.publish("headed", b"\x00\xff", headers)
+            message = await client.receive(timeout=ARRIVAL)
+            assert message is not None
+            assert message.headers == headers
+            assert message.body == b"\x00\xff"
+
+    run(main)
+
+
+def test_async_iteration(broker: Broker) -> None:
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint) as client:
+            await client.subscribe("iter")
+            for n in range(3):
+                await client.publish("iter", b"%d" % n)
+            bodies = []
+            async for message in client:
+                bodies.append(message.body)
+                if len(bodies) == 3:
+                    break
+            assert bodies == [b"0", b"1", b"2"]
+
+    run(main)
+
+
+def test_blocking_and_async_clients_talk_to_each_other(broker: Broker) -> None:
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint) as client:
+            await client.subscribe("mixed")
+            with Client(broker.endpoint) as blocking:
+                blocking.publish("mixed", "from the blocking client", {"X-From": "sync"})
+                blocking.flush()
+            message = await client.receive(timeout=ARRIVAL)
+            assert message is not None
+            assert (message.text, message.headers) == ("from the blocking client", {"X-From": "sync"})
+
+    run(main)
+
+
+# ---------------------------------------------------------------------------------------------------- closing
+
+
+def test_close_sends_disconnect_and_is_idempotent(broker: Broker) -> None:
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint) as observer:
+            client = await AsyncClient(broker.endpoint).connect()
+            await client.subscribe("leaving")
+            assert (await observer.stats())["connections"]["mc0"] == 2
+            await client.close()
+            await client.close()
+            deadline = time.monotonic() + 2.0
+            while (await observer.stats())["connections"]["mc0"] != 1:
+                assert time.monotonic() < deadline, "the broker still counts the closed client"
+                await asyncio.sleep(0.02)
+            assert (await observer.stats())["topics"]["leaving"]["subscribers"] == 0
+
+    run(main)
+
+
+def test_use_after_close_raises(broker: Broker) -> None:
+    async def main() -> None:
+        client = await AsyncClient(broker.endpoint).connect()
+        await client.close()
+        with pytest.raises(ConnectorError):
+            await client.publish("t", "x")
+        with pytest.raises(ConnectorError):
+            await client.publish("t", "x", confirm=True)
+        with pytest.raises(ConnectorError):
+            await client.subscribe("t")
+        with pytest.raises(ConnectorError):
+            await client.unsubscribe("t")
+        with pytest.raises(ConnectorError):
+            await client.flush()
+        with pytest.raises(ConnectorError):
+            await client.stats()
+        with pytest.raises(ConnectorError):
+            await client.receive(timeout=0.1)
+
+    run(main)
+
+
+def test_close_right_after_publishing_loses_nothing(broker: Broker) -> None:
+    count = 2000
+
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint) as client:
+            await client.subscribe("last words")
+            publisher = await AsyncClient(broker.endpoint).connect()
+            for n in range(count):
+                await publisher.publish("last words", b"%d" % n)
+            await publisher.close()
+            assert [m.body for m in await receive_all(client, count)] == [b"%d" % n for n in range(count)]
+
+    run(main)
+
+
+def test_close_is_prompt_with_a_full_inbox(broker: Broker) -> None:
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint) as other:
+            client = await AsyncClient(broker.endpoint, max_inbox=5).connect()
+            await client.subscribe("unread")
+            for n in range(2000):
+                await other.publish("unread", b"%d" % n)
+            await other.flush()
+            deadline = time.monotonic() + ARRIVAL
+            while client.pending < 5:
+                assert time.monotonic() < deadline, "deliveries did not arrive"
+                await asyncio.sleep(0.01)
+            start = time.monotonic()
+            await client.close()
+            assert time.monotonic() - start < 1.0
+
+    run(main)
+
+
+def test_no_broker_listening_raises_within_the_timeout() -> None:
+    async def main() -> None:
+        start = time.monotonic()
+        with pytest.raises(ConnectorError, match="CONNECT"):
+            await AsyncClient(free_endpoint(), timeout=0.5).connect()
+        assert time.monotonic() - start < 2.0
+
+    run(main)
+
+
+def test_no_broker_with_a_short_ttl_still_raises_within_the_timeout() -> None:
+    async def main() -> None:
+        start = time.monotonic()
+        with pytest.raises(ConnectorError, match="CONNECT"):
+            await AsyncClient(free_endpoint(), ttl=100, timeout=0.6).connect()
+        assert time.monotonic() - start < 2.0
+
+    run(main)
+
+
+def test_a_bad_endpoint_raises_connector_error() -> None:
+    async def main() -> None:
+        with pytest.raises(ConnectorError):
+            await AsyncClient("tcp://127.0.0.1:not-a-port", timeout=1.0).connect()
+
+    run(main)
+
+
+def test_curve_with_the_wrong_server_key_fails_to_connect(
+    start_broker: BrokerFactory, tmp_path: Path
+) -> None:
+    key_files.generate(tmp_path / "keys")
+    broker = start_broker(curve=True, keys_dir=tmp_path / "keys")
+    key_files.generate(tmp_path / "elsewhere")
+
+    async def main() -> None:
+        with pytest.raises(ConnectorError):
+            await AsyncClient(broker.endpoint, keys=tmp_path / "elsewhere", timeout=0.5).connect()
+
+    run(main)
+
+
+# ----------------------------------------------------------------------------------- heartbeats and reconnect
+
+
+def test_heartbeats_keep_an_idle_client_connected(start_broker: BrokerFactory) -> None:
+    broker = start_broker(heartbeat_tick=0.01)
+
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint, ttl=400) as client, AsyncClient(broker.endpoint) as publisher:
+            await client.subscribe("idle")
+            assert await client.receive(timeout=2.0) is None
+            assert (await publisher.stats())["topics"]["idle"]["subscribers"] == 1
+            await publisher.publish("idle", "still there")
+            message = await client.receive(timeout=ARRIVAL)
+            assert message is not None
+            assert message.text == "still there"
+            assert client.reconnects == 0
+
+    run(main)
+
+
+def test_heartbeats_run_while_the_loop_is_busy_elsewhere(start_broker: BrokerFactory) -> None:
+    """Idle in the client's sense but with other tasks running: the reader task still sends NOOPs."""
+    broker = start_broker(heartbeat_tick=0.01)
+
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint, ttl=400) as client, AsyncClient(broker.endpoint) as publisher:
+            await client.subscribe("busy loop")
+            for _ in range(40):
+                await asyncio.sleep(0.05)
+            await publisher.publish("busy loop", "hello")
+            message = await client.receive(timeout=ARRIVAL)
+            assert message is not None
+            assert message.text == "hello"
+            assert client.reconnects == 0
+
+    run(main)
+
+
+@pytest.fixture
+def restartable() -> Iterator[list[BrokerThread]]:
+    """Brokers the test starts and stops itself (to restart one on the same port); stopped at teardown."""
+    running: list[BrokerThread] = []
+    yield running
+    for runner in reversed(running):
+        if runner.thread.is_alive():
+            runner.stop()
+
+
+def test_reconnect_after_a_broker_restart(restartable: list[BrokerThread]) -> None:
+    def plain_broker(bind: str) -> BrokerThread:
+        runner = BrokerThread(BrokerConfig(bind=bind, curve=False, heartbeat_tick=0.01))
+        restartable.append(runner)
+        return runner
+
+    first = plain_broker("tcp://127.0.0.1:*")
+    endpoint = first.start().endpoint
+
+    async def main() -> None:
+        async with AsyncClient(endpoint, ttl=400, timeout=3.0) as client:
+            await client.subscribe("survivor")
+            await client.flush()
+            await asyncio.to_thread(first.stop)
+            second = plain_broker(endpoint)  # the port the first broker resolved
+            assert (await asyncio.to_thread(second.start)).endpoint == endpoint
+            async with AsyncClient(endpoint) as publisher:
+                deadline = time.monotonic() + 6.0
+                message = None
+                while message is None:
+                    assert time.monotonic() < deadline, "no message after the restart"
+                    await publisher.publish("survivor", "after restart")
+                    message = await client.receive(timeout=0.1)
+                assert message.text == "after restart"
+                assert client.reconnects >= 1
+                await client.flush()
+
+    run(main)

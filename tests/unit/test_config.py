@@ -1,0 +1,212 @@
+"""Broker configuration (broker/config.py) and topic rules (broker/topics.py): complete defaults without a
+file, a TOML file overriding only what it names, topic rules matched by pattern with the first match
+winning, and a ConfigError naming the culprit for unknown keys and sections, wrong types, bad enum values
+and unreadable files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker import config
+from broker.config import DEFAULTS, BrokerConfig, ConfigError, load, parse_topic_rule
+from broker.topics import DEFAULT_SPEC, Delivery, Persistence, Sync, TopicRule, TopicRules, TopicSpec
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "mc0.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- defaults
+
+
+def test_no_file_means_the_defaults() -> None:
+    assert load(None) is DEFAULTS
+    assert DEFAULTS.bind == "tcp://*:61616"
+    assert DEFAULTS.curve is True
+    assert DEFAULTS.allow_any_client is False
+    assert DEFAULTS.keys_dir == Path("keys")
+    assert DEFAULTS.allowlist_dir == Path("keys") / "allowed"
+    assert DEFAULTS.topics == ()
+    assert DEFAULTS.log_level == "INFO"
+
+
+def test_default_topic_rules_give_transient_broadcast() -> None:
+    spec = DEFAULTS.topic_rules().spec_for(b"anything at all")
+    assert spec == DEFAULT_SPEC
+    assert spec.delivery is Delivery.BROADCAST
+    assert spec.persistence is Persistence.TRANSIENT
+    assert spec.sync is None
+
+
+def test_an_empty_file_changes_nothing(tmp_path: Path) -> None:
+    assert load(write(tmp_path, "")) == DEFAULTS
+
+
+def test_replace_ignores_options_that_were_not_given() -> None:
+    changed = DEFAULTS.replace(bind="tcp://127.0.0.1:5555", curve=None, pending_limit=None)
+    assert changed.bind == "tcp://127.0.0.1:5555"
+    assert changed.curve is DEFAULTS.curve
+    assert changed.pending_limit == DEFAULTS.pending_limit
+    assert DEFAULTS.bind == "tcp://*:61616"  # frozen: the defaults are never modified
+
+
+# ---------------------------------------------------------------------------------------------- overrides
+
+
+def test_file_overrides_only_the_keys_it_names(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        [broker]
+        bind = "tcp://127.0.0.1:7000"
+        keys_dir = "/etc/mc0/keys"
+        curve = false
+        heartbeat_tick = 1
+        pending_limit = 500
+        log_level = "debug"
+        """,
+    )
+    loaded = load(path)
+    assert loaded.bind == "tcp://127.0.0.1:7000"
+    assert loaded.keys_dir == Path("/etc/mc0/keys")
+    assert loaded.curve is False
+    assert loaded.heartbeat_tick == 1
+    assert loaded.pending_limit == 500
+    assert loaded.log_level == "DEBUG"
+    assert loaded.send_hwm == DEFAULTS.send_hwm
+    assert loaded.max_message_size == DEFAULTS.max_message_size
+    assert loaded.allow_any_client == DEFAULTS.allow_any_client
+
+
+def test_file_is_layered_on_the_given_base(tmp_path: Path) -> None:
+    base = BrokerConfig(bind="tcp://127.0.0.1:1", send_hwm=7)
+    loaded = load(write(tmp_path, "[broker]\nrecv_hwm = 9\n"), base)
+    assert (loaded.bind, loaded.send_hwm, loaded.recv_hwm) == ("tcp://127.0.0.1:1", 7, 9)
+
+
+def test_topic_rules_first_match_wins(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        [[topics]]
+        pattern = "jobs.*"
+        delivery = "round-robin"
+        max_backlog = 50
+
+        [[topics]]
+        pattern = "jobs.audit"
+        persistence = "persistent"
+
+        [[topics]]
+        pattern = "audit.*"
+        persistence = "persistent"
+        sync = "weak"
+
+        [[topics]]
+        pattern = "collective ?gent"
+        """,
+    )
+    rules = load(path).topic_rules()
+    jobs = rules.spec_for(b"jobs.audit")  # matches both the first and the second rule
+    assert jobs == TopicSpec(delivery=Delivery.ROUND_ROBIN, max_backlog=50)
+    assert rules.spec_for(b"audit.log") == TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.WEAK)
+    assert rules.spec_for(b"collective agent") == TopicSpec()
+    assert rules.spec_for(b"other") is DEFAULT_SPEC
+    patterns = [rule.pattern for rule in load(path).topics]
+    assert patterns == ["jobs.*", "jobs.audit", "audit.*", "collective ?gent"]
+
+
+def test_persistent_topics_default_to_strong_sync() -> None:
+    rule = parse_topic_rule({"pattern": "p", "persistence": "persistent"}, "topics[0]")
+    assert rule.spec.sync is Sync.STRONG
+    assert rule.spec.describe() == {"delivery": "broadcast", "persistence": "persistent", "sync": "strong"}
+
+
+def test_patterns_match_whole_names_and_any_bytes() -> None:
+    rules = TopicRules([TopicRule("orders", TopicSpec(delivery=Delivery.ROUND_ROBIN)),
+                        TopicRule("bin.*", TopicSpec(max_backlog=1))])
+    assert rules.spec_for(b"orders").delivery is Delivery.ROUND_ROBIN
+    assert rules.spec_for(b"orders.eu") is rules.default
+    assert rules.spec_for(b"ORDERS") is rules.default  # case matters, on every platform
+    assert rules.spec_for(b"bin.\xff\xfe").max_backlog == 1
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("[brokr]\nbind = 'x'\n", "unknown sections ['brokr']"),
+        ("title = 'mc0'\n", "unknown sections ['title']"),
+        ("[broker]\nbnid = 'x'\n", "[broker] has no key 'bnid'"),
+        ("broker = 5\n", "'broker' must be a table"),
+        ("[broker]\npending_limit = '10'\n", "[broker].pending_limit has the wrong type"),
+        ("[broker]\npending_limit = true\n", "[broker].pending_limit has the wrong type"),
+        ("[broker]\npending_limit = 1.5\n", "[broker].pending_limit has the wrong type"),
+        ("[broker]\nheartbeat_tick = true\n", "[broker].heartbeat_tick has the wrong type"),
+        ("[broker]\nheartbeat_tick = '0.1'\n", "[broker].heartbeat_tick has the wrong type"),
+        ("[broker]\ncurve = 'yes'\n", "[broker].curve has the wrong type"),
+        ("[broker]\ncurve = 1\n", "[broker].curve has the wrong type"),
+        ("[broker]\nbind = 61616\n", "[broker].bind has the wrong type"),
+        ("[broker]\nkeys_dir = ['a']\n", "[broker].keys_dir has the wrong type"),
+        ("[broker]\nlog_level = 'LOUD'\n", "log_level: 'LOUD' is not one of DEBUG, INFO"),
+        ("topics = 'x'\n", "'topics' must be an array of tables"),
+        ("topics = [1, 2]\n", "'topics' must be an array of tables"),
+        ("[topics]\npattern = 'a'\n", "'topics' must be an array of tables"),
+        ("[[topics]]\ndelivery = 'broadcast'\n", "topics[0]: needs a non-empty string 'pattern'"),
+        ("[[topics]]\npattern = ''\n", "topics[0]: needs a non-empty string 'pattern'"),
+        ("[[topics]]\npattern = 5\n", "topics[0]: needs a non-empty string 'pattern'"),
+        ("[[topics]]\npattern = 'a'\n[[topics]]\npattern = 'b'\nspeed = 1\n",
+         "topics[1]: unknown keys ['speed']"),
+        ("[[topics]]\npattern = 'a'\ndelivery = 'fanout'\n",
+         "topics[0].delivery: 'fanout' is not one of broadcast, round-robin"),
+        ("[[topics]]\npattern = 'a'\ndelivery = 1\n", "topics[0].delivery: 1 is not one of"),
+        ("[[topics]]\npattern = 'a'\npersistence = 'disk'\n",
+         "topics[0].persistence: 'disk' is not one of transient, persistent"),
+        ("[[topics]]\npattern = 'a'\npersistence = 'persistent'\nsync = 'sometimes'\n",
+         "topics[0].sync: 'sometimes' is not one of strong, weak, async"),
+        ("[[topics]]\npattern = 'a'\nsync = 'weak'\n", "topics[0]: a transient topic has no sync level"),
+        ("[[topics]]\npattern = 'a'\nmax_backlog = -1\n", "topics[0]: max_backlog must not be negative"),
+        ("[[topics]]\npattern = 'a'\nmax_backlog = '10'\n", "topics[0].max_backlog: must be an integer"),
+        ("[[topics]]\npattern = 'a'\nmax_backlog = [1]\n", "topics[0].max_backlog: must be an integer"),
+        ("[[topics]]\npattern = 'a'\nmax_backlog = 2.5\n", "topics[0].max_backlog: must be an integer"),
+        ("[broker\n", "mc0.toml"),
+        ("[broker]\nbind = 'a'\nbind = 'b'\n", "mc0.toml"),
+    ],
+)
+def test_bad_configuration_is_refused_with_a_clear_message(tmp_path: Path, text: str, fragment: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    message = str(info.value)
+    assert fragment in message
+    assert str(path) in message  # the message always says which file
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cannot read .*nowhere\.toml"):
+        load(tmp_path / "nowhere.toml")
+
+
+def test_a_directory_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path)
+
+
+def test_non_utf8_file_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'[broker]\nbind = "caf\xe9"\n')
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load(path)
+
+
+def test_every_broker_key_is_a_field_of_the_config() -> None:
+    # The loader's list of keys and the dataclass must not drift apart, or a valid key would crash replace().
+    fields = set(BrokerConfig.__dataclass_fields__) - {"topics"}
+    assert set(config._BROKER_KEYS) == fields

@@ -1,0 +1,565 @@
+"""The topic engine (broker/engine.py): message and topic ids, broadcast fan-out, round-robin strict rotation
+and room, the bounded backlog and pending limits with their drop counters, detach() requeueing, the ready
+list, unsubscribe idempotence, persistent topics and the store contract, stats(), and a hypothesis state
+machine proving that a round-robin topic never loses or duplicates a message.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from broker.engine import FIRST_MESSAGE_ID, Engine, EngineError, Message, Subscriber
+from broker.topics import Delivery, Persistence, Sync, TopicRule, TopicRules, TopicSpec
+
+NOW = 1_700_000_000_000
+
+
+def queue_engine(max_backlog: int = 10_000) -> Engine:
+    """An engine where topics named ``q.*`` are round-robin queues and everything else is broadcast."""
+    spec = TopicSpec(delivery=Delivery.ROUND_ROBIN, max_backlog=max_backlog)
+    return Engine(TopicRules([TopicRule("q.*", spec)]))
+
+
+def publish(engine: Engine, topic: bytes, count: int) -> list[Message]:
+    return [engine.publish(topic, b"body %d" % n, {}, NOW) for n in range(count)]
+
+
+def ids(subscriber: Subscriber) -> list[int]:
+    return [message.id for message in subscriber.pending]
+
+
+def backlog_ids(engine: Engine, topic: bytes) -> list[int]:
+    return [message.id for message in engine.topics[topic].backlog]
+
+
+# ------------------------------------------------------------------------------------------------- ids
+
+
+def test_message_ids_start_at_one_and_increase_per_topic() -> None:
+    engine = Engine()
+    first = [m.id for m in publish(engine, b"a", 3)]
+    second = [m.id for m in publish(engine, b"b", 2)]
+    third = [m.id for m in publish(engine, b"a", 2)]
+    assert FIRST_MESSAGE_ID == 1
+    assert first == [1, 2, 3]
+    assert second == [1, 2]
+    assert third == [4, 5]
+
+
+def test_published_message_carries_what_was_given() -> None:
+    engine = Engine()
+    message = engine.publish(b"t", b"payload", {b"X-a": b"1"}, NOW)
+    assert message == Message(b"t", 1, b"payload", {b"X-a": b"1"}, NOW)
+
+
+def test_topic_ids_are_small_and_stable() -> None:
+    engine = Engine()
+    subscriber = Subscriber()
+    assert engine.topic(b"first").topic_id == 1
+    engine.subscribe(subscriber, b"second")
+    publish(engine, b"third", 1)
+    engine.unsubscribe(subscriber, b"second")
+    assert [engine.topic(name).topic_id for name in (b"first", b"second", b"third")] == [1, 2, 3]
+    assert engine.topic(b"first") is engine.topic(b"first")
+    assert engine.topic(b"fourth").topic_id == 4
+
+
+def test_empty_topic_name_is_refused() -> None:
+    engine = Engine()
+    with pytest.raises(EngineError, match="empty"):
+        engine.publish(b"", b"x", {}, NOW)
+    with pytest.raises(EngineError, match="empty"):
+        engine.subscribe(Subscriber(), b"")
+    assert engine.topics == {}
+
+
+def test_topics_take_the_first_matching_rule() -> None:
+    engine = queue_engine()
+    assert engine.topic(b"q.jobs").round_robin
+    assert not engine.topic(b"news").round_robin
+    assert engine.topic(b"news").spec == TopicSpec()
+
+
+# ------------------------------------------------------------------------------------------- broadcast
+
+
+def test_broadcast_reaches_every_subscriber_including_the_publisher() -> None:
+    engine = Engine()
+    publisher, other, third = Subscriber("publisher"), Subscriber("other"), Subscriber("third")
+    for subscriber in (publisher, other, third):
+        engine.subscribe(subscriber, b"news")
+    outsider = Subscriber("outsider")
+    engine.subscribe(outsider, b"sport")
+    message = engine.publish(b"news", b"hello", {}, NOW)
+    for subscriber in (publisher, other, third):
+        assert subscriber.pending == [message]
+    assert outsider.pending == []
+    assert engine.topics[b"news"].messages_out == 3
+
+
+def test_broadcast_keeps_publish_order() -> None:
+    engine = Engine()
+    subscriber = Subscriber()
+    engine.subscribe(subscriber, b"t")
+    publish(engine, b"t", 5)
+    assert ids(subscriber) == [1, 2, 3, 4, 5]
+
+
+def test_broadcast_without_subscribers_keeps_nothing() -> None:
+    engine = Engine()
+    publish(engine, b"t", 3)
+    late = Subscriber()
+    engine.subscribe(late, b"t")
+    assert late.pending == []
+    assert len(engine.topics[b"t"].backlog) == 0
+    assert engine.topics[b"t"].dropped == 0
+
+
+def test_subscribing_twice_delivers_once() -> None:
+    engine = Engine()
+    subscriber = Subscriber()
+    engine.subscribe(subscriber, b"t")
+    engine.subscribe(subscriber, b"t")
+    publish(engine, b"t", 1)
+    assert ids(subscriber) == [1]
+    assert len(engine.topics[b"t"].subscribers) == 1
+
+
+def test_pending_limit_bounds_broadcast_and_counts_drops() -> None:
+    engine = Engine()
+    slow, fast = Subscriber("slow", limit=2), Subscriber("fast", limit=100)
+    engine.subscribe(slow, b"t")
+    engine.subscribe(fast, b"t")
+    publish(engine, b"t", 5)
+    assert ids(slow) == [1, 2]
+    assert slow.dropped == 3
+    assert ids(fast) == [1, 2, 3, 4, 5]
+    assert fast.dropped == 0
+    topic = engine.topics[b"t"]
+    assert topic.dropped == 3
+    assert topic.messages_out == 7
+
+
+# ----------------------------------------------------------------------------------------- round-robin
+
+
+def test_round_robin_strict_rotation() -> None:
+    engine = queue_engine()
+    a, b, c = Subscriber("a"), Subscriber("b"), Subscriber("c")
+    for subscriber in (a, b, c):
+        engine.subscribe(subscriber, b"q.jobs")
+    publish(engine, b"q.jobs", 9)
+    assert ids(a) == [1, 4, 7]
+    assert ids(b) == [2, 5, 8]
+    assert ids(c) == [3, 6, 9]
+    assert engine.topics[b"q.jobs"].messages_out == 9
+
+
+def test_round_robin_includes_the_publishers_own_subscriber() -> None:
+    engine = queue_engine()
+    publisher = Subscriber("publisher")
+    engine.subscribe(publisher, b"q.jobs")
+    publish(engine, b"q.jobs", 2)
+    assert ids(publisher) == [1, 2]
+
+
+def test_round_robin_skips_subscribers_without_room() -> None:
+    engine = queue_engine()
+    a, full, c = Subscriber("a"), Subscriber("full", limit=1), Subscriber("c")
+    for subscriber in (a, full, c):
+        engine.subscribe(subscriber, b"q.jobs")
+    publish(engine, b"q.jobs", 6)
+    assert ids(a) == [1, 4, 6]
+    assert ids(full) == [2]  # got one, then never again while it has no room
+    assert ids(c) == [3, 5]
+    assert len(full.pending) <= full.limit
+
+
+def test_round_robin_never_hands_to_a_subscriber_without_room() -> None:
+    engine = queue_engine()
+    closed = Subscriber("closed", limit=0)
+    engine.subscribe(closed, b"q.jobs")
+    publish(engine, b"q.jobs", 3)
+    assert closed.pending == []
+    assert backlog_ids(engine, b"q.jobs") == [1, 2, 3]
+
+
+def test_rotation_survives_a_subscriber_leaving() -> None:
+    engine = queue_engine()
+    a, b, c = Subscriber("a"), Subscriber("b"), Subscriber("c")
+    for subscriber in (a, b, c):
+        engine.subscribe(subscriber, b"q.jobs")
+    publish(engine, b"q.jobs", 2)  # a gets 1, b gets 2: c is next
+    engine.unsubscribe(a, b"q.jobs")
+    publish(engine, b"q.jobs", 3)
+    assert ids(c) == [3, 5]
+    assert ids(b) == [2, 4]
+
+
+def test_rotation_when_the_next_in_line_leaves() -> None:
+    engine = queue_engine()
+    a, b, c = Subscriber("a"), Subscriber("b"), Subscriber("c")
+    for subscriber in (a, b, c):
+        engine.subscribe(subscriber, b"q.jobs")
+    publish(engine, b"q.jobs", 1)  # a gets 1: b is next
+    engine.unsubscribe(b, b"q.jobs")
+    publish(engine, b"q.jobs", 3)
+    assert ids(c) == [2, 4]
+    assert ids(a) == [1, 3]
+
+
+def test_backlog_holds_messages_until_someone_subscribes() -> None:
+    engine = queue_engine()
+    publish(engine, b"q.jobs", 4)
+    assert backlog_ids(engine, b"q.jobs") == [1, 2, 3, 4]
+    consumer = Subscriber("consumer", limit=3)
+    engine.subscribe(consumer, b"q.jobs")
+    assert ids(consumer) == [1, 2, 3]
+    assert backlog_ids(engine, b"q.jobs") == [4]
+
+
+def test_backlog_keeps_order_behind_waiting_messages() -> None:
+    engine = queue_engine()
+    consumer = Subscriber("consumer", limit=1)
+    engine.subscribe(consumer, b"q.jobs")
+    publish(engine, b"q.jobs", 3)
+    assert ids(consumer) == [1]
+    consumer.pending.clear()
+    publish(engine, b"q.jobs", 1)  # 4 must wait behind 2 and 3, although the consumer now has room
+    assert ids(consumer) == []
+    assert backlog_ids(engine, b"q.jobs") == [2, 3, 4]
+
+
+def test_room_available_drains_the_backlog() -> None:
+    engine = queue_engine()
+    consumer = Subscriber("consumer", limit=2)
+    engine.subscribe(consumer, b"q.jobs")
+    engine.subscribe(consumer, b"news")
+    publish(engine, b"q.jobs", 5)
+    assert ids(consumer) == [1, 2]
+    consumer.pending.clear()  # the shell wrote them out
+    engine.room_available(consumer)
+    assert ids(consumer) == [3, 4]
+    consumer.pending.clear()
+    engine.room_available(consumer)
+    assert ids(consumer) == [5]
+    assert backlog_ids(engine, b"q.jobs") == []
+
+
+def test_room_available_ignores_topics_the_subscriber_left() -> None:
+    engine = queue_engine()
+    consumer = Subscriber("consumer", limit=1)
+    engine.subscribe(consumer, b"q.jobs")
+    publish(engine, b"q.jobs", 3)
+    engine.unsubscribe(consumer, b"q.jobs")
+    consumer.pending.clear()
+    engine.room_available(consumer)
+    assert consumer.pending == []
+    assert backlog_ids(engine, b"q.jobs") == [2, 3]
+
+
+def test_bounded_backlog_drops_the_oldest_and_counts() -> None:
+    engine = queue_engine(max_backlog=3)
+    publish(engine, b"q.jobs", 5)
+    topic = engine.topics[b"q.jobs"]
+    assert backlog_ids(engine, b"q.jobs") == [3, 4, 5]
+    assert topic.dropped == 2
+    assert topic.messages_in == 5
+    assert engine.stats()["q.jobs"]["dropped"] == 2
+
+
+def test_zero_backlog_drops_everything_nobody_takes() -> None:
+    engine = queue_engine(max_backlog=0)
+    publish(engine, b"q.jobs", 3)
+    assert backlog_ids(engine, b"q.jobs") == []
+    assert engine.topics[b"q.jobs"].dropped == 3
+
+
+# --------------------------------------------------------------------------------------------- detach
+
+
+def test_detach_removes_every_subscription() -> None:
+    engine = queue_engine()
+    subscriber = Subscriber()
+    for name in (b"a", b"b", b"q.jobs"):
+        engine.subscribe(subscriber, name)
+    engine.detach(subscriber)
+    assert subscriber.topics == set()
+    assert subscriber.pending == []
+    for name in (b"a", b"b", b"q.jobs"):
+        assert subscriber not in engine.topics[name].subscribers
+    publish(engine, b"a", 1)
+    assert subscriber.pending == []
+
+
+def test_detach_returns_queued_messages_to_the_front_of_the_backlog() -> None:
+    engine = queue_engine()
+    dying = Subscriber("dying", limit=3)
+    engine.subscribe(dying, b"q.jobs")
+    engine.subscribe(dying, b"news")
+    publish(engine, b"news", 1)
+    publish(engine, b"q.jobs", 4)  # 1, 2 to the consumer (news 1 takes the third place); 3, 4 wait
+    assert [(m.topic, m.id) for m in dying.pending] == [(b"news", 1), (b"q.jobs", 1), (b"q.jobs", 2)]
+    topic = engine.topics[b"q.jobs"]
+    assert topic.messages_out == 2
+    engine.detach(dying)
+    assert backlog_ids(engine, b"q.jobs") == [1, 2, 3, 4]
+    assert topic.messages_out == 0
+    assert topic.dropped == 0
+    # The broadcast delivery is simply gone with the subscriber, never queued.
+    assert backlog_ids(engine, b"news") == []
+    heir = Subscriber("heir")
+    engine.subscribe(heir, b"q.jobs")
+    assert ids(heir) == [1, 2, 3, 4]
+
+
+def test_detach_hands_requeued_messages_to_a_consumer_with_room() -> None:
+    engine = queue_engine()
+    a, b = Subscriber("a"), Subscriber("b")
+    engine.subscribe(a, b"q.jobs")
+    engine.subscribe(b, b"q.jobs")
+    publish(engine, b"q.jobs", 4)
+    assert ids(a) == [1, 3]
+    engine.detach(a)
+    assert ids(b) == [2, 4, 1, 3]
+    assert backlog_ids(engine, b"q.jobs") == []
+    assert engine.topics[b"q.jobs"].messages_out == 4
+
+
+def test_detach_keeps_the_backlog_in_publish_order() -> None:
+    engine = queue_engine()
+    a, b = Subscriber("a", limit=1), Subscriber("b", limit=1)
+    engine.subscribe(a, b"q.jobs")
+    engine.subscribe(b, b"q.jobs")
+    publish(engine, b"q.jobs", 4)  # a: 1, b: 2, backlog: 3, 4
+    engine.detach(a)  # 1 goes back; b is full, so it waits
+    engine.detach(b)
+    assert backlog_ids(engine, b"q.jobs") == [1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------------------------------- ready list
+
+
+def test_take_ready_lists_each_subscriber_once() -> None:
+    engine = Engine()
+    a, b, idle = Subscriber("a"), Subscriber("b"), Subscriber("idle")
+    engine.subscribe(a, b"t")
+    engine.subscribe(b, b"t")
+    engine.subscribe(idle, b"other")
+    publish(engine, b"t", 3)
+    ready = engine.take_ready()
+    assert ready == [a, b]
+    assert not a.ready
+    assert not b.ready
+    assert engine.take_ready() == []
+    publish(engine, b"t", 1)
+    assert engine.take_ready() == [a, b]
+
+
+def test_requeue_ready_only_when_something_is_pending() -> None:
+    engine = Engine()
+    subscriber = Subscriber()
+    engine.subscribe(subscriber, b"t")
+    publish(engine, b"t", 2)
+    assert engine.take_ready() == [subscriber]
+    engine.requeue_ready(subscriber)
+    engine.requeue_ready(subscriber)  # already on the list: not twice
+    assert engine.take_ready() == [subscriber]
+    subscriber.pending.clear()
+    engine.requeue_ready(subscriber)
+    assert engine.take_ready() == []
+
+
+# ------------------------------------------------------------------------------------------ unsubscribe
+
+
+def test_unsubscribe_is_idempotent() -> None:
+    engine = Engine()
+    subscriber = Subscriber()
+    engine.subscribe(subscriber, b"t")
+    assert engine.unsubscribe(subscriber, b"t") is True
+    assert engine.unsubscribe(subscriber, b"t") is False
+    assert engine.unsubscribe(subscriber, b"never-created") is False
+    assert b"never-created" not in engine.topics
+    assert subscriber.topics == set()
+    publish(engine, b"t", 1)
+    assert subscriber.pending == []
+
+
+# ------------------------------------------------------------------------------------------ persistence
+
+
+class FakeLog:
+    def __init__(self, next_id: int) -> None:
+        self.appended: list[Message] = []
+        self._next_id = next_id
+
+    @property
+    def first_id(self) -> int:
+        return 1
+
+    @property
+    def next_id(self) -> int:
+        return self._next_id
+
+    def append(self, message: Message) -> None:
+        self.appended.append(message)
+        self._next_id = message.id + 1
+
+    def commit(self) -> None: ...
+
+    def read(self, start_id: int, max_messages: int, max_bytes: int) -> list[Message]:
+        return [m for m in self.appended if m.id >= start_id][:max_messages]
+
+    def close(self) -> None: ...
+
+
+class FakeStore:
+    def __init__(self, next_id: int = 1) -> None:
+        self.opened: dict[bytes, tuple[TopicSpec, FakeLog]] = {}
+        self.next_id = next_id
+
+    def open(self, topic: bytes, spec: TopicSpec) -> FakeLog:
+        log = FakeLog(self.next_id)
+        self.opened[topic] = (spec, log)
+        return log
+
+    def close(self) -> None: ...
+
+
+PERSISTENT_RULES = TopicRules([TopicRule("log.*", TopicSpec(persistence=Persistence.PERSISTENT))])
+
+
+def test_persistent_topic_without_a_store_is_refused() -> None:
+    engine = Engine(PERSISTENT_RULES)
+    with pytest.raises(EngineError, match="no store"):
+        engine.publish(b"log.audit", b"x", {}, NOW)
+    with pytest.raises(EngineError, match="no store"):
+        engine.subscribe(Subscriber(), b"log.audit")
+    assert b"log.audit" not in engine.topics
+    engine.publish(b"plain", b"x", {}, NOW)  # transient topics still work
+    assert b"plain" in engine.topics
+
+
+def test_persistent_topic_appends_and_resumes_ids_from_its_log() -> None:
+    store = FakeStore(next_id=41)
+    engine = Engine(PERSISTENT_RULES, store)
+    subscriber = Subscriber()
+    engine.subscribe(subscriber, b"log.audit")
+    message = engine.publish(b"log.audit", b"x", {}, NOW)
+    spec, log = store.opened[b"log.audit"]
+    assert spec.sync is Sync.STRONG
+    assert message.id == 41
+    assert log.appended == [message]
+    assert subscriber.pending == [message]
+    assert engine.stats()["log.audit"]["sync"] == "strong"
+    assert engine.stats()["log.audit"]["last_id"] == 41
+
+
+# ------------------------------------------------------------------------------------------------ stats
+
+
+def test_stats_describe_every_topic() -> None:
+    engine = queue_engine(max_backlog=1)
+    subscriber = Subscriber()
+    engine.subscribe(subscriber, b"news")
+    publish(engine, b"news", 2)
+    publish(engine, b"q.jobs", 3)
+    assert engine.stats() == {
+        "news": {
+            "id": 1, "delivery": "broadcast", "persistence": "transient", "subscribers": 1,
+            "messages_in": 2, "messages_out": 2, "dropped": 0, "backlog": 0, "last_id": 2,
+        },
+        "q.jobs": {
+            "id": 2, "delivery": "round-robin", "persistence": "transient", "subscribers": 0,
+            "messages_in": 3, "messages_out": 0, "dropped": 2, "backlog": 1, "last_id": 3,
+        },
+    }
+
+
+# ------------------------------------------------------------------------- round-robin conservation
+
+
+class RoundRobinConservation(RuleBasedStateMachine):
+    """Random subscribe/unsubscribe/publish/drain/detach on one queue: every message is accounted for once."""
+
+    TOPIC = b"q.work"
+    LIMITS = (1, 2, 3)  # small, so that "no room" and the backlog happen often
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.max_backlog = 6
+        self.engine = queue_engine(max_backlog=self.max_backlog)
+        self.subscribers = [Subscriber(n, limit=limit) for n, limit in enumerate(self.LIMITS)]
+        self.written: list[int] = []  # ids the shell wrote out to some consumer
+        self.published = 0
+
+    @rule(n=st.integers(0, 2))
+    def subscribe(self, n: int) -> None:
+        self.engine.subscribe(self.subscribers[n], self.TOPIC)
+
+    @rule(n=st.integers(0, 2))
+    def unsubscribe(self, n: int) -> None:
+        self.engine.unsubscribe(self.subscribers[n], self.TOPIC)
+
+    @rule(count=st.integers(1, 4))
+    def publish(self, count: int) -> None:
+        for _ in range(count):
+            self.engine.publish(self.TOPIC, b"", {}, NOW)
+            self.published += 1
+
+    @rule(n=st.integers(0, 2), keep=st.integers(0, 2))
+    def write_out(self, n: int, keep: int) -> None:
+        """The shell writes out all but ``keep`` of one subscriber's pending deliveries."""
+        subscriber = self.subscribers[n]
+        sent = max(0, len(subscriber.pending) - keep)
+        self.written += [m.id for m in subscriber.pending[:sent]]
+        subscriber.pending = subscriber.pending[sent:]
+        if sent:
+            self.engine.room_available(subscriber)
+
+    @rule()
+    def take_ready(self) -> None:
+        ready = self.engine.take_ready()
+        assert len({id(s) for s in ready}) == len(ready)
+        assert not any(s.ready for s in ready)
+
+    @precondition(lambda self: any(s.topics for s in self.subscribers))
+    @rule(n=st.integers(0, 2))
+    def detach(self, n: int) -> None:
+        self.engine.detach(self.subscribers[n])
+
+    @invariant()
+    def every_message_once(self) -> None:
+        topic = self.engine.topic(self.TOPIC)
+        pending = [m.id for s in self.subscribers for m in s.pending]
+        backlog = [m.id for m in topic.backlog]
+        held = self.written + pending + backlog
+        assert len(held) == len(set(held)), "a message was duplicated"
+        assert len(held) + topic.dropped == self.published, "a message was lost"
+        assert set(held) <= set(range(1, self.published + 1))
+
+    @invariant()
+    def never_over_the_limits(self) -> None:
+        for subscriber in self.subscribers:
+            assert len(subscriber.pending) <= subscriber.limit
+
+    @invariant()
+    def backlog_in_publish_order(self) -> None:
+        backlog = [m.id for m in self.engine.topic(self.TOPIC).backlog]
+        assert backlog == sorted(backlog)
+
+    @invariant()
+    def backlog_waits_only_while_nobody_has_room(self) -> None:
+        topic = self.engine.topic(self.TOPIC)
+        if topic.backlog:
+            assert not any(s.has_room for s in topic.subscribers)
+
+
+RoundRobinConservation.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=30, deadline=None
+)
+TestRoundRobinConservation = RoundRobinConservation.TestCase

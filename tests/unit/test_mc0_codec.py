@@ -1,0 +1,538 @@
+"""The mc0 frame codec (protocol/mc0.py): wire vectors in both directions for every verb, the frames a real
+MCollective connector sends, header order, X- headers, topic names, VERSION and TTL rules, every malformed
+shape (refused with a ProtocolError fit for an ERROR reply, carrying the command's ID when it was readable),
+error_reply(), hypothesis round-trips of every event type, and fuzzing whose only allowed failure is
+ProtocolError.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protocol import ProtocolError, mc0
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ROUND_TRIP = settings(max_examples=300, deadline=None)
+
+# Literal msgpack payloads (bin8 = 0xc4, fixarray = 0x9N, fixmap = 0x8N, uint64 = 0xcf).
+PUTS_ONE = b"\x91\x92\xc4\x01t\xc4\x01b"  # [[b"t", b"b"]]
+# [[b"t", b"b", {b"X-k": b"v"}]]
+PUTS_ONE_WITH_HEADERS = b"\x91\x93\xc4\x01t\xc4\x01b\x81\xc4\x03X-k\xc4\x01v"
+MESSAGES_ONE = b"\x91\x94\xc4\x01t\x07\xcf\x00\x00\x01\x8b\xcf\xe5h\x00\xc4\x01b"  # [[b"t", 7, 1.7e12, b"b"]]
+MESSAGES_ONE_WITH_HEADERS = (  # [[b"t", 7, 1700000000000, b"b", {b"X-k": b"v"}]]
+    b"\x91\x95\xc4\x01t\x07\xcf\x00\x00\x01\x8b\xcf\xe5h\x00\xc4\x01b\x81\xc4\x03X-k\xc4\x01v"
+)
+
+# (frames without the leading delimiter, in the encoder's header order; the event they mean)
+VECTORS: list[tuple[list[bytes], mc0.Event]] = [
+    ([b"CONNECT", b"VERSION", b"0.3"], mc0.Connect(b"0.3")),
+    ([b"CONNECT", b"VERSION", b"0.1", b"TTL", b"1000"], mc0.Connect(b"0.1", 1000)),
+    (
+        [b"CONNECT", b"VERSION", b"0.3", b"TTL", b"30000", b"EXTENSIONS", b"batch ids", b"ID", b"c1"],
+        mc0.Connect(b"0.3", 30000, b"c1", frozenset({"batch", "ids"})),
+    ),
+    ([b"DISCONNECT"], mc0.Disconnect()),
+    ([b"DISCONNECT", b"ID", b"d1"], mc0.Disconnect(b"d1")),
+    ([b"SUB", b"", b"topic1", b"topic2"], mc0.Sub([b"topic1", b"topic2"])),
+    ([b"SUB", b"ID", b"s1", b"", b"orders"], mc0.Sub([b"orders"], b"s1")),
+    ([b"UNSUB", b"", b"topic1"], mc0.Unsub([b"topic1"])),
+    ([b"UNSUB", b"ID", b"u1", b"", b"a", b"b"], mc0.Unsub([b"a", b"b"], b"u1")),
+    ([b"PUT", b"TOPIC", b"topic1", b"", b"body"], mc0.Put(b"topic1", b"body")),
+    (
+        [b"PUT", b"TOPIC", b"t", b"X-Reply-To", b"me", b"ID", b"p1", b"", b"\x00\xffbin"],
+        mc0.Put(b"t", b"\x00\xffbin", b"p1", {b"X-Reply-To": b"me"}),
+    ),
+    ([b"PUT", b"TOPIC", b"t", b"", b""], mc0.Put(b"t", b"")),
+    ([b"PUTS", b"", PUTS_ONE], mc0.Puts([mc0.PutItem(b"t", b"b")])),
+    (
+        [b"PUTS", b"ID", b"b1", b"", PUTS_ONE_WITH_HEADERS],
+        mc0.Puts([mc0.PutItem(b"t", b"b", {b"X-k": b"v"})], b"b1"),
+    ),
+    ([b"NOOP"], mc0.Noop()),
+    ([b"NOOP", b"ID", b"n1"], mc0.Noop(b"n1")),
+    ([b"MESSAGE", b"TOPIC", b"topic1", b"", b"body"], mc0.Message(b"topic1", b"body")),
+    (
+        [b"MESSAGE", b"TOPIC", b"t", b"X-a", b"1", b"MESSAGE-ID", b"42", b"TIMESTAMP", b"1700000000000", b"",
+         b"body"],
+        mc0.Message(b"t", b"body", {b"X-a": b"1"}, 42, 1700000000000),
+    ),
+    ([b"MESSAGES", b"", MESSAGES_ONE], mc0.Messages([mc0.MessageItem(b"t", 7, 1700000000000, b"b")])),
+    (
+        [b"MESSAGES", b"", MESSAGES_ONE_WITH_HEADERS],
+        mc0.Messages([mc0.MessageItem(b"t", 7, 1700000000000, b"b", {b"X-k": b"v"})]),
+    ),
+    ([b"OK", b"ID", b"1234"], mc0.Ok(b"1234")),
+    (
+        [b"OK", b"ID", b"st", b"CONTENT-TYPE", b"application/json", b"", b"{}"],
+        mc0.Ok(b"st", {b"CONTENT-TYPE": b"application/json"}, b"{}"),
+    ),
+    ([b"ERROR", b"MESSAGE", b"unknown verb"], mc0.Error(b"unknown verb")),
+    ([b"ERROR", b"MESSAGE", b"no", b"ID", b"e1"], mc0.Error(b"no", b"e1")),
+    ([b"STATS", b"ID", b"x1"], mc0.Stats(b"x1")),
+    ([b"STATS"], mc0.Stats()),
+]
+
+VECTOR_IDS = [f"{n}-{frames[0].decode()}" for n, (frames, _) in enumerate(VECTORS)]
+
+
+def test_vectors_cover_every_verb() -> None:
+    assert {frames[0] for frames, _ in VECTORS} == mc0.VERBS
+
+
+@pytest.mark.parametrize(("frames", "event"), VECTORS, ids=VECTOR_IDS)
+@pytest.mark.parametrize("delimiter", [True, False], ids=["delimited", "bare"])
+def test_decode_vector(frames: list[bytes], event: mc0.Event, delimiter: bool) -> None:
+    wire = [b"", *frames] if delimiter else list(frames)
+    assert mc0.decode(wire) == event
+
+
+@pytest.mark.parametrize(("frames", "event"), VECTORS, ids=VECTOR_IDS)
+@pytest.mark.parametrize("delimiter", [True, False], ids=["delimited", "bare"])
+def test_encode_vector(frames: list[bytes], event: mc0.Event, delimiter: bool) -> None:
+    expected = [b"", *frames] if delimiter else frames
+    assert mc0.encode(event, delimiter=delimiter) == expected
+
+
+def test_encode_defaults_to_the_delimiter() -> None:
+    assert mc0.encode(mc0.Noop()) == [b"", b"NOOP"]
+
+
+def test_decode_does_not_modify_its_input() -> None:
+    frames = [b"", b"PUT", b"TOPIC", b"t", b"ID", b"1", b"X-a", b"b", b"", b"body"]
+    copy = list(frames)
+    mc0.decode(frames)
+    assert frames == copy
+
+
+def test_encode_refuses_a_non_event() -> None:
+    with pytest.raises(TypeError, match="not an mc0 event"):
+        mc0.encode("PUT")  # type: ignore[arg-type]
+
+
+def test_several_body_frames_are_joined() -> None:
+    event = mc0.decode([b"", b"PUT", b"TOPIC", b"t", b"", b"part1-", b"part2"])
+    assert event == mc0.Put(b"t", b"part1-part2")
+
+
+def test_message_frames_appends_to_the_given_list() -> None:
+    head = [b"identity", b""]
+    out = mc0.message_frames(head, b"t", b"body", {b"X-a": b"1"}, 5, 6)
+    assert out is head
+    assert out == [b"identity", b"", b"MESSAGE", b"TOPIC", b"t", b"X-a", b"1", b"MESSAGE-ID", b"5",
+                   b"TIMESTAMP", b"6", b"", b"body"]
+
+
+def test_pack_helpers_produce_the_documented_payloads() -> None:
+    assert mc0.pack_put_items([mc0.PutItem(b"t", b"b")]) == PUTS_ONE
+    assert mc0.pack_put_items([mc0.PutItem(b"t", b"b", {b"X-k": b"v"})]) == PUTS_ONE_WITH_HEADERS
+    assert mc0.pack_message_items([mc0.MessageItem(b"t", 7, 1700000000000, b"b")]) == MESSAGES_ONE
+
+
+# ------------------------------------------------------------------------------------- a real connector
+
+
+UUID = b"6f1c2a84-9d1e-4d3a-9a59-1a4c0e5b7c21"
+
+
+def test_real_connector_connect() -> None:
+    event = mc0.decode([b"", b"CONNECT", b"ID", UUID, b"TTL", b"30000", b"VERSION", b"0.2"])
+    assert event == mc0.Connect(version=b"0.2", ttl=30000, id=UUID)
+    assert event.headers == {}
+    assert event.extensions == frozenset()
+
+
+def test_real_connector_sub_and_unsub_carry_an_id() -> None:
+    topics = [b"mcollective.discovery.agent", b"collective agent"]
+    assert mc0.decode([b"", b"SUB", b"ID", UUID, b"", *topics]) == mc0.Sub(topics, UUID)
+    assert mc0.decode([b"", b"UNSUB", b"ID", UUID, b"", *topics]) == mc0.Unsub(topics, UUID)
+
+
+def test_real_connector_put_without_id() -> None:
+    event = mc0.decode([b"", b"PUT", b"TOPIC", b"collective agent", b"", b"\x04\x08{serialised request}"])
+    assert event == mc0.Put(b"collective agent", b"\x04\x08{serialised request}", None, {})
+
+
+# ----------------------------------------------------------------------------------------- headers
+
+
+def test_connect_headers_in_any_order() -> None:
+    pairs = [(b"VERSION", b"0.2"), (b"TTL", b"5000"), (b"ID", b"x"), (b"EXTENSIONS", b"ids")]
+    expected = mc0.Connect(b"0.2", 5000, b"x", frozenset({"ids"}))
+    for order in itertools.permutations(pairs):
+        frames = [b"", b"CONNECT", *itertools.chain.from_iterable(order)]
+        assert mc0.decode(frames) == expected, order
+
+
+def test_put_headers_in_any_order() -> None:
+    pairs = [(b"TOPIC", b"t"), (b"ID", b"7"), (b"X-a", b"1"), (b"X-b", b"2")]
+    expected = mc0.Put(b"t", b"body", b"7", {b"X-a": b"1", b"X-b": b"2"})
+    for order in itertools.permutations(pairs):
+        frames = [b"PUT", *itertools.chain.from_iterable(order), b"", b"body"]
+        assert mc0.decode(frames) == expected, order
+
+
+def test_x_headers_preserved_on_put_and_copied_on_message() -> None:
+    x_headers = {b"X-Reply-To": b"reply queue", b"X-Binary": b"\x00\xff", b"X-Empty": b""}
+    frames = [b"", b"PUT", b"TOPIC", b"t", b"ID", b"9"]
+    for key, value in x_headers.items():
+        frames += [key, value]
+    put = mc0.decode([*frames, b"", b"body"])
+    assert isinstance(put, mc0.Put)
+    assert put.headers == x_headers  # neither TOPIC nor ID among them
+    delivered = mc0.encode(mc0.Message(put.topic, put.body, put.headers))
+    for key, value in x_headers.items():
+        index = delivered.index(key)
+        assert delivered[index + 1] == value
+    assert b"ID" not in delivered
+    message = mc0.decode(delivered)
+    assert message == mc0.Message(b"t", b"body", x_headers)
+
+
+def test_unknown_reserved_headers_are_kept_for_the_caller() -> None:
+    event = mc0.decode([b"SUB", b"REPLAY", b"beginning", b"", b"t"])
+    assert event == mc0.Sub([b"t"], None, {b"REPLAY": b"beginning"})
+
+
+@pytest.mark.parametrize(
+    "topic",
+    [b"collective agent", b"with  two spaces ", b"\x00\x01\xff\xfe", b"caf\xc3\xa9", b"a" * 1000, b" "],
+    ids=["space", "spaces", "binary", "utf8", "long", "only-space"],
+)
+def test_topic_names_are_arbitrary_bytes(topic: bytes) -> None:
+    assert mc0.decode([b"SUB", b"", topic]) == mc0.Sub([topic])
+    assert mc0.decode([b"PUT", b"TOPIC", topic, b"", b"x"]) == mc0.Put(topic, b"x")
+    assert mc0.decode(mc0.encode(mc0.Message(topic, b"x"))) == mc0.Message(topic, b"x")
+
+
+# ----------------------------------------------------------------------------------- CONNECT rules
+
+
+@pytest.mark.parametrize("version", [b"0.1", b"0.2", b"0.3"])
+def test_supported_versions_are_accepted(version: bytes) -> None:
+    event = mc0.decode([b"", b"CONNECT", b"VERSION", version, b"TTL", b"1000"])
+    assert isinstance(event, mc0.Connect)
+    assert event.version == version
+
+
+@pytest.mark.parametrize("version", [b"0.0", b"0.4", b"1.0", b"0.2 ", b"", b"0.30", b"\xff"])
+def test_other_versions_are_refused(version: bytes) -> None:
+    with pytest.raises(ProtocolError, match="unsupported VERSION") as info:
+        mc0.decode([b"", b"CONNECT", b"ID", b"c", b"VERSION", version])
+    assert info.value.command_id == b"c"
+
+
+def test_connect_without_version_is_refused() -> None:
+    with pytest.raises(ProtocolError, match="VERSION") as info:
+        mc0.decode([b"", b"CONNECT", b"TTL", b"1000", b"ID", b"c"])
+    assert info.value.command_id == b"c"
+
+
+@pytest.mark.parametrize(
+    "ttl",
+    [b"30.5", b"-1", b"abc", b"", b"1e3", b" 30", b"30 ", b"0x10", b"\xd9\xa3", b"+5", b"1" * 5000,
+     b"2147483648"],
+    ids=["float", "negative", "word", "empty", "exponent", "lead-space", "trail-space", "hex", "arabic-digit",
+         "plus", "5000-digits", "over-max"],
+)
+def test_bad_ttl_is_refused(ttl: bytes) -> None:
+    with pytest.raises(ProtocolError, match="TTL") as info:
+        mc0.decode([b"", b"CONNECT", b"VERSION", b"0.3", b"TTL", ttl, b"ID", b"c"])
+    assert info.value.command_id == b"c"
+
+
+def test_largest_ttl_and_leading_zeros_are_accepted() -> None:
+    largest = mc0.decode([b"CONNECT", b"VERSION", b"0.3", b"TTL", b"%d" % mc0.MAX_TTL_MS])
+    assert isinstance(largest, mc0.Connect)
+    assert largest.ttl == mc0.MAX_TTL_MS
+    padded = mc0.decode([b"CONNECT", b"VERSION", b"0.3", b"TTL", b"0" * 5000 + b"1000"])
+    assert isinstance(padded, mc0.Connect)
+    assert padded.ttl == 1000
+
+
+def test_zero_ttl_and_missing_ttl_mean_never_expire() -> None:
+    assert mc0.decode([b"CONNECT", b"VERSION", b"0.3", b"TTL", b"0"]) == mc0.Connect(b"0.3", None)
+    assert mc0.decode([b"CONNECT", b"VERSION", b"0.3"]) == mc0.Connect(b"0.3", None)
+
+
+def test_unknown_extensions_are_ignored() -> None:
+    event = mc0.decode([b"CONNECT", b"VERSION", b"0.3", b"EXTENSIONS", b"ids future-thing  batch"])
+    assert isinstance(event, mc0.Connect)
+    assert event.extensions == frozenset({mc0.EXT_IDS, mc0.EXT_BATCH})
+
+
+def test_too_large_message_id_is_refused() -> None:
+    with pytest.raises(ProtocolError, match="MESSAGE-ID"):
+        mc0.decode([b"MESSAGE", b"TOPIC", b"t", b"MESSAGE-ID", b"%d" % 2**64, b"", b"b"])
+    event = mc0.decode([b"MESSAGE", b"TOPIC", b"t", b"MESSAGE-ID", b"%d" % (2**64 - 1), b"", b"b"])
+    assert isinstance(event, mc0.Message)
+    assert event.message_id == 2**64 - 1
+
+
+# ----------------------------------------------------------------------------------- malformed input
+
+
+def _pack(value: object) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+# (frames, the command_id the error must carry, a fragment of the error text)
+MALFORMED: list[tuple[list[bytes], bytes | None, str]] = [
+    ([b"put", b"TOPIC", b"t", b"", b"b"], None, "unknown verb"),
+    ([b"BOGUS", b"ID", b"7"], b"7", "unknown verb"),
+    ([b"\xff\x00" * 100, b"ID", b"7"], b"7", "unknown verb"),
+    ([b"SUB", b"ID"], None, "no value"),
+    ([b"SUB", b"ID", b"7", b"X-a"], b"7", "no value"),
+    ([b"SUB", b"ID", b"1", b"ID", b"2", b"", b"t"], b"1", "twice"),
+    ([b"SUB", b"X-a", b"1", b"X-a", b"2", b"ID", b"7", b"", b"t"], b"7", "twice"),
+    ([b"SUB", b"ID", b"7"], b"7", "at least one topic"),
+    ([b"SUB", b"ID", b"7", b""], b"7", "at least one topic"),
+    ([b"SUB", b"ID", b"7", b"", b"t", b""], b"7", "empty"),
+    ([b"UNSUB", b"ID", b"7", b""], b"7", "at least one topic"),
+    ([b"UNSUB", b"ID", b"7", b"", b""], b"7", "empty"),
+    ([b"PUT", b"ID", b"7", b"", b"body"], b"7", "TOPIC"),
+    ([b"PUT", b"TOPIC", b"", b"ID", b"7", b"", b"body"], b"7", "TOPIC"),
+    ([b"PUT", b"TOPIC", b"t", b"ID", b"7"], b"7", "body"),
+    ([b"PUT", b"TOPIC", b"t", b"ID", b"7", b""], b"7", "body"),
+    ([b"PUTS", b"ID", b"7"], b"7", "payload"),
+    ([b"PUTS", b"ID", b"7", b"", PUTS_ONE, PUTS_ONE], b"7", "payload"),
+    ([b"PUTS", b"ID", b"7", b"", b"\xc1"], b"7", "msgpack"),
+    ([b"PUTS", b"ID", b"7", b"", b"\x92\xc4"], b"7", "msgpack"),
+    ([b"PUTS", b"ID", b"7", b"", PUTS_ONE + b"\x00"], b"7", "msgpack"),
+    ([b"PUTS", b"ID", b"7", b"", _pack({b"t": b"b"})], b"7", "array"),
+    ([b"PUTS", b"ID", b"7", b"", _pack([b"t"])], b"7", "entry"),
+    ([b"PUTS", b"ID", b"7", b"", _pack([[b"t"]])], b"7", "entry"),
+    ([b"PUTS", b"ID", b"7", b"", _pack([[b"t", b"b", {}, b"x"]])], b"7", "entry"),
+    ([b"PUTS", b"ID", b"7", b"", _pack([["t", b"b"]])], b"7", "topic"),
+    ([b"PUTS", b"ID", b"7", b"", _pack([[b"", b"b"]])], b"7", "topic"),
+    ([b"PUTS", b"ID", b"7", b"", _pack([[b"t", 5]])], b"7", "body"),
+    ([b"PUTS", b"ID", b"7", b"", _pack([[b"t", b"b", [b"X-a"]]])], b"7", "headers"),
+    ([b"PUTS", b"ID", b"7", b"", _pack([[b"t", b"b", {"X-a": b"1"}]])], b"7", "headers"),
+    ([b"PUTS", b"ID", b"7", b"", _pack([[b"t", b"b", {b"": b"1"}]])], b"7", "headers"),
+    ([b"PUTS", b"ID", b"7", b"", _pack([[b"t", b"b", {1: b"1"}]])], b"7", "headers"),
+    ([b"MESSAGES", b"ID", b"7"], b"7", "payload"),
+    ([b"MESSAGES", b"", b"\xc1"], None, "msgpack"),
+    ([b"MESSAGES", b"", _pack(5)], None, "array"),
+    ([b"MESSAGES", b"", _pack([[b"t", 1, 2]])], None, "entry"),
+    ([b"MESSAGES", b"", _pack([[b"t", -1, 2, b"b"]])], None, "wrong type"),
+    ([b"MESSAGES", b"", _pack([[b"t", True, 2, b"b"]])], None, "wrong type"),
+    ([b"MESSAGES", b"", _pack([[b"t", 1, 2.5, b"b"]])], None, "wrong type"),
+    ([b"MESSAGES", b"", _pack([[b"t", 1, 2, "b"]])], None, "wrong type"),
+    ([b"MESSAGES", b"", _pack([[b"", 1, 2, b"b"]])], None, "empty topic"),
+    ([b"MESSAGES", b"", _pack([[b"t", 1, 2, b"b", {b"k": 1}]])], None, "headers"),
+    ([b"MESSAGE", b"ID", b"7", b"", b"body"], b"7", "TOPIC"),
+    ([b"MESSAGE", b"TOPIC", b"t"], None, "body"),
+    ([b"MESSAGE", b"TOPIC", b"t", b"MESSAGE-ID", b"x", b"", b"b"], None, "MESSAGE-ID"),
+    ([b"MESSAGE", b"TOPIC", b"t", b"TIMESTAMP", b"-5", b"", b"b"], None, "TIMESTAMP"),
+    ([b"CONNECT", b"ID", b"7", b"VERSION", b"0.3", b"", b"extra"], b"7", "positional"),
+    ([b"CONNECT", b"ID", b"7", b"VERSION", b"0.3", b"EXTENSIONS", b"\xffids"], b"7", "EXTENSIONS"),
+    ([b"NOOP", b"ID", b"7", b"", b"x"], b"7", "positional"),
+    ([b"DISCONNECT", b"", b"x"], None, "positional"),
+    ([b"STATS", b"ID", b"7", b"", b"x"], b"7", "positional"),
+    ([b"OK", b"ID", b"7", b"", b"a", b"b"], b"7", "at most one"),
+    ([b"ERROR", b"ID", b"7"], b"7", "MESSAGE"),
+    ([b"ERROR", b"MESSAGE", b"m", b"", b"x"], None, "positional"),
+]
+
+
+@pytest.mark.parametrize(
+    ("frames", "fragment"),
+    [([], "empty"), ([b""], "no verb"), ([b"", b""], "unknown verb ''"), ([b"", b"BOGUS"], "unknown verb")],
+    ids=["nothing", "only-delimiter", "empty-verb", "unknown-verb"],
+)
+def test_malformed_envelope(frames: list[bytes], fragment: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        mc0.decode(frames)
+    assert fragment in str(info.value)
+    assert info.value.command_id is None
+
+
+@pytest.mark.parametrize(("frames", "command_id", "fragment"), MALFORMED, ids=range(len(MALFORMED)))
+@pytest.mark.parametrize("delimiter", [True, False], ids=["delimited", "bare"])
+def test_malformed_input_raises_protocol_error(
+    frames: list[bytes], command_id: bytes | None, fragment: str, delimiter: bool
+) -> None:
+    wire = [b"", *frames] if delimiter else frames
+    with pytest.raises(ProtocolError) as info:
+        mc0.decode(wire)
+    error = info.value
+    text = str(error)
+    assert fragment in text
+    assert error.command_id == command_id
+    # Fit for an ERROR reply: one short, printable line.
+    assert text.isprintable()
+    assert 0 < len(text) <= 200
+
+
+def test_error_reply_answers_the_refused_command() -> None:
+    with pytest.raises(ProtocolError) as info:
+        mc0.decode([b"", b"SUB", b"ID", b"42", b""])
+    reply = mc0.error_reply(info.value)
+    assert reply == mc0.Error(b"SUB needs at least one topic", b"42")
+    assert mc0.encode(reply) == [b"", b"ERROR", b"MESSAGE", b"SUB needs at least one topic", b"ID", b"42"]
+
+
+def test_error_reply_without_an_id_has_no_id_frame() -> None:
+    with pytest.raises(ProtocolError) as info:
+        mc0.decode([b"", b"WHAT"])
+    frames = mc0.encode(mc0.error_reply(info.value), delimiter=False)
+    assert frames == [b"ERROR", b"MESSAGE", b"unknown verb 'WHAT'"]
+
+
+def test_error_reply_keeps_non_ascii_text_as_utf8() -> None:
+    reply = mc0.error_reply(ProtocolError("topic caf\u00e9 refused", command_id=b"1"))
+    assert reply.message == "topic caf\u00e9 refused".encode()
+    assert reply.id == b"1"
+    assert mc0.decode(mc0.encode(reply)) == reply
+
+
+def test_long_garbage_is_shortened_in_the_error() -> None:
+    with pytest.raises(ProtocolError) as info:
+        mc0.decode([b"X" * 10_000])
+    assert "..." in str(info.value)
+    assert len(str(info.value)) < 120
+
+
+# ------------------------------------------------------------------------------------ hypothesis
+
+RESERVED = {mc0.ID, mc0.TOPIC, mc0.VERSION, mc0.TTL, mc0.MESSAGE_KEY, mc0.EXTENSIONS, mc0.MESSAGE_ID,
+            mc0.TIMESTAMP}
+
+small_bytes = st.binary(max_size=24)
+topics = st.binary(min_size=1, max_size=24)
+command_ids = st.none() | st.binary(max_size=16)
+header_keys = st.one_of(
+    st.binary(min_size=1, max_size=12),
+    st.builds(lambda tail: b"X-" + tail, st.binary(max_size=10)),
+).filter(lambda key: key not in RESERVED)
+headers = st.dictionaries(header_keys, small_bytes, max_size=4)
+u64 = st.integers(0, 2**64 - 1)
+item_headers = st.dictionaries(st.binary(min_size=1, max_size=8), small_bytes, max_size=3)
+
+events: st.SearchStrategy[mc0.Event] = st.one_of(
+    st.builds(
+        mc0.Connect,
+        version=st.sampled_from(mc0.SUPPORTED_VERSIONS),
+        ttl=st.none() | st.integers(1, mc0.MAX_TTL_MS),
+        id=command_ids,
+        extensions=st.frozensets(st.sampled_from(sorted(mc0.KNOWN_EXTENSIONS))),
+        headers=headers,
+    ),
+    st.builds(mc0.Disconnect, id=command_ids, headers=headers),
+    st.builds(mc0.Sub, topics=st.lists(topics, min_size=1, max_size=4), id=command_ids, headers=headers),
+    st.builds(mc0.Unsub, topics=st.lists(topics, min_size=1, max_size=4), id=command_ids, headers=headers),
+    st.builds(mc0.Put, topic=topics, body=st.binary(max_size=64), id=command_ids, headers=headers),
+    st.builds(
+        mc0.Puts,
+        items=st.lists(
+            st.builds(mc0.PutItem, topic=topics, body=small_bytes, headers=item_headers), max_size=4
+        ),
+        id=command_ids,
+        headers=headers,
+    ),
+    st.builds(mc0.Noop, id=command_ids, headers=headers),
+    st.builds(
+        mc0.Message,
+        topic=topics,
+        body=st.binary(max_size=64),
+        headers=headers,
+        message_id=st.none() | u64,
+        timestamp=st.none() | u64,
+    ),
+    st.builds(
+        mc0.Messages,
+        items=st.lists(
+            st.builds(
+                mc0.MessageItem,
+                topic=topics,
+                message_id=u64,
+                timestamp=st.integers(-(2**63), 2**64 - 1),
+                body=small_bytes,
+                headers=item_headers,
+            ),
+            max_size=4,
+        ),
+    ),
+    st.builds(mc0.Ok, id=command_ids, headers=headers, body=st.none() | small_bytes),
+    st.builds(mc0.Error, message=small_bytes, id=command_ids, headers=headers),
+    st.builds(mc0.Stats, id=command_ids, headers=headers),
+)
+
+
+@ROUND_TRIP
+@given(event=events, delimiter=st.booleans())
+def test_round_trip(event: mc0.Event, delimiter: bool) -> None:
+    frames = mc0.encode(event, delimiter=delimiter)
+    assert all(type(frame) is bytes for frame in frames)
+    assert (frames[0] == b"") is delimiter
+    assert mc0.decode(frames) == event
+
+
+def _decode_or_protocol_error(frames: list[bytes]) -> None:
+    """Decode must return an event or raise ProtocolError with a usable message; nothing else may escape."""
+    refused: ProtocolError | None = None
+    try:
+        event = mc0.decode(frames)
+    except ProtocolError as error:
+        refused = error
+    if refused is None:
+        assert isinstance(event, mc0.Event)
+        # Whatever decodes encodes again to frames meaning the same event.
+        assert mc0.decode(mc0.encode(event)) == event
+        return
+    text = str(refused)
+    assert text
+    assert text.isprintable()
+    assert refused.command_id is None or refused.command_id in frames
+    assert isinstance(mc0.error_reply(refused), mc0.Error)
+
+
+VOCABULARY = sorted(mc0.VERBS | RESERVED | {b"", b"X-a", b"0.2", b"30000", b"\xc1", PUTS_ONE, MESSAGES_ONE})
+frame = st.one_of(st.binary(max_size=32), st.sampled_from(VOCABULARY))
+
+
+@FUZZ
+@given(frames=st.lists(frame, max_size=14))
+def test_fuzz_arbitrary_frames(frames: list[bytes]) -> None:
+    _decode_or_protocol_error(frames)
+
+
+@FUZZ
+@given(frames=st.lists(st.binary(max_size=64), max_size=8))
+def test_fuzz_raw_bytes(frames: list[bytes]) -> None:
+    _decode_or_protocol_error(frames)
+
+
+MUTATIONS = ["drop", "insert", "replace", "duplicate", "truncate", "swap", "flip"]
+
+
+@FUZZ
+@given(event=events, delimiter=st.booleans(), data=st.data())
+def test_fuzz_mutated_encodings(event: mc0.Event, delimiter: bool, data: st.DataObject) -> None:
+    frames = mc0.encode(event, delimiter=delimiter)
+    for _ in range(data.draw(st.integers(1, 3), label="mutations")):
+        kind = data.draw(st.sampled_from(MUTATIONS), label="mutation")
+        index = data.draw(st.integers(0, max(0, len(frames) - 1)), label="index")
+        if kind == "drop" and frames:
+            del frames[index]
+        elif kind == "insert":
+            frames.insert(index, data.draw(frame, label="inserted"))
+        elif kind == "replace" and frames:
+            frames[index] = data.draw(frame, label="replacement")
+        elif kind == "duplicate" and frames:
+            frames.insert(index, frames[index])
+        elif kind == "truncate":
+            frames = frames[:index]
+        elif kind == "swap" and len(frames) > 1:
+            other = data.draw(st.integers(0, len(frames) - 1), label="other")
+            frames[index], frames[other] = frames[other], frames[index]
+        elif kind == "flip" and frames and frames[index]:
+            raw = bytearray(frames[index])
+            position = data.draw(st.integers(0, len(raw) - 1), label="byte")
+            raw[position] ^= data.draw(st.integers(1, 255), label="mask")
+            frames[index] = bytes(raw)
+    _decode_or_protocol_error(frames)
