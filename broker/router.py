@@ -34,6 +34,9 @@ log = logging.getLogger("mc0.router")
 #: the wire (a frame set no decoder accepts) or forge it (a fake MESSAGE-ID), so PUT and PUTS refuse them.
 DELIVERY_HEADERS = frozenset({mc0.TOPIC, mc0.ID, mc0.MESSAGE_ID, mc0.TIMESTAMP})
 
+#: Replies held for a client whose pipe is full before the client counts as not reading at all.
+MAX_STALLED_REPLIES = 10_000
+
 #: Deliveries packed into one MESSAGES frame at most (bounds the frame and the subscriber's decode step).
 BATCH_MAX_MESSAGES = 1024
 BATCH_MAX_BYTES = 1 << 20
@@ -71,6 +74,7 @@ class RouterShell:
         self.monotonic = monotonic
         self.wall_ms = wall_ms
         self.replies: list[tuple[Session, mc0.Frames]] = []
+        self.stalled: set[Session] = set()  # clients with replies waiting for room in their pipe
         self.retry = 0.0  # seconds until the next write attempt while some client's pipe is full; 0 = none
         self.started = monotonic()
         self.counters = {"commands": 0, "errors": 0, "expired": 0, "unreachable": 0, "blocked": 0}
@@ -226,11 +230,7 @@ class RouterShell:
 
     def flush(self, now: float) -> None:
         """Send the turn's replies in order, then every client's pending deliveries."""
-        replies = self.replies
-        if replies:
-            self.replies = []
-            for session, frames in replies:
-                self.send(session, frames, now)
+        self._send_replies(now)
         engine = self.engine
         blocked: list[Subscriber] = []
         wrote = 0
@@ -257,12 +257,35 @@ class RouterShell:
                     engine.room_available(subscriber)
         for subscriber in blocked:
             engine.requeue_ready(subscriber)
-        if not blocked:
+        if not blocked and not self.stalled:
             self.retry = 0.0
         elif wrote:
             self.retry = RETRY_FIRST
         else:
             self.retry = min(self.base_tick, self.retry * 2 or RETRY_FIRST)
+
+    def _send_replies(self, now: float) -> None:
+        """Replies go out in order per client. One that meets a full pipe waits, with every later reply to that
+        client behind it, and is retried each turn: a command with an ID always gets its answer. A client that
+        lets ``MAX_STALLED_REPLIES`` pile up is not reading at all and is dropped."""
+        for session in list(self.stalled):
+            queue = session.stalled
+            while queue and self.send(session, queue[0], now):
+                queue.popleft()
+            if not queue or self.sessions.by_identity.get(session.identity) is not session:
+                self.stalled.discard(session)
+        replies = self.replies
+        if not replies:
+            return
+        self.replies = []
+        for session, frames in replies:
+            if session.stalled or not self.send(session, frames, now):
+                if self.sessions.by_identity.get(session.identity) is not session:
+                    continue  # gone (or disconnected): nobody to answer
+                session.stalled.append(frames)
+                self.stalled.add(session)
+                if len(session.stalled) > MAX_STALLED_REPLIES:
+                    self.drop(session, f"{MAX_STALLED_REPLIES} replies unread")
 
     def _deliver(self, session: Session, pending: list[Message], now: float) -> int:
         """Write ``pending`` to one client; returns how many went out (the rest stay pending)."""

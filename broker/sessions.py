@@ -8,6 +8,7 @@ A client that gave no TTL never expires.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from broker.engine import Subscriber
@@ -30,6 +31,7 @@ class Session:
     version: bytes | None = None
     commands: int = 0
     extensions: frozenset[str] = field(default_factory=frozenset)
+    stalled: deque[list[bytes]] = field(default_factory=deque)  # replies waiting for room in the client's pipe
 
     def __hash__(self) -> int:
         return id(self)

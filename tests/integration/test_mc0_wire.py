@@ -659,3 +659,30 @@ def test_vanished_round_robin_consumer_loses_no_message(
     assert stats["counters"]["unreachable"] == 1
     assert stats["topics"]["jobs.q"]["subscribers"] == 1
     assert stats["topics"]["jobs.q"]["messages_out"] == 4
+
+
+def test_reply_to_a_client_with_a_full_pipe_waits_instead_of_vanishing(
+    start_broker: BrokerFactory, dealer: DealerFactory
+) -> None:
+    """A command with an ID always gets its answer: an OK that meets a full pipe is held, in order, and sent
+    once the client reads again."""
+    broker = start_broker(send_hwm=10, heartbeat_tick=1.0)
+    subscriber = dealer(broker.endpoint, options={zmq.RCVHWM: 10})
+    subscriber.sub("full")
+    publisher = connected(dealer, broker)
+    for n in range(3000):  # 3 MB: more than the pipe and the kernel's socket buffers hold
+        publisher.put("full", b"%d" % n + b"." * 1000)
+    publisher.ok("NOOP")  # every PUT has been handled, so the subscriber's pipe is full now
+    assert publisher.stats()["counters"]["blocked"] >= 1, "the pipe was meant to fill up"
+    subscriber.send("NOOP", "ID", "after-the-flood")
+    time.sleep(0.2)  # the broker answers while the pipe is still full
+    bodies: list[bytes] = []
+    reply = None
+    deadline = time.monotonic() + 5.0
+    while reply is None and time.monotonic() < deadline:
+        frames = subscriber.recv(timeout=1.0)
+        if frames.verb == b"OK":
+            reply = frames
+        else:
+            bodies.append(frames.body or b"")
+    assert reply is not None and reply.header("ID") == b"after-the-flood"
