@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,10 +86,10 @@ class Topic:
     messages_in: int = 0
     messages_out: int = 0
     dropped: int = 0
+    round_robin: bool = field(init=False)  # derived from spec once: publish() asks on every message
 
-    @property
-    def round_robin(self) -> bool:
-        return self.spec.delivery is Delivery.ROUND_ROBIN
+    def __post_init__(self) -> None:
+        self.round_robin = self.spec.delivery is Delivery.ROUND_ROBIN
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -207,6 +208,14 @@ class Engine:
                     subscriber.ready = True
                     ready.append(subscriber)
         return message
+
+    def publish_batch(self, items: Iterable[tuple[bytes, bytes, dict[bytes, bytes]]], timestamp: int) -> Message | None:
+        """Accept ``(topic, body, headers)`` entries in order, as :meth:`publish` does; returns the last message."""
+        last = None
+        publish = self.publish
+        for name, body, headers in items:
+            last = publish(name, body, headers, timestamp)
+        return last
 
     def _hand_to_next(self, topic: Topic, message: Message) -> bool:
         """Strict rotation: the next subscriber in order that has room gets it. False if nobody has room."""
