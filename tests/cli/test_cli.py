@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import select
 import shutil
 import signal
 import socket
@@ -377,20 +376,46 @@ def mc0_command() -> list[str]:
     return [sys.executable, "-c", "from connector.cli import main; main()"]
 
 
-def read_until(process: subprocess.Popen[str], marker: str, timeout: float) -> str:
-    """Read the process's stderr until a line contains ``marker``; everything read so far is returned."""
-    assert process.stderr is not None
-    seen = ""
-    deadline = time.monotonic() + timeout
-    while marker not in seen:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"{marker!r} not printed in time; stderr so far:\n{seen}"
-        ready, _, _ = select.select([process.stderr], [], [], remaining)
-        if ready:
-            line = process.stderr.readline()
-            assert line, f"the process ended (exit {process.poll()}) before printing {marker!r}:\n{seen}"
-            seen += line
-    return seen
+class StderrLines:
+    """Every line a process writes to stderr, collected by a thread (select() on a buffered pipe can miss
+    lines that already sit in Python's buffer)."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        assert process.stderr is not None
+        self.stream = process.stderr
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+        self.ended = False
+        self.thread = threading.Thread(target=self._collect, daemon=True)
+        self.thread.start()
+
+    def _collect(self) -> None:
+        for line in self.stream:
+            with self.changed:
+                self.lines.append(line)
+                self.changed.notify_all()
+        with self.changed:
+            self.ended = True
+            self.changed.notify_all()
+
+    @property
+    def text(self) -> str:
+        with self.changed:
+            return "".join(self.lines)
+
+    def wait_for(self, marker: str, timeout: float) -> str:
+        """Everything written so far, once a line contains ``marker``."""
+        with self.changed:
+            found = self.changed.wait_for(lambda: self.ended or any(marker in line for line in self.lines),
+                                          timeout)
+            seen = "".join(self.lines)
+        assert found, f"{marker!r} not printed in {timeout} s; stderr so far:\n{seen}"
+        assert marker in seen, f"the process ended before printing {marker!r}:\n{seen}"
+        return seen
+
+    def close(self) -> None:
+        self.thread.join(5)
+        self.stream.close()
 
 
 @pytest.mark.timeout(30)
@@ -405,9 +430,10 @@ def test_real_broker_pub_and_sub_processes(tmp_path: Path) -> None:
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
         cwd=tmp_path,
     )
+    stderr = StderrLines(broker)
     subscriber: subprocess.Popen[str] | None = None
     try:
-        started = read_until(broker, "listening on", timeout=15)
+        started = stderr.wait_for("listening on", timeout=15)
         assert f"Created CURVE keys in {keys}" in started
         assert f"mc0 broker listening on {endpoint}" in started
         for name in ("broker.key", "broker.key_secret", "client.key_secret", "allowed/client.key"):
@@ -437,15 +463,14 @@ def test_real_broker_pub_and_sub_processes(tmp_path: Path) -> None:
         stopped = time.monotonic()
         assert broker.wait(timeout=5) == 0
         assert time.monotonic() - stopped < 3.0
-        assert broker.stderr is not None
-        assert "Traceback" not in broker.stderr.read()
+        stderr.close()
+        assert "Traceback" not in stderr.text
     finally:
         for process in (subscriber, broker):
             if process is not None and process.poll() is None:
                 process.kill()
                 process.wait(timeout=5)
-        if broker.stderr is not None:
-            broker.stderr.close()
+        stderr.close()
 
 
 @pytest.mark.timeout(30)

@@ -336,6 +336,19 @@ def test_close_is_prompt(broker: Broker) -> None:
     assert time.monotonic() - start < 1.0
 
 
+def test_close_with_the_broker_gone_returns_within_its_timeout(restartable: list[BrokerThread]) -> None:
+    runner = plain_broker("tcp://127.0.0.1:*", restartable)
+    client = Client(runner.start().endpoint, ttl=None, timeout=3.0)
+    client.publish("t", "queued before the broker went away")
+    client.flush()
+    runner.stop()
+    start = time.monotonic()
+    client.close(timeout=0.5)
+    assert time.monotonic() - start < 1.5
+    with pytest.raises(ConnectorError, match="closed"):
+        client.flush()
+
+
 def test_context_manager_closes(broker: Broker, other: Client) -> None:
     with Client(broker.endpoint, timeout=3.0) as client:
         client.flush()

@@ -412,6 +412,10 @@ header_keys = st.one_of(
 headers = st.dictionaries(header_keys, small_bytes, max_size=4)
 u64 = st.integers(0, 2**64 - 1)
 item_headers = st.dictionaries(st.binary(min_size=1, max_size=8), small_bytes, max_size=3)
+# A publisher may not set the headers the broker writes on delivery; the codec refuses them in PUTS entries.
+publish_item_headers = st.dictionaries(
+    st.binary(min_size=1, max_size=8).filter(lambda key: key not in mc0.DELIVERY_HEADERS), small_bytes, max_size=3
+)
 
 events: st.SearchStrategy[mc0.Event] = st.one_of(
     st.builds(
@@ -429,7 +433,7 @@ events: st.SearchStrategy[mc0.Event] = st.one_of(
     st.builds(
         mc0.Puts,
         items=st.lists(
-            st.builds(mc0.PutItem, topic=topics, body=small_bytes, headers=item_headers), max_size=4
+            st.builds(mc0.PutItem, topic=topics, body=small_bytes, headers=publish_item_headers), max_size=4
         ),
         id=command_ids,
         headers=headers,
@@ -536,3 +540,18 @@ def test_fuzz_mutated_encodings(event: mc0.Event, delimiter: bool, data: st.Data
             raw[position] ^= data.draw(st.integers(1, 255), label="mask")
             frames[index] = bytes(raw)
     _decode_or_protocol_error(frames)
+
+
+@pytest.mark.parametrize("reserved", sorted(mc0.DELIVERY_HEADERS))
+def test_puts_entry_may_not_carry_a_header_the_broker_writes(reserved: bytes) -> None:
+    payload = mc0.pack_put_items([mc0.PutItem(b"t", b"ok"), mc0.PutItem(b"t", b"b", {reserved: b"1"})])
+    with pytest.raises(ProtocolError, match="set by the broker on delivery") as info:
+        mc0.decode([b"", b"PUTS", b"ID", b"batch-7", b"", payload])
+    assert info.value.command_id == b"batch-7"
+
+
+@pytest.mark.parametrize("reserved", [mc0.MESSAGE_ID, mc0.TIMESTAMP])
+def test_put_may_not_carry_a_header_the_broker_writes(reserved: bytes) -> None:
+    with pytest.raises(ProtocolError, match="set by the broker on delivery") as info:
+        mc0.decode([b"", b"PUT", b"TOPIC", b"t", reserved, b"9", b"ID", b"p1", b"", b"body"])
+    assert info.value.command_id == b"p1"
