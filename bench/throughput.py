@@ -4,18 +4,19 @@ Systems (each in its own process, on loopback):
 
 * ``zmq-proxy``: libzmq's own C proxy (``zmq.proxy``) between raw pyzmq clients: XSUB/XPUB for broadcast,
   PULL/PUSH for round-robin. The C speed reference.
-* ``py-forwarder``: a minimal pure-Python ROUTER forwarder, one message per wake-up (what a naive broker does).
+* ``py-forwarder``: a minimal pure-Python ROUTER forwarder, one message per wake-up
+  (what a naive broker does).
 * ``mc0``: the broker with the connector's default settings (``connector.Client``).
 
 Scenarios: 1 publisher → 1 subscriber, 1 → 4 fan-out (broadcast), 1 → 2 round-robin, and one-way latency at a
-paced 1,000 msg/s. Throughput counts deliveries per second at the subscribers, from the first delivery to the last;
-every figure is printed with its ratio against the baselines, because these machines are shared and noisy.
+paced 1,000 msg/s. Throughput counts deliveries per second at the subscribers, from the first delivery to
+the last; every figure is printed with its ratio against the baselines, because these machines are
+shared and noisy.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import socket
 import struct
 import time
@@ -37,7 +38,7 @@ def free_port() -> int:
 
 
 def stamped_body(seq: int) -> bytes:
-    """A 100-byte body carrying its send time (monotonic ns, the same clock in every process) and a sequence."""
+    """A 100-byte body carrying its send time (monotonic ns: one clock for every process) and a sequence."""
     return struct.pack("!qq", time.monotonic_ns(), seq).ljust(BODY_SIZE, b".")
 
 
@@ -255,8 +256,8 @@ def run_case(system: str, mode: str, subscribers: int, messages: int, rate: floa
         subs = []
         for _ in range(subscribers):
             ready = spawn.Event()
-            proc = spawn.Process(target=subscriber_process,
-                                 args=(system, mode, port, per_subscriber, rate > 0, ready, results), daemon=True)
+            arguments = (system, mode, port, per_subscriber, rate > 0, ready, results)
+            proc = spawn.Process(target=subscriber_process, args=arguments, daemon=True)
             proc.start()
             readies.append(ready)
             subs.append(proc)
@@ -299,7 +300,9 @@ def _free_pair() -> int:
     raise RuntimeError("no pair of free ports")
 
 
-def median_case(system: str, mode: str, subscribers: int, messages: int, repeat: int, rate: float = 0.0) -> Result:
+def median_case(
+    system: str, mode: str, subscribers: int, messages: int, repeat: int, rate: float = 0.0
+) -> Result:
     runs = [run_case(system, mode, subscribers, messages, rate) for _ in range(repeat)]
     runs.sort(key=lambda r: r.rate if not rate else r.p50_us)
     return runs[len(runs) // 2]

@@ -209,8 +209,10 @@ class Engine:
                     ready.append(subscriber)
         return message
 
-    def publish_batch(self, items: Iterable[tuple[bytes, bytes, dict[bytes, bytes]]], timestamp: int) -> Message | None:
-        """Accept ``(topic, body, headers)`` entries in order, as :meth:`publish` does; returns the last message."""
+    def publish_batch(
+        self, items: Iterable[tuple[bytes, bytes, dict[bytes, bytes]]], timestamp: int
+    ) -> Message | None:
+        """Accept ``(topic, body, headers)`` entries in order, as :meth:`publish` does; returns the last."""
         last = None
         publish = self.publish
         for name, body, headers in items:

@@ -256,9 +256,11 @@ class RouterShell:
             self.retry = min(self.base_tick, self.retry * 2 or RETRY_FIRST)
 
     def _send_replies(self, now: float) -> None:
-        """Replies go out in order per client. One that meets a full pipe waits, with every later reply to that
-        client behind it, and is retried each turn: a command with an ID always gets its answer. A client that
-        lets ``MAX_STALLED_REPLIES`` pile up is not reading at all and is dropped."""
+        """Replies go out in order per client.
+
+        One that meets a full pipe waits, with every later reply to that client behind it, and is retried
+        each turn: a command with an ID always gets its answer. A client that lets ``MAX_STALLED_REPLIES``
+        pile up is not reading at all and is dropped."""
         for session in list(self.stalled):
             queue = session.stalled
             while queue and self.send(session, queue[0], now):

@@ -31,7 +31,8 @@ class Session:
     version: bytes | None = None
     commands: int = 0
     extensions: frozenset[str] = field(default_factory=frozenset)
-    stalled: deque[list[bytes]] = field(default_factory=deque)  # replies waiting for room in the client's pipe
+    # Replies waiting for room in the client's pipe.
+    stalled: deque[list[bytes]] = field(default_factory=deque)
 
     def __hash__(self) -> int:
         return id(self)

@@ -1,4 +1,4 @@
-"""The mc0 client library agents embed: :class:`Client` (blocking, thread-safe) and :class:`AsyncClient` (asyncio).
+"""The mc0 client library for agents: :class:`Client` (blocking, thread-safe), :class:`AsyncClient` (asyncio).
 
     from connector import Client
     with Client("tcp://127.0.0.1:61616", keys="keys") as client:

@@ -1,9 +1,9 @@
 """The interface between the engine and durable storage.
 
-The engine calls a :class:`Store` to open one :class:`TopicLog` per persistent topic; the log owns the bytes on disk.
-This module only states the contract (the segmented log implementing it lives beside it); transient topics never
-touch a store. A store failure raises :class:`StoreError`, which stops the broker loudly: acknowledged data must
-never be lost in silence.
+The engine calls a :class:`Store` to open one :class:`TopicLog` per persistent topic; the log owns the bytes
+on disk. This module only states the contract (the segmented log implementing it lives beside it); transient
+topics never touch a store. A store failure raises :class:`StoreError`, which stops the broker loudly:
+acknowledged data must never be lost in silence.
 """
 
 from __future__ import annotations

@@ -685,4 +685,5 @@ def test_reply_to_a_client_with_a_full_pipe_waits_instead_of_vanishing(
             reply = frames
         else:
             bodies.append(frames.body or b"")
-    assert reply is not None and reply.header("ID") == b"after-the-flood"
+    assert reply is not None
+    assert reply.header("ID") == b"after-the-flood"

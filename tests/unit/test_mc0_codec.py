@@ -414,7 +414,9 @@ u64 = st.integers(0, 2**64 - 1)
 item_headers = st.dictionaries(st.binary(min_size=1, max_size=8), small_bytes, max_size=3)
 # A publisher may not set the headers the broker writes on delivery; the codec refuses them in PUTS entries.
 publish_item_headers = st.dictionaries(
-    st.binary(min_size=1, max_size=8).filter(lambda key: key not in mc0.DELIVERY_HEADERS), small_bytes, max_size=3
+    st.binary(min_size=1, max_size=8).filter(lambda key: key not in mc0.DELIVERY_HEADERS),
+    small_bytes,
+    max_size=3,
 )
 
 events: st.SearchStrategy[mc0.Event] = st.one_of(
