@@ -13,25 +13,18 @@ import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import zmq
 import zmq.asyncio
 
-from connector.client import (
-    DEFAULT_ENDPOINT,
-    READ_BUDGET,
-    make_socket,
-    reply_or_raise,
-    resolve_credentials,
-)
-from connector.core import ClientCore, ConnectorError, Message, Publish, encode_headers, to_bytes
-from connector.keys import Credentials
+from connector.base import DEFAULT_ENDPOINT, ClientBase, ClientOptions
+from connector.client import make_socket, reply_or_raise
+from connector.core import ConnectorError, Message, Publish, encode_headers, to_bytes
 from protocol import mc0
 
 
-class AsyncClient:
+class AsyncClient(ClientBase):
     """An asyncio mc0 client.
 
     >>> async with AsyncClient("tcp://127.0.0.1:61616", keys="keys") as client:   # doctest: +SKIP
@@ -40,28 +33,11 @@ class AsyncClient:
     ...     print((await client.receive(timeout=1)).text)
     """
 
-    def __init__(
-        self,
-        endpoint: str = DEFAULT_ENDPOINT,
-        *,
-        keys: str | Path | None = None,
-        credentials: Credentials | None = None,
-        curve: bool | None = None,
-        ttl: int | None = 30_000,
-        timeout: float = 5.0,
-        max_outbox: int = 100_000,
-        max_inbox: int = 100_000,
-    ) -> None:
-        self.endpoint = endpoint
-        self.timeout = timeout
-        self.reconnects = 0
-        self._credentials = resolve_credentials(keys, credentials, curve)
-        self._core = ClientCore(ttl)
-        self._max_outbox = max_outbox
-        self._max_inbox = max_inbox
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, **options: Unpack[ClientOptions]) -> None:
+        """Nothing happens on the wire until :meth:`connect` (or ``async with``). Options: see
+        :class:`connector.base.ClientBase`."""
+        super().__init__(endpoint, **options)
         self._outbox: deque[Publish] = deque()
-        self._inbox: deque[Message] = deque()
-        self._unsent: deque[mc0.Frames] = deque()
         self._waiting: dict[bytes, tuple[asyncio.Future[mc0.Ok | mc0.Error], Any]] = {}
         self._context = zmq.asyncio.Context()
         self._socket: zmq.asyncio.Socket | None = None
@@ -203,10 +179,6 @@ class AsyncClient:
             self._context.term()
             self._arrived.set()
             self._room.set()
-
-    @property
-    def pending(self) -> int:
-        return len(self._inbox)
 
     # ---------------------------------------------------------------------------------------------- internals
 
@@ -354,21 +326,8 @@ class AsyncClient:
             if isinstance(reply, mc0.Ok):
                 self._core.connected(reply)
 
-    def _read(self, raw: zmq.Socket, now: float) -> None:
-        core = self._core
-        got = False
-        for _ in range(READ_BUDGET):
-            try:
-                frames = raw.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            messages, reply = core.receive(frames, now)
-            if messages:
-                self._inbox.extend(messages)
-                got = True
-            elif reply is not None and reply.id is not None:
-                waiting = self._waiting.pop(reply.id, None)
-                if waiting is not None and not waiting[0].done():
-                    waiting[0].set_result(reply)
-        if got:
-            self._arrived.set()
+    def _resolve(self, reply: mc0.Ok | mc0.Error) -> None:
+        waiting = self._waiting.pop(reply.id, None)  # type: ignore[arg-type] - the caller checked the id
+        if waiting is not None and not waiting[0].done():
+            waiting[0].set_result(reply)
+

@@ -21,14 +21,13 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import zmq
 
+from connector.base import DEFAULT_ENDPOINT, ClientBase, ClientOptions
 from connector.core import (
     NO_HEADERS,
-    ClientCore,
     ConnectorError,
     Message,
     Publish,
@@ -37,10 +36,6 @@ from connector.core import (
 )
 from connector.keys import Credentials
 from protocol import mc0
-
-DEFAULT_ENDPOINT = "tcp://127.0.0.1:61616"
-#: Frame sets read per wake-up before the I/O thread looks at its outbox again (fairness, not a limit).
-READ_BUDGET = 512
 
 
 class _Request:
@@ -79,28 +74,13 @@ def make_socket(context: zmq.Context, endpoint: str, credentials: Credentials | 
     return socket
 
 
-def resolve_credentials(
-    keys: str | Path | None, credentials: Credentials | None, curve: bool | None
-) -> Credentials | None:
-    """CURVE settings from explicit credentials or a keys folder; ``curve=False`` means plaintext."""
-    if curve is False:
-        return None
-    if credentials is not None:
-        return credentials
-    if keys is not None:
-        return Credentials.from_dir(Path(keys))
-    if curve:
-        raise ConnectorError("CURVE requested but neither keys nor credentials were given")
-    return None
-
-
 def reply_or_raise(reply: mc0.Ok | mc0.Error, what: str) -> mc0.Ok:
     if isinstance(reply, mc0.Error):
         raise ConnectorError(f"broker refused {what}: {reply.message.decode('utf-8', 'replace')}")
     return reply
 
 
-class Client:
+class Client(ClientBase):
     """A blocking mc0 client.
 
     >>> with Client("tcp://127.0.0.1:61616", keys="keys") as client:   # doctest: +SKIP
@@ -109,29 +89,12 @@ class Client:
     ...     print(client.receive(timeout=1).text)
     """
 
-    def __init__(
-        self,
-        endpoint: str = DEFAULT_ENDPOINT,
-        *,
-        keys: str | Path | None = None,
-        credentials: Credentials | None = None,
-        curve: bool | None = None,
-        ttl: int | None = 30_000,
-        timeout: float = 5.0,
-        max_outbox: int = 100_000,
-        max_inbox: int = 100_000,
-    ) -> None:
-        self.endpoint = endpoint
-        self.timeout = timeout
-        self.reconnects = 0
-        self._credentials = resolve_credentials(keys, credentials, curve)
-        self._core = ClientCore(ttl)
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, **options: Unpack[ClientOptions]) -> None:
+        """Connect and wait for the broker's OK. Options: see :class:`connector.base.ClientBase`."""
+        super().__init__(endpoint, **options)
         self._outbox: deque[Publish | _Request | _Close] = deque()
-        self._inbox: deque[Message] = deque()
         self._arrived = threading.Event()
         self._room = threading.Condition()
-        self._max_outbox = max_outbox
-        self._max_inbox = max_inbox
         self._signaled = False
         self._read_paused = False  # the I/O thread stopped reading because the inbox is full
         self._topics: dict[str | bytes, bytes] = {}
@@ -145,16 +108,15 @@ class Client:
         self._context = zmq.Context()
         self._socket: zmq.Socket | None = None
         self._waiting: dict[bytes, _Request | _Close] = {}
-        self._unsent: deque[mc0.Frames] = deque()
         self._connected: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, name=f"mc0-client {endpoint}", daemon=True)
         self._thread.start()
         try:
-            self._connected.result(timeout)
+            self._connected.result(self.timeout)
         except FutureTimeout:
             self._shutdown()
             raise ConnectorError(
-                f"no answer to CONNECT from {endpoint} within {timeout:g}s "
+                f"no answer to CONNECT from {endpoint} within {self.timeout:g}s "
                 "(broker down, wrong server key, or this client's key is not admitted)"
             ) from None
         except BaseException:
@@ -261,11 +223,6 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    @property
-    def pending(self) -> int:
-        """Messages received but not yet taken with receive()."""
-        return len(self._inbox)
 
     # ------------------------------------------------------------------------------------ caller-side helpers
 
@@ -392,7 +349,8 @@ class Client:
             now = time.monotonic()
             if self._stopping:
                 return  # close() stopped waiting, or the constructor gave up
-            self._read(socket, now)
+            if not self._paused_reading:
+                self._read(socket, now)
             if self._closing is not None and self._closing.future.done():
                 return  # DISCONNECT answered (or failed): everything sent before it reached the broker
             self._write(now)
@@ -406,26 +364,10 @@ class Client:
         # While reading is paused for a full inbox, unread data proves the broker is alive.
         return self._paused_reading and bool(socket.get(zmq.EVENTS) & zmq.POLLIN)
 
-    def _read(self, socket: zmq.Socket, now: float) -> None:
-        if self._paused_reading:
-            return
-        core = self._core
-        got = False
-        for _ in range(READ_BUDGET):
-            try:
-                frames = socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            messages, reply = core.receive(frames, now)
-            if messages:
-                self._inbox.extend(messages)
-                got = True
-            elif reply is not None and reply.id is not None:
-                request = self._waiting.pop(reply.id, None)
-                if request is not None:
-                    self._settle(request, reply)
-        if got:
-            self._arrived.set()
+    def _resolve(self, reply: mc0.Ok | mc0.Error) -> None:
+        request = self._waiting.pop(reply.id, None)  # type: ignore[arg-type] - the caller checked the id
+        if request is not None:
+            self._settle(request, reply)
 
     def _settle(self, request: _Request | _Close, reply: mc0.Ok | mc0.Error) -> None:
         if isinstance(reply, mc0.Error) and isinstance(request.event, mc0.Sub):

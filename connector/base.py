@@ -1,0 +1,113 @@
+"""What the blocking and the asyncio client share: their options, the protocol core, the inbox, and the step
+that turns readable frame sets into deliveries and replies. Each client adds only how it waits and how a reply
+reaches the caller that asked (:meth:`ClientBase._resolve`)."""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+from typing import Protocol, TypedDict
+
+import zmq
+
+from connector.core import ClientCore, ConnectorError, Message
+from connector.keys import Credentials
+from protocol import mc0
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:61616"
+#: Frame sets read per wake-up before the client looks at its other work (fairness, not a limit).
+READ_BUDGET = 512
+
+
+class _Signal(Protocol):
+    def set(self) -> None: ...
+
+
+def resolve_credentials(
+    keys: str | Path | None, credentials: Credentials | None, curve: bool | None
+) -> Credentials | None:
+    """CURVE settings from explicit credentials or a keys folder; ``curve=False`` means plaintext."""
+    if curve is False:
+        return None
+    if credentials is not None:
+        return credentials
+    if keys is not None:
+        return Credentials.from_dir(Path(keys))
+    if curve:
+        raise ConnectorError("CURVE requested but neither keys nor credentials were given")
+    return None
+
+
+class ClientOptions(TypedDict, total=False):
+    """The keyword options both clients take (see :class:`ClientBase`)."""
+
+    keys: str | Path | None
+    credentials: Credentials | None
+    curve: bool | None
+    ttl: int | None
+    timeout: float
+    max_outbox: int
+    max_inbox: int
+
+
+class ClientBase:
+    """Options and state common to :class:`connector.Client` and :class:`connector.AsyncClient`.
+
+    ``keys`` (a folder with broker.key and client.key_secret) or ``credentials`` turn CURVE on;
+    ``curve=False`` forces plaintext; ``ttl`` (ms, None = no heartbeats) drives NOOPs and reconnects;
+    ``timeout`` (s) bounds every wait for the broker; ``max_outbox``/``max_inbox`` bound the two queues.
+    """
+
+    _arrived: _Signal  # set when deliveries reach the inbox (a threading or an asyncio Event)
+
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        *,
+        keys: str | Path | None = None,
+        credentials: Credentials | None = None,
+        curve: bool | None = None,
+        ttl: int | None = 30_000,
+        timeout: float = 5.0,
+        max_outbox: int = 100_000,
+        max_inbox: int = 100_000,
+    ) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.reconnects = 0
+        self._credentials = resolve_credentials(keys, credentials, curve)
+        self._core = ClientCore(ttl)
+        self._max_outbox = max_outbox
+        self._max_inbox = max_inbox
+        self._inbox: deque[Message] = deque()
+        self._unsent: deque[mc0.Frames] = deque()  # frame sets that met a full pipe, in order
+
+    @property
+    def pending(self) -> int:
+        """Messages received but not yet taken with receive()."""
+        return len(self._inbox)
+
+    def _read(self, socket: zmq.Socket, now: float) -> int:
+        """Take up to ``READ_BUDGET`` frame sets without blocking; returns how many were read."""
+        core = self._core
+        got = False
+        count = 0
+        for count in range(1, READ_BUDGET + 1):
+            try:
+                frames = socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                count -= 1
+                break
+            messages, reply = core.receive(frames, now)
+            if messages:
+                self._inbox.extend(messages)
+                got = True
+            elif reply is not None and reply.id is not None:
+                self._resolve(reply)
+        if got:
+            self._arrived.set()
+        return count
+
+    def _resolve(self, reply: mc0.Ok | mc0.Error) -> None:
+        """Hand the broker's answer to whoever sent the command with ``reply.id``."""
+        raise NotImplementedError
