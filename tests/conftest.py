@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ from zmq.utils.monitor import recv_monitor_message
 from broker.config import BrokerConfig
 from broker.server import Broker, ensure_keys, serve
 from broker.topics import TopicRule
+from connector import Client, Message
 
 #: Loopback only, port chosen by the kernel.
 LOOPBACK = "tcp://127.0.0.1:*"
@@ -387,3 +389,43 @@ def dealer(zmq_context: zmq.Context) -> Iterator[DealerFactory]:
     yield make
     for peer in peers:
         peer.close()
+
+
+# ---------------------------------------------------------------------------------------- shared helpers
+
+#: Seconds a test waits for messages that should arrive at once; generous for a loaded 2-core machine.
+ARRIVAL = 5.0
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (for tests that must know the port before binding)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def free_endpoint() -> str:
+    return f"tcp://127.0.0.1:{free_port()}"
+
+
+def receive_all(client: Client, count: int, timeout: float = ARRIVAL) -> list[Message]:
+    """Exactly ``count`` messages from a blocking client, or fail once ``timeout`` seconds have passed."""
+    out: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < count:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"only {len(out)} of {count} messages arrived"
+        message = client.receive(timeout=remaining)
+        if message is not None:
+            out.append(message)
+    return out
+
+
+@pytest.fixture
+def restartable() -> Iterator[list[BrokerThread]]:
+    """Brokers a test starts and stops itself (to restart one on the same port); stopped at teardown."""
+    running: list[BrokerThread] = []
+    yield running
+    for runner in reversed(running):
+        if runner.thread.is_alive():
+            runner.stop()

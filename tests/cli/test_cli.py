@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from click.testing import CliRunner, Result
+from conftest import ARRIVAL, free_port, receive_all
 
 from connector import Client
 from connector import cli as cli_module
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.timeout(20)
 
-ARRIVAL = 5.0
 
 
 @pytest.fixture
@@ -90,24 +90,6 @@ def wait_for_subscribers(client: Client, topic: str, count: int = 1, timeout: fl
     while client.stats()["topics"].get(topic, {}).get("subscribers", 0) < count:
         assert time.monotonic() < deadline, f"nobody subscribed to {topic!r} in time"
         time.sleep(0.02)
-
-
-def receive_all(client: Client, count: int, timeout: float = ARRIVAL) -> list:
-    out = []
-    deadline = time.monotonic() + timeout
-    while len(out) < count:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"only {len(out)} of {count} messages arrived"
-        message = client.receive(timeout=remaining)
-        if message is not None:
-            out.append(message)
-    return out
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 # ------------------------------------------------------------------------------------------------------ keys

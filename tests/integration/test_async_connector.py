@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import pytest
-from conftest import BrokerThread
+from conftest import BrokerThread, free_endpoint
 
 from broker.config import BrokerConfig
 from broker.topics import Persistence, TopicRule, TopicSpec
@@ -53,12 +52,6 @@ async def receive_all(client: AsyncClient, count: int, within: float = ARRIVAL) 
         if message is not None:
             out.append(message)
     return out
-
-
-def free_endpoint() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
 
 
 # ------------------------------------------------------------------------------------------------- the basics
@@ -394,16 +387,6 @@ def test_heartbeats_run_while_the_loop_is_busy_elsewhere(start_broker: BrokerFac
             assert client.reconnects == 0
 
     run(main)
-
-
-@pytest.fixture
-def restartable() -> Iterator[list[BrokerThread]]:
-    """Brokers the test starts and stops itself (to restart one on the same port); stopped at teardown."""
-    running: list[BrokerThread] = []
-    yield running
-    for runner in reversed(running):
-        if runner.thread.is_alive():
-            runner.stop()
 
 
 def test_reconnect_after_a_broker_restart(restartable: list[BrokerThread]) -> None:

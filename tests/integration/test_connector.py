@@ -9,7 +9,6 @@ keys folder, publishing from several threads, a full inbox, TTL heartbeats durin
 from __future__ import annotations
 
 import itertools
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -19,12 +18,12 @@ from typing import TYPE_CHECKING
 import msgpack
 import pytest
 import zmq
-from conftest import BrokerThread
+from conftest import ARRIVAL, BrokerThread, free_endpoint, receive_all
 
 from broker.config import BrokerConfig
 from broker.server import Broker
 from broker.topics import Persistence, TopicRule, TopicSpec
-from connector import Client, ConnectorError, Message
+from connector import Client, ConnectorError
 from connector import keys as key_files
 
 if TYPE_CHECKING:
@@ -33,20 +32,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.timeout(20)
 
 #: How long a message that should arrive may take (generous for a loaded machine).
-ARRIVAL = 5.0
-
-
-def receive_all(client: Client, count: int, timeout: float = ARRIVAL) -> list[Message]:
-    """Exactly ``count`` messages, or fail once ``timeout`` seconds pass without all of them."""
-    out: list[Message] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < count:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"only {len(out)} of {count} messages arrived"
-        message = client.receive(timeout=remaining)
-        if message is not None:
-            out.append(message)
-    return out
 
 
 def connections(observer: Client) -> int:
@@ -58,22 +43,6 @@ def wait_for(condition: object, timeout: float = ARRIVAL, every: float = 0.02) -
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(every)
-
-
-def free_endpoint() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
-
-
-@pytest.fixture
-def restartable() -> Iterator[list[BrokerThread]]:
-    """Brokers the test starts and stops itself (to restart one on the same port); stopped at teardown."""
-    running: list[BrokerThread] = []
-    yield running
-    for runner in reversed(running):
-        if runner.thread.is_alive():
-            runner.stop()
 
 
 def plain_broker(bind: str, running: list[BrokerThread]) -> BrokerThread:
