@@ -53,6 +53,10 @@ _BROKER_KEYS = {
     "pending_limit": int, "max_message_size": int, "send_hwm": int, "recv_hwm": int, "log_level": str,
 }
 
+#: Numbers that make no sense at zero or below: a zero tick would spin the loop, a zero limit drop everything,
+#: and a zero high-water mark means "unbounded" to ZeroMQ, which breaks the promise of bounded memory.
+_POSITIVE = frozenset({"heartbeat_tick", "pending_limit", "max_message_size", "send_hwm", "recv_hwm"})
+
 #: The level names the standard ``logging`` module knows (it refuses any other string).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -120,6 +124,8 @@ def load(path: Path | None, base: BrokerConfig = DEFAULTS) -> BrokerConfig:
                 choices = ", ".join(LOG_LEVELS)
                 raise ConfigError(f"{path}: [broker].log_level: {value!r} is not one of {choices}")
             value = value.upper()
+        if key in _POSITIVE and value <= 0:
+            raise ConfigError(f"{path}: [broker].{key} must be greater than 0, not {value!r}")
         changes[key] = Path(value) if key == "keys_dir" else value
     entries = data.get("topics", [])
     if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):

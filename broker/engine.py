@@ -237,14 +237,17 @@ class Engine:
         return False
 
     def _queue(self, topic: Topic, message: Message) -> None:
-        if len(topic.backlog) >= topic.spec.max_backlog:
-            # Bounded memory: the oldest waiting message makes room and is counted as dropped.
-            if not topic.backlog:
-                topic.dropped += 1
-                return
-            topic.backlog.popleft()
+        backlog = topic.backlog
+        limit = topic.spec.max_backlog
+        if limit == 0:
             topic.dropped += 1
-        topic.backlog.append(message)
+            return
+        # Bounded memory: the oldest waiting messages make room and are counted as dropped. A loop, not one
+        # pop: detach() may have returned a dead consumer's messages on top of a full backlog.
+        while len(backlog) >= limit:
+            backlog.popleft()
+            topic.dropped += 1
+        backlog.append(message)
 
     def _drain_backlog(self, topic: Topic) -> None:
         backlog = topic.backlog

@@ -76,11 +76,14 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
         broker = Broker(config, engine, router, endpoint)
         log.info("mc0 broker listening on %s (CURVE %s)", endpoint, "on" if config.curve else "OFF")
         loop = asyncio.get_running_loop()
-        if authenticator is not None:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            # Always handled, so a SIGHUP meant for reloading never kills a broker that has nothing to reload.
+            if authenticator is not None:
                 loop.add_signal_handler(
                     signal.SIGHUP, auth.reload, authenticator, config.keys_dir, config.allow_any_client
                 )
+            else:
+                loop.add_signal_handler(signal.SIGHUP, log.info, "SIGHUP: CURVE is off, nothing to reload")
         if on_ready is not None:
             on_ready(broker)
         async with asyncio.TaskGroup() as group:

@@ -45,8 +45,14 @@ def load(path: Path) -> KeyPair:
 
 def _write_pair(folder: Path, name: str) -> KeyPair:
     folder.mkdir(parents=True, exist_ok=True)
-    _, secret_file = zmq.auth.create_certificates(folder, name)
+    # The umask keeps the secret file private from the moment it exists, not only after a chmod.
+    previous = os.umask(0o077)
+    try:
+        _, secret_file = zmq.auth.create_certificates(folder, name)
+    finally:
+        os.umask(previous)
     os.chmod(secret_file, 0o600)
+    os.chmod(folder / f"{name}.key", 0o644)  # the public half is meant to be copied around
     return load(Path(secret_file))
 
 

@@ -8,6 +8,7 @@ monitor.
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -220,3 +221,15 @@ def test_missing_client_certificate_names_the_fix(tmp_path: Path) -> None:
     keys.generate(tmp_path / "keys")
     with pytest.raises(keys.KeyFileError, match="mc0 keys generate --client nobody"):
         keys.client_pair(tmp_path / "keys", "nobody")
+
+
+def test_generated_secret_keys_are_private_from_the_start(tmp_path: Path) -> None:
+    """The secret file is created under a 077 umask, so no other user can read it even for an instant."""
+    previous = os.umask(0o022)
+    try:
+        keys.generate(tmp_path / "keys")
+    finally:
+        os.umask(previous)
+    for secret in (tmp_path / "keys").glob("*.key_secret"):
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "keys" / "broker.key").stat().st_mode) == 0o644

@@ -210,3 +210,10 @@ def test_every_broker_key_is_a_field_of_the_config() -> None:
     # The loader's list of keys and the dataclass must not drift apart, or a valid key would crash replace().
     fields = set(BrokerConfig.__dataclass_fields__) - {"topics"}
     assert set(config._BROKER_KEYS) == fields
+
+
+@pytest.mark.parametrize("key", sorted(config._POSITIVE))
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_limits_must_be_positive(tmp_path: Path, key: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"{key} must be greater than 0"):
+        load(write(tmp_path, f"[broker]\n{key} = {value}\n"))

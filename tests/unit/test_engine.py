@@ -563,3 +563,15 @@ RoundRobinConservation.TestCase.settings = settings(
     max_examples=100, stateful_step_count=30, deadline=None
 )
 TestRoundRobinConservation = RoundRobinConservation.TestCase
+
+
+def test_a_backlog_overfilled_by_detach_shrinks_back_to_its_bound_on_the_next_publish() -> None:
+    engine = queue_engine(max_backlog=3)
+    dying = Subscriber("dying", limit=3)
+    engine.subscribe(dying, b"q.jobs")
+    publish(engine, b"q.jobs", 6)  # 1-3 handed out, 4-6 wait: the backlog is full
+    engine.detach(dying)  # 1-3 come back: six waiting, over the bound of three
+    assert backlog_ids(engine, b"q.jobs") == [1, 2, 3, 4, 5, 6]
+    publish(engine, b"q.jobs", 1)
+    assert backlog_ids(engine, b"q.jobs") == [5, 6, 7]
+    assert engine.topics[b"q.jobs"].dropped == 4
