@@ -47,6 +47,7 @@ class AsyncClient(ClientBase):
         self._flush_scheduled = False
         self._read_scheduled = False
         self._reader: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None  # what killed the reader task, if anything did
         self._connecting: asyncio.Future[mc0.Ok | mc0.Error] | None = None  # the latest CONNECT's reply
         self._ready = False  # the broker answered CONNECT with OK
         self._closing = False  # close() is waiting for the OK to its DISCONNECT
@@ -62,6 +63,7 @@ class AsyncClient(ClientBase):
         try:
             reply = self._open()
             self._reader = loop.create_task(self._read_loop(), name="mc0-client-reader")
+            self._reader.add_done_callback(self._reader_ended)
             while True:
                 try:
                     answer = await asyncio.wait_for(reply, max(0.0, deadline - loop.time()))
@@ -183,8 +185,19 @@ class AsyncClient(ClientBase):
     # ---------------------------------------------------------------------------------------------- internals
 
     def _check(self) -> None:
+        if self._failure is not None:
+            raise ConnectorError(f"client stopped: {self._failure}") from self._failure
         if self._closed:
             raise ConnectorError("client is closed")
+
+    def _reader_ended(self, task: asyncio.Task[None]) -> None:
+        """A reader that dies must not leave callers waiting forever: fail them, and every later call."""
+        if task.cancelled() or task.exception() is None:
+            return
+        self._failure = task.exception()
+        self._fail_waiting(f"client stopped: {self._failure}")
+        self._arrived.set()
+        self._room.set()
 
     async def _call(self, event: Any, timeout: float | None, what: str) -> mc0.Ok:  # noqa: ASYNC109
         self._check()

@@ -417,3 +417,27 @@ def test_reconnect_after_a_broker_restart(restartable: list[BrokerThread]) -> No
                 await client.flush()
 
     run(main)
+
+
+def test_a_reader_that_dies_fails_callers_instead_of_leaving_them_waiting(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint, curve=False) as client:
+            await client.subscribe("doomed")
+
+            def broken_read(*_: object) -> int:
+                raise RuntimeError("reader bug")
+
+            monkeypatch.setattr(client, "_read", broken_read)
+            waiting = asyncio.ensure_future(client.receive())  # no timeout: would wait forever
+            other = AsyncClient(broker.endpoint, curve=False)
+            await other.connect()
+            await other.publish("doomed", "wakes the reader", confirm=True)
+            await other.close()
+            with pytest.raises(ConnectorError, match="reader bug"):
+                await asyncio.wait_for(waiting, ARRIVAL)
+            with pytest.raises(ConnectorError, match="reader bug"):
+                await client.flush()
+
+    run(main)
