@@ -25,7 +25,7 @@ import zmq
 import zmq.asyncio
 
 from broker.engine import Engine, EngineError, Message, Subscriber
-from broker.sessions import Session, Sessions
+from broker.sessions import Session, Sessions, heartbeat_tick
 from protocol import ProtocolError, mc0
 
 log = logging.getLogger("mc0.router")
@@ -173,12 +173,10 @@ class RouterShell:
             case mc0.Connect(version, ttl, command_id, extensions):
                 session.version = version
                 session.ttl = None if ttl is None else ttl / 1000
-                session.extensions = extensions
                 session.batch = mc0.EXT_BATCH in extensions
                 session.ids = mc0.EXT_IDS in extensions
                 if session.ttl is not None:
-                    # Tick often enough that a NOOP goes out before the client's 1.05 x TTL patience ends.
-                    self.tick = max(0.002, min(self.tick, session.ttl * 0.05))
+                    self.tick = heartbeat_tick(self.tick, [session.ttl])
                 if command_id is not None:
                     extra = {mc0.EXTENSIONS: " ".join(sorted(extensions)).encode()} if extensions else {}
                     self.ok(session, command_id, extra)
@@ -343,7 +341,7 @@ class RouterShell:
             self.send(session, mc0.encode(mc0.Noop(), delimiter=session.delimiter), now)
         # Re-derive the tick from the clients still here: one short-TTL client must not keep it fast forever.
         ttls = [s.ttl for s in self.sessions.by_identity.values() if s.ttl is not None]
-        self.tick = max(0.002, min([self.base_tick, *(ttl * 0.05 for ttl in ttls)]))
+        self.tick = heartbeat_tick(self.base_tick, ttls)
 
     def drop(self, session: Session, why: str) -> None:
         if self.sessions.by_identity.get(session.identity) is not session:

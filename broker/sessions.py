@@ -16,6 +16,15 @@ from broker.engine import Subscriber
 #: Fractions of the client's TTL from the reference brokers (mc0d.rb and the C++ broker).
 NOOP_AFTER = 0.95
 EXPIRE_AFTER = 1.05
+#: Heartbeat checks run at least every 5% of the shortest TTL, so a NOOP leaves between 0.95 and 1.0 x TTL,
+#: before the client's own patience (1.05 x TTL) runs out; never more often than every 2 ms.
+TICK_FRACTION = 0.05
+MIN_TICK = 0.002
+
+
+def heartbeat_tick(base: float, ttls: list[float]) -> float:
+    """Seconds between heartbeat checks: ``base``, or shorter when a client's TTL needs it."""
+    return max(MIN_TICK, min([base, *(ttl * TICK_FRACTION for ttl in ttls)]))
 
 
 @dataclass(slots=True, eq=False)
@@ -30,7 +39,6 @@ class Session:
     ids: bool = False  # extension "ids": MESSAGE carries MESSAGE-ID and TIMESTAMP
     version: bytes | None = None
     commands: int = 0
-    extensions: frozenset[str] = field(default_factory=frozenset)
     # Replies waiting for room in the client's pipe.
     stalled: deque[list[bytes]] = field(default_factory=deque)
 
@@ -43,7 +51,6 @@ class Sessions:
 
     def __init__(self) -> None:
         self.by_identity: dict[bytes, Session] = {}
-        self.expired = 0  # counter for stats
 
     def __len__(self) -> int:
         return len(self.by_identity)
