@@ -18,8 +18,7 @@ from typing import Any, Unpack
 import zmq
 import zmq.asyncio
 
-from connector.base import DEFAULT_ENDPOINT, ClientBase, ClientOptions
-from connector.client import make_socket, reply_or_raise
+from connector.base import DEFAULT_ENDPOINT, ClientBase, ClientOptions, make_socket, reply_or_raise
 from connector.core import ConnectorError, Message, Publish, encode_headers, to_bytes
 from protocol import mc0
 
@@ -47,11 +46,9 @@ class AsyncClient(ClientBase):
         self._flush_scheduled = False
         self._read_scheduled = False
         self._reader: asyncio.Task[None] | None = None
-        self._failure: BaseException | None = None  # what killed the reader task, if anything did
         self._connecting: asyncio.Future[mc0.Ok | mc0.Error] | None = None  # the latest CONNECT's reply
         self._ready = False  # the broker answered CONNECT with OK
         self._closing = False  # close() is waiting for the OK to its DISCONNECT
-        self._closed = False
 
     # ----------------------------------------------------------------------------------------- public methods
     # Per-call ``timeout`` arguments mirror the blocking Client's methods, hence the ASYNC109 exemptions.
@@ -183,12 +180,6 @@ class AsyncClient(ClientBase):
             self._room.set()
 
     # ---------------------------------------------------------------------------------------------- internals
-
-    def _check(self) -> None:
-        if self._failure is not None:
-            raise ConnectorError(f"client stopped: {self._failure}") from self._failure
-        if self._closed:
-            raise ConnectorError("client is closed")
 
     def _reader_ended(self, task: asyncio.Task[None]) -> None:
         """A reader that dies must not leave callers waiting forever: fail them, and every later call."""

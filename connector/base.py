@@ -38,6 +38,28 @@ def resolve_credentials(
     return None
 
 
+def make_socket(context: zmq.Context, endpoint: str, credentials: Credentials | None) -> zmq.Socket:
+    """A DEALER connected to ``endpoint``, CURVE-pinned when ``credentials`` are given."""
+    socket = context.socket(zmq.DEALER)
+    try:
+        socket.linger = 0
+        socket.sndhwm = 100_000
+        socket.rcvhwm = 100_000
+        if credentials is not None:
+            credentials.apply(socket)
+        socket.connect(endpoint)
+    except BaseException:
+        socket.close(linger=0)  # an open socket would make Context.term() wait forever
+        raise
+    return socket
+
+
+def reply_or_raise(reply: mc0.Ok | mc0.Error, what: str) -> mc0.Ok:
+    if isinstance(reply, mc0.Error):
+        raise ConnectorError(f"broker refused {what}: {reply.message.decode('utf-8', 'replace')}")
+    return reply
+
+
 class ClientOptions(TypedDict, total=False):
     """The keyword options both clients take (see :class:`ClientBase`)."""
 
@@ -81,6 +103,14 @@ class ClientBase:
         self._max_inbox = max_inbox
         self._inbox: deque[Message] = deque()
         self._unsent: deque[mc0.Frames] = deque()  # frame sets that met a full pipe, in order
+        self._closed = False
+        self._failure: BaseException | None = None  # what stopped the client's I/O, if anything did
+
+    def _check(self) -> None:
+        if self._failure is not None:
+            raise ConnectorError(f"client stopped: {self._failure}") from self._failure
+        if self._closed:
+            raise ConnectorError("client is closed")
 
     @property
     def pending(self) -> int:

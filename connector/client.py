@@ -25,7 +25,7 @@ from typing import Any, Unpack
 
 import zmq
 
-from connector.base import DEFAULT_ENDPOINT, ClientBase, ClientOptions
+from connector.base import DEFAULT_ENDPOINT, ClientBase, ClientOptions, make_socket, reply_or_raise
 from connector.core import (
     NO_HEADERS,
     ConnectorError,
@@ -34,7 +34,6 @@ from connector.core import (
     encode_headers,
     to_bytes,
 )
-from connector.keys import Credentials
 from protocol import mc0
 
 
@@ -58,28 +57,6 @@ class _Close:
         self.future: Future[Any] = Future()
 
 
-def make_socket(context: zmq.Context, endpoint: str, credentials: Credentials | None) -> zmq.Socket:
-    """A DEALER connected to ``endpoint``, CURVE-pinned when ``credentials`` are given (shared with aio)."""
-    socket = context.socket(zmq.DEALER)
-    try:
-        socket.linger = 0
-        socket.sndhwm = 100_000
-        socket.rcvhwm = 100_000
-        if credentials is not None:
-            credentials.apply(socket)
-        socket.connect(endpoint)
-    except BaseException:
-        socket.close(linger=0)  # an open socket would make Context.term() wait forever
-        raise
-    return socket
-
-
-def reply_or_raise(reply: mc0.Ok | mc0.Error, what: str) -> mc0.Ok:
-    if isinstance(reply, mc0.Error):
-        raise ConnectorError(f"broker refused {what}: {reply.message.decode('utf-8', 'replace')}")
-    return reply
-
-
 class Client(ClientBase):
     """A blocking mc0 client.
 
@@ -99,10 +76,8 @@ class Client(ClientBase):
         self._read_paused = False  # the I/O thread stopped reading because the inbox is full
         self._topics: dict[str | bytes, bytes] = {}
         self._room_wanted = False  # a publisher waits for outbox room: the I/O thread notifies after draining
-        self._closed = False
         self._stopping = False  # the I/O thread must return now, clean close or not
         self._closing: _Close | None = None  # the DISCONNECT the I/O thread sent, once it has
-        self._failure: BaseException | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._context = zmq.Context()
@@ -235,12 +210,6 @@ class Client(ClientBase):
         self._signaled = True
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"!")
-
-    def _check(self) -> None:
-        if self._failure is not None:
-            raise ConnectorError(f"client stopped: {self._failure}") from self._failure
-        if self._closed:
-            raise ConnectorError("client is closed")
 
     def _call(self, event: Any, timeout: float | None, what: str) -> mc0.Ok:
         self._check()
