@@ -27,7 +27,7 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import ARRIVAL, free_port, receive_all
 
-from connector import Client
+from connector import Client, ConnectorError
 from connector import cli as cli_module
 from connector import keys as key_files
 from connector.cli import main
@@ -470,3 +470,40 @@ def test_real_broker_refuses_a_busy_port_in_one_line(tmp_path: Path) -> None:
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
     assert len(errors) == 1, result.stderr
     assert "Address already in use" in errors[0]
+
+
+@pytest.mark.timeout(40)
+def test_sighup_admits_a_client_added_to_the_allow_list(tmp_path: Path) -> None:
+    """A key copied into allowed/ is refused until SIGHUP makes the running broker re-read the folder."""
+    keys = tmp_path / "keys"
+    key_files.generate(keys)
+    newcomer = tmp_path / "newcomer"
+    key_files.generate(newcomer, ("alice",))  # alice's pair, not yet admitted by the broker in ``keys``
+    credentials = key_files.Credentials(
+        key_files.broker_public(keys),
+        key_files.client_pair(newcomer, "alice").public,
+        key_files.client_pair(newcomer, "alice").secret or b"",
+    )
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    broker = subprocess.Popen(
+        [*mc0_command(), "broker", "--bind", endpoint, "--keys", str(keys)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=tmp_path,
+    )
+    stderr = StderrLines(broker)
+    try:
+        stderr.wait_for("listening on", timeout=15)
+        with pytest.raises(ConnectorError, match="no answer to CONNECT"):
+            Client(endpoint, credentials=credentials, timeout=1.0)
+        shutil.copyfile(newcomer / "alice.key", keys / "allowed" / "alice.key")
+        broker.send_signal(signal.SIGHUP)
+        stderr.wait_for("2 client key(s)", timeout=10)
+        with Client(endpoint, credentials=credentials, timeout=5.0) as alice:
+            assert alice.stats()["connections"]["mc0"] >= 1
+        broker.send_signal(signal.SIGTERM)
+        assert broker.wait(timeout=5) == 0
+    finally:
+        if broker.poll() is None:
+            broker.kill()
+            broker.wait(timeout=5)
+        stderr.close()
