@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,9 +210,16 @@ class Engine:
         return message
 
     def publish_batch(
-        self, items: Iterable[tuple[bytes, bytes, dict[bytes, bytes]]], timestamp: int
+        self, items: Sequence[tuple[bytes, bytes, dict[bytes, bytes]]], timestamp: int
     ) -> Message | None:
-        """Accept ``(topic, body, headers)`` entries in order, as :meth:`publish` does; returns the last."""
+        """Accept ``(topic, body, headers)`` entries in order, as :meth:`publish` does; returns the last.
+
+        All or nothing: every topic the batch names is resolved first, so a refused topic (EngineError)
+        refuses the whole batch before any of it is published.
+        """
+        for name in {item[0] for item in items}:
+            if name not in self.topics:
+                self.topic(name)
         last = None
         publish = self.publish
         for name, body, headers in items:

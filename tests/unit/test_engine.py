@@ -575,3 +575,14 @@ def test_a_backlog_overfilled_by_detach_shrinks_back_to_its_bound_on_the_next_pu
     publish(engine, b"q.jobs", 1)
     assert backlog_ids(engine, b"q.jobs") == [5, 6, 7]
     assert engine.topics[b"q.jobs"].dropped == 4
+
+
+def test_a_batch_naming_a_refused_topic_publishes_nothing() -> None:
+    spec = TopicSpec(persistence=Persistence.PERSISTENT)
+    engine = Engine(TopicRules([TopicRule("p.*", spec)]))
+    listener = Subscriber("listener")
+    engine.subscribe(listener, b"plain")
+    with pytest.raises(EngineError):
+        engine.publish_batch([(b"plain", b"first", {}), (b"p.refused", b"second", {})], NOW)
+    assert listener.pending == []
+    assert engine.topics[b"plain"].messages_in == 0
