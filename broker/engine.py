@@ -80,7 +80,9 @@ class Topic:
     spec: TopicSpec
     next_id: int = FIRST_MESSAGE_ID
     log: TopicLog | None = None
-    subscribers: dict[Subscriber, None] = field(default_factory=dict)  # insertion-ordered set
+    # In subscription order. A list, not a set: round-robin indexes it on every message, while membership is
+    # only asked on subscribe and unsubscribe.
+    subscribers: list[Subscriber] = field(default_factory=list)
     rotation: int = 0  # round-robin: index of the subscriber that gets the next message
     backlog: deque[Message] = field(default_factory=deque)  # round-robin messages waiting for room
     messages_in: int = 0
@@ -141,7 +143,7 @@ class Engine:
     def subscribe(self, subscriber: Subscriber, name: bytes) -> Topic:
         topic = self.topic(name)
         if subscriber not in topic.subscribers:
-            topic.subscribers[subscriber] = None
+            topic.subscribers.append(subscriber)
             subscriber.topics.add(name)
             if topic.round_robin and topic.backlog:
                 self._drain_backlog(topic)
@@ -152,10 +154,11 @@ class Engine:
         topic = self.topics.get(name)
         if topic is None or subscriber not in topic.subscribers:
             return False
-        if topic.round_robin and list(topic.subscribers).index(subscriber) < topic.rotation:
+        index = topic.subscribers.index(subscriber)
+        if index < topic.rotation:
             # Everyone after the leaver moves one place forward; so must the turn, or the next one is skipped.
             topic.rotation -= 1
-        del topic.subscribers[subscriber]
+        del topic.subscribers[index]
         subscriber.topics.discard(name)
         return True
 
@@ -228,14 +231,15 @@ class Engine:
 
     def _hand_to_next(self, topic: Topic, message: Message) -> bool:
         """Strict rotation: the next subscriber in order that has room gets it. False if nobody has room."""
-        subscribers = list(topic.subscribers)
+        subscribers = topic.subscribers
         count = len(subscribers)
         for step in range(count):
             index = (topic.rotation + step) % count
             subscriber = subscribers[index]
-            if len(subscriber.pending) < subscriber.limit:
+            pending = subscriber.pending
+            if len(pending) < subscriber.limit:
                 topic.rotation = (index + 1) % count
-                subscriber.pending.append(message)
+                pending.append(message)
                 topic.messages_out += 1
                 if not subscriber.ready:
                     subscriber.ready = True
