@@ -32,6 +32,7 @@ from broker.config import BrokerConfig
 from broker.server import Broker, ensure_keys, serve
 from broker.topics import TopicRule
 from connector import Client, Message
+from connector import keys as key_files
 
 #: Loopback only, port chosen by the kernel.
 LOOPBACK = "tcp://127.0.0.1:*"
@@ -429,3 +430,17 @@ def restartable() -> Iterator[list[BrokerThread]]:
     for runner in reversed(running):
         if runner.thread.is_alive():
             runner.stop()
+
+
+@pytest.fixture
+def keys_dir(tmp_path: Path) -> Path:
+    """A keys folder with the broker pair and the default client admitted (as ``mc0 keys generate``)."""
+    folder = tmp_path / "keys"
+    key_files.generate(folder)
+    return folder
+
+
+@pytest.fixture
+def curve_broker(start_broker: BrokerFactory, keys_dir: Path) -> Broker:
+    """A broker with CURVE on, admitting the clients of ``keys_dir``."""
+    return start_broker(curve=True, keys_dir=keys_dir)

@@ -33,7 +33,6 @@ from connector import keys as key_files
 from connector.cli import main
 
 if TYPE_CHECKING:
-    from conftest import BrokerFactory
 
     from broker.server import Broker
 
@@ -47,21 +46,9 @@ def runner() -> CliRunner:
 
 
 @pytest.fixture
-def keys(tmp_path: Path) -> Path:
-    folder = tmp_path / "keys"
-    key_files.generate(folder)
-    return folder
-
-
-@pytest.fixture
-def curve_broker(start_broker: BrokerFactory, keys: Path) -> Broker:
-    return start_broker(curve=True, keys_dir=keys)
-
-
-@pytest.fixture
-def observer(curve_broker: Broker, keys: Path) -> Iterator[Client]:
+def observer(curve_broker: Broker, keys_dir: Path) -> Iterator[Client]:
     """A library client on the same broker, to subscribe, publish and read stats beside the CLI."""
-    with Client(curve_broker.endpoint, keys=keys, timeout=3.0) as client:
+    with Client(curve_broker.endpoint, keys=keys_dir, timeout=3.0) as client:
         yield client
 
 
@@ -71,8 +58,8 @@ def fast_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli_module, "Client", functools.partial(Client, timeout=0.5))
 
 
-def client_args(broker: Broker, keys: Path) -> list[str]:
-    return ["--broker", broker.endpoint, "--keys", str(keys)]
+def client_args(broker: Broker, keys_dir: Path) -> list[str]:
+    return ["--broker", broker.endpoint, "--keys", str(keys_dir)]
 
 
 def assert_one_line_error(result: Result) -> str:
@@ -144,10 +131,10 @@ def test_keys_folder_from_the_environment(runner: CliRunner, tmp_path: Path) -> 
 
 
 def test_pub_reaches_a_subscriber_with_headers(
-    runner: CliRunner, curve_broker: Broker, keys: Path, observer: Client
+    runner: CliRunner, curve_broker: Broker, keys_dir: Path, observer: Client
 ) -> None:
     observer.subscribe("orders")
-    result = runner.invoke(main, ["pub", "orders", "hello", *client_args(curve_broker, keys),
+    result = runner.invoke(main, ["pub", "orders", "hello", *client_args(curve_broker, keys_dir),
                                   "--header", "X-Reply-To=me", "-H", "X-Equals=a=b", "-H", "X-Empty="])
     assert result.exit_code == 0, result.output
     message = observer.receive(timeout=ARRIVAL)
@@ -156,10 +143,12 @@ def test_pub_reaches_a_subscriber_with_headers(
     assert message.headers == {"X-Reply-To": "me", "X-Equals": "a=b", "X-Empty": ""}
 
 
-def test_pub_count_and_confirm(runner: CliRunner, curve_broker: Broker, keys: Path, observer: Client) -> None:
+def test_pub_count_and_confirm(
+    runner: CliRunner, curve_broker: Broker, keys_dir: Path, observer: Client
+) -> None:
     observer.subscribe("load")
     result = runner.invoke(main, ["pub", "load", "x", "--count", "50", "--confirm",
-                                  *client_args(curve_broker, keys)])
+                                  *client_args(curve_broker, keys_dir)])
     assert result.exit_code == 0, result.output
     received = receive_all(observer, 50)
     assert {m.text for m in received} == {"x"}
@@ -167,11 +156,11 @@ def test_pub_count_and_confirm(runner: CliRunner, curve_broker: Broker, keys: Pa
 
 
 def test_pub_publishes_stdin_lines_when_message_is_omitted(
-    runner: CliRunner, curve_broker: Broker, keys: Path, observer: Client
+    runner: CliRunner, curve_broker: Broker, keys_dir: Path, observer: Client
 ) -> None:
     observer.subscribe("lines")
-    result = runner.invoke(main, ["pub", "lines", *client_args(curve_broker, keys), "-H", "X-Source=stdin"],
-                           input="one\ntwo\r\n\nthree é\n")
+    arguments = ["pub", "lines", *client_args(curve_broker, keys_dir), "-H", "X-Source=stdin"]
+    result = runner.invoke(main, arguments, input="one\ntwo\r\n\nthree é\n")
     assert result.exit_code == 0, result.output
     assert "published 4 message(s) to lines" in result.output
     received = receive_all(observer, 4)
@@ -180,7 +169,7 @@ def test_pub_publishes_stdin_lines_when_message_is_omitted(
 
 
 def test_sub_prints_json_lines_and_exits_after_count(
-    runner: CliRunner, curve_broker: Broker, keys: Path, observer: Client
+    runner: CliRunner, curve_broker: Broker, keys_dir: Path, observer: Client
 ) -> None:
     def publish_when_subscribed() -> None:
         wait_for_subscribers(observer, "events")
@@ -190,8 +179,9 @@ def test_sub_prints_json_lines_and_exits_after_count(
 
     publisher = threading.Thread(target=publish_when_subscribed)
     publisher.start()
-    result = runner.invoke(main, ["sub", "events", *client_args(curve_broker, keys), "--count", "2", "--json",
-                                  "--timeout", "5"])
+    options = ["--count", "2", "--json", "--timeout", "5"]
+    arguments = ["sub", "events", *client_args(curve_broker, keys_dir), *options]
+    result = runner.invoke(main, arguments)
     publisher.join(10)
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
@@ -207,7 +197,7 @@ def test_sub_prints_json_lines_and_exits_after_count(
 
 
 def test_sub_plain_text_and_several_topics(
-    runner: CliRunner, curve_broker: Broker, keys: Path, observer: Client
+    runner: CliRunner, curve_broker: Broker, keys_dir: Path, observer: Client
 ) -> None:
     def publish_when_subscribed() -> None:
         wait_for_subscribers(observer, "b")
@@ -216,16 +206,16 @@ def test_sub_plain_text_and_several_topics(
 
     publisher = threading.Thread(target=publish_when_subscribed)
     publisher.start()
-    result = runner.invoke(main, ["sub", "a", "b", *client_args(curve_broker, keys), "-n", "2",
+    result = runner.invoke(main, ["sub", "a", "b", *client_args(curve_broker, keys_dir), "-n", "2",
                                   "--timeout", "5"])
     publisher.join(10)
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == ["from a", "from b"]
 
 
-def test_sub_timeout_ends_quietly(runner: CliRunner, curve_broker: Broker, keys: Path) -> None:
+def test_sub_timeout_ends_quietly(runner: CliRunner, curve_broker: Broker, keys_dir: Path) -> None:
     start = time.monotonic()
-    result = runner.invoke(main, ["sub", "silence", *client_args(curve_broker, keys), "--timeout", "0.3"])
+    result = runner.invoke(main, ["sub", "silence", *client_args(curve_broker, keys_dir), "--timeout", "0.3"])
     assert result.exit_code == 0, result.output
     assert result.stdout == ""
     assert time.monotonic() - start < 3.0
@@ -248,11 +238,11 @@ def test_no_curve_against_a_plaintext_broker(runner: CliRunner, broker: Broker) 
 
 
 def test_broker_endpoint_and_keys_from_the_environment(
-    runner: CliRunner, curve_broker: Broker, keys: Path, observer: Client
+    runner: CliRunner, curve_broker: Broker, keys_dir: Path, observer: Client
 ) -> None:
     observer.subscribe("env")
     result = runner.invoke(main, ["pub", "env", "x"],
-                           env={"MC0_BROKER": curve_broker.endpoint, "MC0_KEYS": str(keys)})
+                           env={"MC0_BROKER": curve_broker.endpoint, "MC0_KEYS": str(keys_dir)})
     assert result.exit_code == 0, result.output
     assert observer.receive(timeout=ARRIVAL) is not None
 
@@ -260,10 +250,10 @@ def test_broker_endpoint_and_keys_from_the_environment(
 # ----------------------------------------------------------------------------------------------------- stats
 
 
-def test_stats_table(runner: CliRunner, curve_broker: Broker, keys: Path, observer: Client) -> None:
+def test_stats_table(runner: CliRunner, curve_broker: Broker, keys_dir: Path, observer: Client) -> None:
     observer.subscribe("orders")
     observer.publish("orders", "x", confirm=True)
-    result = runner.invoke(main, ["stats", *client_args(curve_broker, keys)])
+    result = runner.invoke(main, ["stats", *client_args(curve_broker, keys_dir)])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].startswith("uptime")
@@ -275,15 +265,15 @@ def test_stats_table(runner: CliRunner, curve_broker: Broker, keys: Path, observ
     assert row == ["orders", "broadcast", "1", "1", "1", "0"]
 
 
-def test_stats_without_topics(runner: CliRunner, curve_broker: Broker, keys: Path) -> None:
-    result = runner.invoke(main, ["stats", *client_args(curve_broker, keys)])
+def test_stats_without_topics(runner: CliRunner, curve_broker: Broker, keys_dir: Path) -> None:
+    result = runner.invoke(main, ["stats", *client_args(curve_broker, keys_dir)])
     assert result.exit_code == 0, result.output
     assert "topics       (none)" in result.output
 
 
-def test_stats_json(runner: CliRunner, curve_broker: Broker, keys: Path, observer: Client) -> None:
+def test_stats_json(runner: CliRunner, curve_broker: Broker, keys_dir: Path, observer: Client) -> None:
     observer.publish("counted", "x", confirm=True)
-    result = runner.invoke(main, ["stats", "--json", *client_args(curve_broker, keys)])
+    result = runner.invoke(main, ["stats", "--json", *client_args(curve_broker, keys_dir)])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["connections"]["mc0"] == 2

@@ -43,18 +43,6 @@ ZAP_DENIED = 400
 CurveOptions = dict[str, bytes]
 
 
-@pytest.fixture
-def keys_dir(tmp_path: Path) -> Path:
-    folder = tmp_path / "keys"
-    keys.generate(folder)
-    return folder
-
-
-@pytest.fixture
-def curve_broker(start_broker: BrokerFactory, keys_dir: Path) -> Broker:
-    return start_broker(curve=True, keys_dir=keys_dir)
-
-
 def client_keys(keys_dir: Path, name: str = keys.CLIENT) -> CurveOptions:
     """The socket options of a client using certificate ``name`` and pinning the broker in ``keys_dir``."""
     pair = keys.client_pair(keys_dir, name)
