@@ -120,7 +120,6 @@ class ClientCore:
             return
         start = 0
         total = len(publishes)
-        packb = mc0.msgpack.packb
         while start < total:
             end = min(total, start + BATCH_MAX_MESSAGES)
             size = 0
@@ -130,9 +129,7 @@ class ClientCore:
                 if size >= BATCH_MAX_BYTES:
                     end = index + 1
                     break
-            chunk = publishes[start:end]
-            payload = packb([(t, b, h) if h else (t, b) for t, b, h in chunk], use_bin_type=True)
-            yield [b"", b"PUTS", b"", payload]
+            yield [b"", b"PUTS", b"", mc0.pack_put_items(publishes[start:end])]
             start = end
 
     # ------------------------------------------------------------------------------------------------ replies
