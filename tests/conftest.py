@@ -203,11 +203,11 @@ class Peer:
 
     # --- raw frames
 
-    def send_raw(self, *frames: FrameLike, timeout: float = RECV_TIMEOUT) -> None:
-        """Send one frame set, waiting up to ``timeout`` seconds for room when the pipe to the broker is full
+    def send_raw(self, *frames: FrameLike) -> None:
+        """Send one frame set, waiting up to RECV_TIMEOUT for room when the pipe to the broker is full
         (a fast test publisher can outrun the broker for a moment)."""
-        if not self.socket.poll(int(timeout * 1000), zmq.POLLOUT):
-            raise AssertionError(f"no room to send within {timeout} s")
+        if not self.socket.poll(int(RECV_TIMEOUT * 1000), zmq.POLLOUT):
+            raise AssertionError(f"no room to send within {RECV_TIMEOUT} s")
         self.socket.send_multipart([to_frame(f) for f in frames], zmq.NOBLOCK)
 
     def send(self, *frames: FrameLike) -> None:
