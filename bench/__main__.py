@@ -3,6 +3,9 @@
 Prints deliveries per second for 1 → 1, 1 → 4 fan-out and 1 → 2 round-robin with 100-byte messages,
 and one-way latency (p50/p99) at a paced 1,000 msg/s, each with mc0's ratio against both baselines.
 The target for the foundation: mc0 at least 1.0 times the libzmq proxy on 1 → 1.
+
+``python -m bench durability [options]`` runs the durability benchmark instead (see ``bench/durability.py``):
+confirmed publishes per sync level against transient, and replay from the log against live delivery.
 """
 
 from __future__ import annotations
@@ -19,7 +22,13 @@ SYSTEMS = ("zmq-proxy", "py-forwarder", "mc0")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["durability"]:
+        from bench import durability
+
+        return durability.main(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     epilog="python -m bench durability --help: the durability benchmark")
     parser.add_argument("--messages", type=int, default=200_000, help="messages per throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
     parser.add_argument("--latency-seconds", type=float, default=3.0, help="length of the paced latency run")

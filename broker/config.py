@@ -15,6 +15,8 @@ from typing import Any
 from broker.topics import DEFAULT_SPEC, Delivery, Persistence, Sync, TopicRule, TopicRules, TopicSpec
 
 DEFAULT_BIND = "tcp://*:61616"
+#: Relative to the broker's working directory; created only when the first persistent topic is opened.
+DEFAULT_DATA_DIR = Path("mc0-data")
 
 
 class ConfigError(Exception):
@@ -34,6 +36,9 @@ class BrokerConfig:
     recv_hwm: int = 100_000
     topics: tuple[TopicRule, ...] = field(default_factory=tuple)
     log_level: str = "INFO"
+    data_dir: Path = DEFAULT_DATA_DIR  # where persistent topics keep their logs
+    weak_sync_interval: float = 2.0  # seconds between fsyncs of weak topics ("flushed every few seconds")
+    retention_interval: float = 1.0  # seconds between retention checks
 
     @property
     def allowlist_dir(self) -> Path:
@@ -51,11 +56,13 @@ DEFAULTS = BrokerConfig()
 _BROKER_KEYS = {
     "bind": str, "keys_dir": str, "curve": bool, "allow_any_client": bool, "heartbeat_tick": (int, float),
     "pending_limit": int, "max_message_size": int, "send_hwm": int, "recv_hwm": int, "log_level": str,
+    "data_dir": str, "weak_sync_interval": (int, float), "retention_interval": (int, float),
 }
 
 #: Numbers that make no sense at zero or below: a zero tick would spin the loop, a zero limit drop everything,
 #: and a zero high-water mark means "unbounded" to ZeroMQ, which breaks the promise of bounded memory.
-_POSITIVE = frozenset({"heartbeat_tick", "pending_limit", "max_message_size", "send_hwm", "recv_hwm"})
+_POSITIVE = frozenset({"heartbeat_tick", "pending_limit", "max_message_size", "send_hwm", "recv_hwm",
+                       "weak_sync_interval", "retention_interval"})
 
 #: The level names the standard ``logging`` module knows (it refuses any other string).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -64,32 +71,65 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 def _enum(kind: type, raw: Any, where: str) -> Any:
     try:
         return kind(raw)
-    except ValueError:
+    except (ValueError, TypeError):
         choices = ", ".join(member.value for member in kind)
         raise ConfigError(f"{where}: {raw!r} is not one of {choices}") from None
 
 
-def parse_topic_rule(entry: dict[str, Any], where: str) -> TopicRule:
-    unknown = set(entry) - {"pattern", "delivery", "persistence", "sync", "max_backlog"}
+#: Topic settings a rule (or a DECLARE) may give, with their types. A bool is never an acceptable int.
+_SETTINGS: dict[str, type | tuple[type, ...]] = {
+    "delivery": str, "persistence": str, "sync": str, "max_backlog": int, "retention_bytes": int,
+    "retention_seconds": (int, float), "segment_bytes": int,
+}
+
+
+def topic_spec(settings: dict[str, Any], where: str) -> TopicSpec:
+    """A TopicSpec from setting names to values (a ``[[topics]]`` table without its pattern, or a DECLARE)."""
+    unknown = set(settings) - set(_SETTINGS)
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
-    pattern = entry.get("pattern")
-    if not isinstance(pattern, str) or not pattern:
-        raise ConfigError(f"{where}: needs a non-empty string 'pattern'")
+    for key, value in settings.items():
+        wanted = _SETTINGS[key]
+        if wanted is str:
+            continue  # the enum lookup below names the accepted values
+        if not isinstance(value, wanted) or isinstance(value, bool):
+            kind = "an integer" if wanted is int else "a number"
+            raise ConfigError(f"{where}.{key}: must be {kind}, not {value!r}")
     # Not ``TopicSpec.max_backlog``: on a slots dataclass that is the field's descriptor, not its default.
-    max_backlog = entry.get("max_backlog", DEFAULT_SPEC.max_backlog)
-    if not isinstance(max_backlog, int) or isinstance(max_backlog, bool):
-        raise ConfigError(f"{where}.max_backlog: must be an integer, not {max_backlog!r}")
     try:
-        spec = TopicSpec(
-            delivery=_enum(Delivery, entry.get("delivery", "broadcast"), f"{where}.delivery"),
-            persistence=_enum(Persistence, entry.get("persistence", "transient"), f"{where}.persistence"),
-            sync=None if "sync" not in entry else _enum(Sync, entry["sync"], f"{where}.sync"),
-            max_backlog=max_backlog,
+        return TopicSpec(
+            delivery=_enum(Delivery, settings.get("delivery", "broadcast"), f"{where}.delivery"),
+            persistence=_enum(Persistence, settings.get("persistence", "transient"), f"{where}.persistence"),
+            sync=None if "sync" not in settings else _enum(Sync, settings["sync"], f"{where}.sync"),
+            max_backlog=settings.get("max_backlog", DEFAULT_SPEC.max_backlog),
+            retention_bytes=settings.get("retention_bytes"),
+            retention_seconds=settings.get("retention_seconds"),
+            segment_bytes=settings.get("segment_bytes", DEFAULT_SPEC.segment_bytes),
         )
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from None
-    return TopicRule(pattern, spec)
+
+
+def parse_topic_rule(entry: dict[str, Any], where: str) -> TopicRule:
+    pattern = entry.get("pattern")
+    if not isinstance(pattern, str) or not pattern:
+        raise ConfigError(f"{where}: needs a non-empty string 'pattern'")
+    return TopicRule(pattern, topic_spec({k: v for k, v in entry.items() if k != "pattern"}, where))
+
+
+def declared_spec(settings: dict[str, str]) -> TopicSpec:
+    """The spec a DECLARE asks for: its text values read as the types a ``[[topics]]`` rule uses."""
+    typed: dict[str, Any] = {}
+    for key, text in settings.items():
+        wanted = _SETTINGS.get(key, str)
+        if wanted is str:
+            typed[key] = text
+            continue
+        try:
+            typed[key] = int(text) if wanted is int else float(text)
+        except ValueError:
+            raise ConfigError(f"DECLARE {key}: {text!r} is not a number") from None
+    return topic_spec(typed, "DECLARE")
 
 
 def load(path: Path | None, base: BrokerConfig = DEFAULTS) -> BrokerConfig:
@@ -126,7 +166,7 @@ def load(path: Path | None, base: BrokerConfig = DEFAULTS) -> BrokerConfig:
             value = value.upper()
         if key in _POSITIVE and value <= 0:
             raise ConfigError(f"{path}: [broker].{key} must be greater than 0, not {value!r}")
-        changes[key] = Path(value) if key == "keys_dir" else value
+        changes[key] = Path(value) if key in ("keys_dir", "data_dir") else value
     entries = data.get("topics", [])
     if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
         raise ConfigError(f"{path}: 'topics' must be an array of tables ([[topics]])")

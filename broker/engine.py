@@ -1,34 +1,62 @@
-"""The topic engine: topics, subscriptions, message ids and delivery. Pure: no I/O, no sockets, no clock.
+"""The topic engine: topics, subscriptions, message ids, delivery, replay, credit and acks. Pure: no I/O of
+its own, no sockets, no clock (persistent topics write through the :class:`~broker.store.TopicLog` the store
+gives them, and only when the shell says so).
 
 Every door (the mc0 router, the TCP gateways, a Spark fetch) registers a :class:`Subscriber` and calls
 :meth:`Engine.publish` / :meth:`Engine.subscribe`. The engine never sends anything: it appends deliveries to
-each subscriber's bounded ``pending`` list and remembers which subscribers became ready; the shell takes
-:meth:`Engine.take_ready` once per loop wake-up and writes the batches out in its own dialect. That turn of
-the loop is the unit of batching for the whole broker.
+each subscriber's bounded ``pending`` list and remembers which subscribers became ready. The shell drives one
+turn of the loop as:
+
+1. publish everything it read (persistent topics append to their log's buffer);
+2. :meth:`Engine.commit`: one write, and for strong topics one fsync, covering every message of the turn
+   (group commit) — nothing is delivered or acknowledged before this;
+3. send its replies (an OK for a persistent PUT therefore promises what the topic's sync level promises);
+4. :meth:`Engine.pump` (log catch-up and queue dispatch) and :meth:`Engine.take_ready`, then write the
+   subscribers' pending deliveries, telling the engine what went out (:meth:`Engine.written`).
 
 Delivery rules:
 
-* broadcast: every subscriber of the topic gets every message, the publisher too if it is subscribed;
-* round-robin: each message goes to exactly one subscriber, in strict rotation among the subscribers that have
-  room; while none has room (or none exists) messages wait in a bounded backlog and overflow is counted.
+* broadcast: every subscriber of the topic gets every message, the publisher too if it is subscribed. A
+  subscriber that has no room (full pending list or no credit) is never dropped on a persistent topic: it
+  falls back to reading the log and rejoins live delivery when it has caught up. On a transient topic what
+  does not fit is dropped and counted (``dropped``).
+* round-robin: each message goes to exactly one subscriber, in strict rotation among the subscriptions that
+  have room. On a transient topic messages wait in a bounded in-memory backlog (overflow counted); on a
+  persistent topic the log is the queue and the queue position (acked watermark and acked ids above it) lives
+  in the log's ack journal, so it survives a restart. Messages a consumer left unacked go to the others.
 
-A subscriber's ``pending`` list is bounded by its ``limit``; what would overflow it on a broadcast topic is
-dropped and counted in ``dropped`` (transient topics promise no more than that).
+A subscription with explicit acks keeps each message in flight until :meth:`Engine.ack`; any other
+subscription counts a message as delivered once the shell wrote it out (auto-ack). ``credit`` bounds a
+subscription's messages in flight.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from broker.store import Store, TopicLog
-from broker.topics import Delivery, Persistence, TopicRules, TopicSpec
+from broker.topics import Delivery, Sync, TopicRules, TopicSpec
 
 #: Message ids start at 1 so that 0 can mean "nothing seen yet" in offsets and resume points.
 FIRST_MESSAGE_ID = 1
+#: In-flight limit of an explicit-ack subscription that named no CREDIT: unacked messages are held in memory.
+DEFAULT_EXPLICIT_CREDIT = 1000
+#: Messages moved from logs per :meth:`Engine.pump` call (catch-up and queue dispatch together), and per read.
+#: A turn of live traffic takes up to 8192 messages; replay gets a budget of the same order so that it keeps
+#: pace with live delivery without starving the loop.
+PUMP_BUDGET = 16_384
+READ_CHUNK = 2048
+READ_CHUNK_BYTES = 1 << 20
+
+REPLAY_BEGINNING = "beginning"
+REPLAY_CURRENT = "current"
+
+#: What an acknowledgement can promise, by sync level: the DURABILITY an OK reports.
+DURABILITY = {None: b"memory", Sync.STRONG: b"fsync", Sync.WEAK: b"written", Sync.ASYNC: b"written"}
 
 
 def _message_id(message: Message) -> int:
@@ -36,7 +64,8 @@ def _message_id(message: Message) -> int:
 
 
 class EngineError(Exception):
-    """A request the engine refuses (e.g. a persistent topic without a store); the shell reports it."""
+    """A request the engine refuses (replay on a transient topic, conflicting declare, ...); the shell reports
+    it to the peer."""
 
 
 @dataclass(slots=True)
@@ -52,18 +81,20 @@ class Subscriber:
     """Whatever a shell registered: a ZeroMQ identity, a TCP connection, a fetch. The engine sees only this.
 
     ``owner`` is the shell's own object (the engine never looks at it); ``limit`` bounds ``pending``.
+    ``tracking`` counts subscriptions that need :meth:`Engine.written` to hear what went out.
     """
 
-    __slots__ = ("delivered", "dropped", "limit", "owner", "pending", "ready", "topics")
+    __slots__ = ("delivered", "dropped", "limit", "owner", "pending", "ready", "topics", "tracking")
 
     def __init__(self, owner: Any = None, limit: int = 100_000) -> None:
         self.owner = owner
         self.limit = limit
         self.pending: list[Message] = []
-        self.topics: set[bytes] = set()
+        self.topics: dict[bytes, Subscription] = {}
         self.ready = False  # already in the engine's ready list
         self.delivered = 0
         self.dropped = 0
+        self.tracking = 0
 
     @property
     def has_room(self) -> bool:
@@ -73,7 +104,46 @@ class Subscriber:
         return f"Subscriber({self.owner!r}, pending={len(self.pending)}, topics={len(self.topics)})"
 
 
-@dataclass(slots=True)
+class Subscription:
+    """One subscriber on one topic: where it reads, how much it may have in flight, what it has not acked."""
+
+    __slots__ = ("credit", "explicit", "outstanding", "position", "subscriber", "topic", "tracked", "unacked")
+
+    def __init__(self, subscriber: Subscriber, topic: Topic, credit: int | None, explicit: bool) -> None:
+        self.subscriber = subscriber
+        self.topic = topic
+        self.explicit = explicit
+        self.credit = DEFAULT_EXPLICIT_CREDIT if explicit and credit is None else credit
+        # Counted only when tracked: plain subscriptions (the common case) cost nothing per message.
+        self.tracked = self.credit is not None or explicit or (topic.round_robin and topic.log is not None)
+        self.outstanding = 0  # handed out and not yet written (auto-ack) or not yet acked (explicit)
+        self.unacked: dict[int, Message] = {}  # explicit acks: in flight, by id
+        self.position: int | None = None  # persistent broadcast: next id to read from the log; None = live
+
+    @property
+    def room(self) -> int:
+        subscriber = self.subscriber
+        room = subscriber.limit - len(subscriber.pending)
+        if self.credit is not None:
+            room = min(room, self.credit - self.outstanding)
+        return room
+
+    def lag(self) -> int:
+        """Messages published but not yet written to this subscriber (log distance plus what it holds)."""
+        name = self.topic.name
+        held = sum(1 for message in self.subscriber.pending if message.topic == name)
+        behind = 0 if self.position is None else max(0, self.topic.next_id - self.position)
+        return behind + held
+
+    def stats(self) -> dict[str, Any]:
+        return {"lag": self.lag(), "credit": self.credit, "unacked": len(self.unacked),
+                "catching_up": self.position is not None}
+
+    def __repr__(self) -> str:
+        return f"Subscription({self.subscriber!r}, {self.topic.name!r}, position={self.position})"
+
+
+@dataclass(slots=True, eq=False)
 class Topic:
     name: bytes
     topic_id: int
@@ -82,9 +152,14 @@ class Topic:
     log: TopicLog | None = None
     # In subscription order. A list, not a set: round-robin indexes it on every message, while membership is
     # only asked on subscribe and unsubscribe.
-    subscribers: list[Subscriber] = field(default_factory=list)
-    rotation: int = 0  # round-robin: index of the subscriber that gets the next message
-    backlog: deque[Message] = field(default_factory=deque)  # round-robin messages waiting for room
+    subscriptions: list[Subscription] = field(default_factory=list)
+    rotation: int = 0  # round-robin: index of the subscription that gets the next message
+    backlog: deque[Message] = field(default_factory=deque)  # transient round-robin messages waiting for room
+    # Persistent round-robin: the log is the queue. Ids below next_dispatch were handed out (or acked before a
+    # restart); redeliver holds ids handed out whose consumer left without acking.
+    next_dispatch: int = FIRST_MESSAGE_ID
+    redeliver: list[int] = field(default_factory=list)
+    dirty: bool = False  # appended or acked since the last commit
     messages_in: int = 0
     messages_out: int = 0
     dropped: int = 0
@@ -93,17 +168,42 @@ class Topic:
     def __post_init__(self) -> None:
         self.round_robin = self.spec.delivery is Delivery.ROUND_ROBIN
 
+    @property
+    def subscribers(self) -> list[Subscriber]:
+        return [subscription.subscriber for subscription in self.subscriptions]
+
+    @property
+    def durability(self) -> bytes:
+        return DURABILITY[self.spec.sync if self.log is not None else None]
+
+    def waiting(self) -> int:
+        """Round-robin messages not yet handed to any consumer."""
+        if self.log is None:
+            return len(self.backlog)
+        above = self.log.acked_above
+        skipped = sum(1 for acked in above if acked >= self.next_dispatch) if above else 0
+        unread = self.next_id - max(self.next_dispatch, self.log.first_id) - skipped
+        return max(0, unread) + len(self.redeliver)
+
     def stats(self) -> dict[str, Any]:
-        return {
+        consumers = [subscription.stats() for subscription in self.subscriptions]
+        out: dict[str, Any] = {
             "id": self.topic_id,
             **self.spec.describe(),
-            "subscribers": len(self.subscribers),
+            "subscribers": len(self.subscriptions),
             "messages_in": self.messages_in,
             "messages_out": self.messages_out,
             "dropped": self.dropped,
-            "backlog": len(self.backlog),
+            "backlog": self.waiting() if self.round_robin else 0,
+            "first_id": self.log.first_id if self.log is not None else None,
             "last_id": self.next_id - 1,
+            "lag": max((consumer["lag"] for consumer in consumers), default=0),
+            "consumers": consumers,
         }
+        if self.log is not None:
+            out.update(stored=self.next_id - self.log.first_id, bytes=self.log.bytes_on_disk,
+                       segments=self.log.segment_count, fsyncs=self.log.fsyncs)
+        return out
 
 
 class Engine:
@@ -114,6 +214,17 @@ class Engine:
         self.store = store
         self.topics: dict[bytes, Topic] = {}
         self._ready: list[Subscriber] = []
+        self._dirty: list[Topic] = []
+        # Ordered sets (dicts): catch-up and dispatch go round in a stable order.
+        self._catching_up: dict[Subscription, None] = {}
+        self._dispatch: dict[Topic, None] = {}
+        self._pump_exhausted = False
+        if store is not None:
+            # Persistent topics exist from the start: a queue holds its messages for consumers yet to come,
+            # and ids continue where the log ends.
+            for name, stored in store.existing():
+                rule = self.rules.rule_for(name)
+                self._create(name, rule.spec if rule is not None and rule.spec.persistent else stored)
 
     # ------------------------------------------------------------------------------------------------ topics
 
@@ -124,65 +235,237 @@ class Engine:
             topic = self._create(name, self.rules.spec_for(name))
         return topic
 
+    def declare(self, name: bytes, spec: TopicSpec) -> Topic:
+        """Create ``name`` with ``spec``; the same settings again are fine, different ones are an error.
+
+        A topic that a configuration rule already describes counts as existing with the rule's settings.
+        """
+        topic = self.topics.get(name)
+        current = topic.spec if topic is not None else None
+        if current is None:
+            rule = self.rules.rule_for(name)
+            current = rule.spec if rule is not None else None
+        if current is not None and current != spec:
+            raise EngineError(f"topic {name.decode('utf-8', 'replace')!r} exists with other settings "
+                              f"({_settings(current)}); declared {_settings(spec)}")
+        return topic if topic is not None else self._create(name, spec)
+
     def _create(self, name: bytes, spec: TopicSpec) -> Topic:
         if not name:
             raise EngineError("topic names must not be empty")
         log = None
-        if spec.persistence is Persistence.PERSISTENT:
+        if spec.persistent:
             if self.store is None:
                 raise EngineError(f"topic {name!r} is configured persistent but the broker has no store")
             log = self.store.open(name, spec)
         topic = Topic(name, len(self.topics) + 1, spec, log=log)
         if log is not None:
             topic.next_id = log.next_id
+            topic.next_dispatch = max(log.acked_watermark + 1, log.first_id)
         self.topics[name] = topic
         return topic
 
     # ------------------------------------------------------------------------------------------ subscriptions
 
-    def subscribe(self, subscriber: Subscriber, name: bytes) -> Topic:
+    def subscribe(
+        self,
+        subscriber: Subscriber,
+        name: bytes,
+        *,
+        replay: str | int | None = None,
+        resume: int | None = None,
+        credit: int | None = None,
+        explicit_acks: bool = False,
+    ) -> Topic:
+        """Subscribe ``subscriber`` to ``name``.
+
+        ``replay`` ("beginning", "current" or a first id) and ``resume`` (the next id wanted after a
+        reconnect) choose where a broadcast subscription starts. Replay needs a persistent broadcast topic;
+        ``resume`` falls back to live delivery where there is nothing to replay. Subscribing again replaces
+        the subscription's options (and restarts it from ``replay`` if one is given).
+        """
         topic = self.topic(name)
-        if subscriber not in topic.subscribers:
-            topic.subscribers.append(subscriber)
-            subscriber.topics.add(name)
-            if topic.round_robin and topic.backlog:
-                self._drain_backlog(topic)
+        start = self._start(topic, replay, resume)
+        subscription = subscriber.topics.get(name)
+        if subscription is None:
+            subscription = Subscription(subscriber, topic, credit, explicit_acks)
+            topic.subscriptions.append(subscription)
+            subscriber.topics[name] = subscription
+            if subscription.tracked:
+                subscriber.tracking += 1
+        elif credit is not None or explicit_acks != subscription.explicit:
+            was_tracked = subscription.tracked
+            if subscription.unacked and not explicit_acks:
+                # Switching to auto-ack acks what is in flight.
+                self.ack(subscriber, name, list(subscription.unacked))
+            subscription.explicit = explicit_acks
+            subscription.credit = DEFAULT_EXPLICIT_CREDIT if explicit_acks and credit is None else credit
+            subscription.tracked = (subscription.credit is not None or explicit_acks
+                                    or (topic.round_robin and topic.log is not None))
+            subscriber.tracking += subscription.tracked - was_tracked
+            # Recount what is in flight under the new options: written() counts down every delivery of a
+            # tracked auto-ack subscription, also those handed out before the change (untracked, or acked just
+            # above), so the old count could go negative and let more than the credit out.
+            held = {message.id: message for message in subscriber.pending if message.topic == name}
+            if explicit_acks:
+                # Deliveries handed out under auto-ack and not yet written are in flight now: written()
+                # ignores explicit subscriptions, so nothing else would settle them (a queue would lose them).
+                subscription.unacked = held | subscription.unacked
+                subscription.outstanding = len(subscription.unacked)
+            else:
+                subscription.outstanding = len(held) if subscription.tracked else 0
+        if start is not None:
+            subscription.position = start
+            self._catching_up[subscription] = None
+        if topic.round_robin:
+            self._refill(topic)
         return topic
 
+    def check_subscribe(self, name: bytes, replay: str | int | None) -> None:
+        """Raise what :meth:`subscribe` would raise, before anything changes (a SUB is refused whole)."""
+        self._start(self.topic(name), replay, None)
+
+    def _start(self, topic: Topic, replay: str | int | None, resume: int | None) -> int | None:
+        """The first id a new broadcast subscription reads from the log, or None for live delivery."""
+        if replay is not None and replay != REPLAY_CURRENT:
+            if topic.round_robin:
+                raise EngineError(f"topic {_shown(topic.name)} is round-robin: a queue is consumed from its "
+                                  "own position, replay applies to broadcast topics")
+            if topic.log is None:
+                raise EngineError(f"topic {_shown(topic.name)} is transient: there is no log to replay")
+            if replay == REPLAY_BEGINNING:
+                first = topic.log.first_id
+            elif isinstance(replay, int) and not isinstance(replay, bool) and replay >= 0:
+                first = replay
+            else:
+                raise EngineError(f"replay must be {REPLAY_BEGINNING!r}, {REPLAY_CURRENT!r} or a message id, "
+                                  f"not {replay!r}")
+        elif resume is not None and topic.log is not None and not topic.round_robin:
+            first = resume
+        else:
+            return None
+        # Before the oldest stored message: from the oldest (retention removed the rest). Past the newest:
+        # live, from the next message published.
+        first = max(first, topic.log.first_id) if topic.log is not None else first
+        return first if first < topic.next_id else None
+
     def unsubscribe(self, subscriber: Subscriber, name: bytes) -> bool:
-        """Remove one subscription; False if there was none."""
-        topic = self.topics.get(name)
-        if topic is None or subscriber not in topic.subscribers:
+        """Remove one subscription; False if there was none.
+
+        Deliveries of that topic not yet written to the subscriber are withdrawn (an OK to UNSUB is not
+        followed by messages of the topic), and a queue gets back what the consumer had not acked.
+        """
+        subscription = subscriber.topics.get(name)
+        if subscription is None:
             return False
-        index = topic.subscribers.index(subscriber)
-        if index < topic.rotation:
-            # Everyone after the leaver moves one place forward; so must the turn, or the next one is skipped.
-            topic.rotation -= 1
-        del topic.subscribers[index]
-        subscriber.topics.discard(name)
+        pending = subscriber.pending
+        withdrawn = [message for message in pending if message.topic == name]
+        if withdrawn:
+            subscriber.pending = [message for message in pending if message.topic != name]
+        self._remove(subscription, withdrawn)
         return True
 
     def detach(self, subscriber: Subscriber) -> None:
         """Forget a subscriber entirely (disconnected, expired, gone): subscriptions and pending deliveries.
 
-        Round-robin messages it had not yet been handed go back to the front of their topic's backlog, so a
-        dying consumer does not take queued messages with it. They are merged by id: a consumer may hold
-        messages newer than some still waiting (redelivered ones), and the backlog stays in publish order.
+        Round-robin messages it had not yet been handed, or had not acked, go back to their queue, so a dying
+        consumer does not take queued messages with it.
         """
-        requeue: dict[bytes, list[Message]] = {}
+        withdrawn: dict[bytes, list[Message]] = {}
         for message in subscriber.pending:
-            topic = self.topics.get(message.topic)
-            if topic is not None and topic.round_robin:
-                requeue.setdefault(message.topic, []).append(message)
+            withdrawn.setdefault(message.topic, []).append(message)
         subscriber.pending = []
-        for name in list(subscriber.topics):
-            self.unsubscribe(subscriber, name)
-        for name, messages in requeue.items():
-            topic = self.topics[name]
-            topic.messages_out -= len(messages)
+        for name, subscription in list(subscriber.topics.items()):
+            self._remove(subscription, withdrawn.pop(name, []))
+        # Deliveries of topics it already left: the shell may hand back what it failed to write to a peer it
+        # found gone mid-write, after that peer was first detached.
+        for name, messages in withdrawn.items():
+            topic = self.topics.get(name)
+            if topic is not None and topic.round_robin:
+                self._requeue(topic, messages)
+
+    def _remove(self, subscription: Subscription, withdrawn: list[Message]) -> None:
+        subscriber = subscription.subscriber
+        topic = subscription.topic
+        del subscriber.topics[topic.name]
+        subscriptions = topic.subscriptions
+        index = subscriptions.index(subscription)
+        if index < topic.rotation:
+            # Everyone after the leaver moves one place forward; so must the turn, or the next one is skipped.
+            topic.rotation -= 1
+        del subscriptions[index]
+        if topic.rotation >= len(subscriptions):
+            topic.rotation = 0
+        self._catching_up.pop(subscription, None)
+        if subscription.tracked:
+            subscriber.tracking -= 1
+        if topic.round_robin:
+            # An explicit-ack subscription's in-flight set includes its unwritten deliveries; otherwise only
+            # the unwritten ones are still the queue's.
+            self._requeue(topic, list(subscription.unacked.values()) if subscription.explicit else withdrawn)
+        subscription.unacked = {}
+
+    def _requeue(self, topic: Topic, messages: list[Message]) -> None:
+        if not messages:
+            return
+        topic.messages_out -= len(messages)
+        if topic.log is not None:
+            for message in messages:
+                heapq.heappush(topic.redeliver, message.id)
+        else:
+            # Merged by id: a consumer may hold messages newer than some still waiting (redelivered ones), and
+            # the backlog stays in publish order.
             messages.sort(key=_message_id)
             topic.backlog = deque(heapq.merge(messages, topic.backlog, key=_message_id))
-            self._drain_backlog(topic)
+        self._refill(topic)
+
+    # ------------------------------------------------------------------------------------------------ acks
+
+    def ack(self, subscriber: Subscriber, name: bytes, ids: Iterable[int]) -> list[int]:
+        """The subscriber processed these messages of ``name``; returns the ids that were not in flight."""
+        subscription = subscriber.topics.get(name)
+        if subscription is None or not subscription.explicit:
+            raise EngineError(f"not subscribed to {_shown(name)} with explicit acks")
+        topic = subscription.topic
+        unacked = subscription.unacked
+        unknown: list[int] = []
+        done: list[int] = []
+        for message_id in ids:
+            if unacked.pop(message_id, None) is None:
+                unknown.append(message_id)
+            else:
+                done.append(message_id)
+        subscription.outstanding -= len(done)
+        if done:
+            self._settled(topic, done)
+            self._room_freed(subscription)
+        return unknown
+
+    def written(self, subscriber: Subscriber, messages: Sequence[Message]) -> None:
+        """The shell wrote ``messages`` out to ``subscriber`` (only needed when ``subscriber.tracking``)."""
+        topics = subscriber.topics
+        settled: dict[Topic, list[int]] = {}
+        for message in messages:
+            subscription = topics.get(message.topic)
+            if subscription is None or not subscription.tracked or subscription.explicit:
+                continue
+            subscription.outstanding -= 1
+            topic = subscription.topic
+            if topic.round_robin and topic.log is not None:
+                settled.setdefault(topic, []).append(message.id)
+        for topic, done in settled.items():
+            self._settled(topic, done)
+
+    def _settled(self, topic: Topic, ids: list[int]) -> None:
+        """Round-robin messages that left the queue for good: the persistent queue position moves."""
+        if topic.round_robin and topic.log is not None:
+            topic.log.ack(ids)
+            self._mark_dirty(topic)
+
+    def _room_freed(self, subscription: Subscription) -> None:
+        topic = subscription.topic
+        if topic.round_robin:
+            self._refill(topic)
 
     # --------------------------------------------------------------------------------------------- delivery
 
@@ -192,24 +475,49 @@ class Engine:
         message = Message(name, topic.next_id, body, headers, timestamp)
         topic.next_id += 1
         topic.messages_in += 1
-        if topic.log is not None:
-            topic.log.append(message)
+        log = topic.log
+        if log is not None:
+            log.append(message)
+            if not topic.dirty:
+                topic.dirty = True
+                self._dirty.append(topic)
         if topic.round_robin:
-            if topic.backlog or not self._hand_to_next(topic, message):
+            if log is not None:
+                # The log is the queue: hand the message on directly only when nothing older is waiting.
+                if (topic.next_dispatch == message.id and not topic.redeliver
+                        and self._hand_to_next(topic, message)):
+                    topic.next_dispatch += 1
+                elif topic.subscriptions:
+                    self._dispatch[topic] = None
+            elif topic.backlog or not self._hand_to_next(topic, message):
                 self._queue(topic, message)
-        else:
-            ready = self._ready
-            for subscriber in topic.subscribers:
-                pending = subscriber.pending
-                if len(pending) >= subscriber.limit:
+            return message
+        ready = self._ready
+        for subscription in topic.subscriptions:
+            if subscription.position is not None:
+                continue  # reading the log; it meets this message there
+            subscriber = subscription.subscriber
+            pending = subscriber.pending
+            if len(pending) >= subscriber.limit or (
+                subscription.credit is not None and subscription.outstanding >= subscription.credit
+            ):
+                if log is not None:
+                    # Never dropped on a persistent topic: read on from the log once there is room again.
+                    subscription.position = message.id
+                    self._catching_up[subscription] = None
+                else:
                     subscriber.dropped += 1
                     topic.dropped += 1
-                    continue
-                pending.append(message)
-                topic.messages_out += 1
-                if not subscriber.ready:
-                    subscriber.ready = True
-                    ready.append(subscriber)
+                continue
+            pending.append(message)
+            topic.messages_out += 1
+            if subscription.tracked:
+                subscription.outstanding += 1
+                if subscription.explicit:
+                    subscription.unacked[message.id] = message
+            if not subscriber.ready:
+                subscriber.ready = True
+                ready.append(subscriber)
         return message
 
     def publish_batch(
@@ -229,21 +537,31 @@ class Engine:
             last = publish(name, body, headers, timestamp)
         return last
 
+    def _give(self, subscription: Subscription, message: Message) -> None:
+        subscriber = subscription.subscriber
+        subscriber.pending.append(message)
+        subscription.topic.messages_out += 1
+        if subscription.tracked:
+            subscription.outstanding += 1
+            if subscription.explicit:
+                subscription.unacked[message.id] = message
+        if not subscriber.ready:
+            subscriber.ready = True
+            self._ready.append(subscriber)
+
     def _hand_to_next(self, topic: Topic, message: Message) -> bool:
-        """Strict rotation: the next subscriber in order that has room gets it. False if nobody has room."""
-        subscribers = topic.subscribers
-        count = len(subscribers)
+        """Strict rotation: the next subscription in order that has room gets it. False if none has room."""
+        subscriptions = topic.subscriptions
+        count = len(subscriptions)
         for step in range(count):
             index = (topic.rotation + step) % count
-            subscriber = subscribers[index]
-            pending = subscriber.pending
-            if len(pending) < subscriber.limit:
+            subscription = subscriptions[index]
+            subscriber = subscription.subscriber
+            if len(subscriber.pending) < subscriber.limit and (
+                subscription.credit is None or subscription.outstanding < subscription.credit
+            ):
                 topic.rotation = (index + 1) % count
-                pending.append(message)
-                topic.messages_out += 1
-                if not subscriber.ready:
-                    subscriber.ready = True
-                    self._ready.append(subscriber)
+                self._give(subscription, message)
                 return True
         return False
 
@@ -254,23 +572,155 @@ class Engine:
             topic.dropped += 1
             return
         # Bounded memory: the oldest waiting messages make room and are counted as dropped. A loop, not one
-        # pop: detach() may have returned a dead consumer's messages on top of a full backlog.
+        # pop: a requeue may have returned a gone consumer's messages on top of a full backlog.
         while len(backlog) >= limit:
             backlog.popleft()
             topic.dropped += 1
         backlog.append(message)
 
-    def _drain_backlog(self, topic: Topic) -> None:
+    def _refill(self, topic: Topic) -> None:
+        """A round-robin topic may move: a consumer came, got room, or messages came back."""
+        if topic.log is not None:
+            self._dispatch[topic] = None
+            return
         backlog = topic.backlog
         while backlog and self._hand_to_next(topic, backlog[0]):
             backlog.popleft()
 
     def room_available(self, subscriber: Subscriber) -> None:
         """The shell wrote out some of ``subscriber``'s pending deliveries: let waiting queues move."""
-        for name in subscriber.topics:
-            topic = self.topics[name]
-            if topic.round_robin and topic.backlog:
-                self._drain_backlog(topic)
+        for subscription in subscriber.topics.values():
+            topic = subscription.topic
+            if topic.round_robin and (topic.backlog or topic.log is not None):
+                self._refill(topic)
+
+    # ------------------------------------------------------------------------------------- logs: the turn
+
+    def commit(self) -> int:
+        """Group commit: make every message and ack of this turn as durable as its topic promises.
+
+        One write per dirty topic, and one fsync per strong topic, however many messages the turn took.
+        Returns the number of topics committed."""
+        dirty = self._dirty
+        if not dirty:
+            return 0
+        self._dirty = []
+        for topic in dirty:
+            topic.dirty = False
+            topic.log.commit()  # type: ignore[union-attr] - only topics with a log are marked dirty
+        return len(dirty)
+
+    def _mark_dirty(self, topic: Topic) -> None:
+        if not topic.dirty:
+            topic.dirty = True
+            self._dirty.append(topic)
+
+    def pump(self, budget: int = PUMP_BUDGET) -> int:
+        """Move messages from logs into pending lists: subscribers catching up, and persistent queues.
+
+        Call after :meth:`commit` (only written data is read). Returns how many messages moved."""
+        moved = 0
+        for topic in list(self._dispatch):
+            if moved >= budget:
+                break
+            moved += self._dispatch_from_log(topic, budget - moved)
+        for subscription in list(self._catching_up):
+            if moved >= budget:
+                break
+            moved += self._catch_up(subscription, budget - moved)
+        self._pump_exhausted = moved >= budget
+        return moved
+
+    def _catch_up(self, subscription: Subscription, budget: int) -> int:
+        topic = subscription.topic
+        log = topic.log
+        position = subscription.position
+        if log is None or position is None:
+            self._catching_up.pop(subscription, None)
+            return 0
+        room = min(subscription.room, budget, READ_CHUNK)
+        if room <= 0:
+            return 0
+        messages = log.read(position, room, READ_CHUNK_BYTES)
+        for message in messages:
+            self._give(subscription, message)
+        # Retention may have removed what it was about to read: the reader skips ahead, and says so.
+        skipped = (messages[0].id if messages else log.first_id) - position
+        if skipped > 0:
+            subscription.subscriber.dropped += skipped
+            topic.dropped += skipped
+        if messages:
+            position = messages[-1].id + 1
+        elif skipped > 0:
+            position = log.first_id
+        if position >= topic.next_id:
+            # Caught up: every message so far came from the log, the next one arrives live. The switch happens
+            # between two publishes on the one loop thread, so there is no gap and no duplicate at the seam.
+            subscription.position = None
+            del self._catching_up[subscription]
+        else:
+            subscription.position = position
+        return len(messages)
+
+    def _dispatch_from_log(self, topic: Topic, budget: int) -> int:
+        """Hand queued messages of a persistent round-robin topic to consumers with room, oldest first."""
+        log = topic.log
+        assert log is not None
+        if topic.next_dispatch < log.first_id:
+            # Retention removed messages nobody was handed. Counted here, before the room check: with no
+            # consumer (or none with room) the loop below never runs, and enforce_retention() queued the topic
+            # for exactly this count.
+            topic.dropped += log.first_id - topic.next_dispatch
+            topic.next_dispatch = log.first_id
+        room = sum(max(0, subscription.room) for subscription in topic.subscriptions)
+        moved = 0
+        while moved < budget and room > 0:
+            if topic.redeliver:
+                message_id = topic.redeliver[0]
+                if message_id < log.first_id:
+                    heapq.heappop(topic.redeliver)
+                    topic.dropped += 1  # retention removed it before anyone acked it
+                    continue
+                messages = log.read(message_id, 1, 1)
+                if not messages or not self._hand_to_next(topic, messages[0]):
+                    break
+                heapq.heappop(topic.redeliver)
+            else:
+                if topic.next_dispatch >= topic.next_id:
+                    break
+                messages = log.read(topic.next_dispatch, min(room, budget - moved, READ_CHUNK),
+                                    READ_CHUNK_BYTES)
+                if not messages:
+                    break
+                acked = log.acked_above
+                handed = 0
+                for message in messages:
+                    if message.id in acked:  # acked out of order before a restart
+                        topic.next_dispatch = message.id + 1
+                        continue
+                    if not self._hand_to_next(topic, message):
+                        break
+                    topic.next_dispatch = message.id + 1
+                    handed += 1
+                moved += handed
+                room -= handed
+                if handed < len(messages) and topic.next_dispatch <= messages[-1].id:
+                    break  # nobody had room for the rest
+                continue
+            moved += 1
+            room -= 1
+        if (not topic.redeliver and topic.next_dispatch >= topic.next_id) or room <= 0:
+            self._dispatch.pop(topic, None)
+        return moved
+
+    @property
+    def has_log_work(self) -> bool:
+        """The last :meth:`pump` spent its whole budget: more waits in the logs for subscribers with room.
+
+        Not merely "someone is catching up": a reader without room (full pipe, no credit) makes no progress,
+        and the shell would spin on it. Room comes back with a write or an ACK, and either runs a flush that
+        pumps again."""
+        return self._pump_exhausted
 
     def take_ready(self) -> list[Subscriber]:
         """Subscribers that got deliveries since the last call; the shell empties their ``pending`` lists."""
@@ -288,7 +738,45 @@ class Engine:
             subscriber.ready = True
             self._ready.append(subscriber)
 
+    # ------------------------------------------------------------------------------------------ housekeeping
+
+    def sync(self, level: Sync | None = None) -> int:
+        """fsync what was written to the logs (of one sync level, or all): the weak topics' periodic flush
+        and the shutdown flush. Returns the number of logs synced."""
+        count = 0
+        for topic in self.topics.values():
+            if topic.log is not None and (level is None or topic.spec.sync is level):
+                topic.log.sync()
+                count += 1
+        return count
+
+    def enforce_retention(self, now_ms: int) -> int:
+        """Delete whole sealed segments past their topic's retention; returns how many went."""
+        removed = 0
+        for topic in self.topics.values():
+            spec = topic.spec
+            if topic.log is None or (spec.retention_bytes is None and spec.retention_seconds is None):
+                continue
+            removed += topic.log.enforce_retention(now_ms)
+            if topic.round_robin and topic.next_dispatch < topic.log.first_id:
+                self._dispatch[topic] = None  # it counts what retention took from the queue
+        return removed
+
+    def close(self) -> None:
+        """Commit and close every log (the shutdown path: written and fsynced)."""
+        self.commit()
+        if self.store is not None:
+            self.store.close()
+
     # ------------------------------------------------------------------------------------------------ stats
 
     def stats(self) -> dict[str, Any]:
         return {name.decode("utf-8", "replace"): topic.stats() for name, topic in self.topics.items()}
+
+
+def _shown(name: bytes) -> str:
+    return repr(name.decode("utf-8", "replace"))
+
+
+def _settings(spec: TopicSpec) -> str:
+    return ", ".join(f"{key} {value}" for key, value in spec.describe().items())

@@ -2,9 +2,12 @@
 mean, the engine decides where messages go, this module moves frames and keeps per-client session state.
 
 One turn of the loop: wait until the socket is readable (or a heartbeat tick is due), take up to
-``recv_budget`` commands without blocking, handle them all, then flush: replies first (in arrival order),
-then every delivery the turn produced, batched per client. Batching per turn is what lets one Python process
-keep up with C brokers.
+``recv_budget`` commands without blocking, handle them all, then flush: the engine's group commit first
+(one write, and one fsync per strong topic, for everything the turn published), then replies (in arrival
+order), then every delivery the turn produced, batched per client. So an OK for a persistent PUT is only sent
+once its topic's sync level is met, and nothing is delivered before it is as durable as its topic promises.
+Batching per turn is what lets one Python process keep up with C brokers, and what makes one fsync cover many
+messages.
 
 Sends use ``ROUTER_MANDATORY`` so that a message to a vanished peer raises instead of vanishing: the peer's
 session and subscriptions are then dropped. A peer whose pipe is full (``EAGAIN``) keeps its deliveries
@@ -18,14 +21,16 @@ import errno
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from broker.engine import Engine, EngineError, Message, Subscriber
+from broker.config import ConfigError, declared_spec
+from broker.engine import PUMP_BUDGET, Engine, EngineError, Message, Subscriber
 from broker.sessions import Session, Sessions, heartbeat_tick
+from broker.topics import Sync
 from protocol import ProtocolError, mc0
 
 log = logging.getLogger("mc0.router")
@@ -36,6 +41,9 @@ MAX_STALLED_REPLIES = 10_000
 #: Deliveries packed into one MESSAGES frame at most (bounds the frame and the subscriber's decode step).
 BATCH_MAX_MESSAGES = 1024
 BATCH_MAX_BYTES = 1 << 20
+
+#: Weakest first: a batch over several topics promises what its weakest topic achieved.
+DURABILITY_RANK = {b"memory": 0, b"written": 1, b"fsync": 2}
 
 #: While a client's pipe is full, write again after this long, doubling (up to the heartbeat tick) while no
 #: write succeeds. A ROUTER always polls writable, so there is no POLLOUT to wait for instead.
@@ -53,6 +61,8 @@ class RouterShell:
         recv_budget: int = 8192,
         pending_limit: int = 100_000,
         tick: float = 0.1,
+        weak_sync_interval: float = 2.0,
+        retention_interval: float = 1.0,
         stats: Callable[[], dict[str, Any]] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
@@ -73,6 +83,10 @@ class RouterShell:
         self.stalled: set[Session] = set()  # clients with replies waiting for room in their pipe
         self.retry = 0.0  # seconds until the next write attempt while some client's pipe is full; 0 = none
         self.started = monotonic()
+        self.weak_sync_interval = weak_sync_interval
+        self.retention_interval = retention_interval
+        self.next_weak_sync = self.started + weak_sync_interval
+        self.next_retention = self.started + retention_interval
         self.counters = {"commands": 0, "errors": 0, "expired": 0, "unreachable": 0, "blocked": 0}
 
     # ----------------------------------------------------------------------------------------------- the loop
@@ -83,7 +97,8 @@ class RouterShell:
             wait = next_tick - self.monotonic()
             if self.retry:
                 wait = min(wait, self.retry)
-            timeout_ms = max(0, int(wait * 1000))
+            # Subscribers catching up from a log (or queues with room to fill) keep the loop turning.
+            timeout_ms = 0 if self.engine.has_log_work else max(0, int(wait * 1000))
             ready = await self.socket.poll(timeout_ms, zmq.POLLIN)
             now = self.monotonic()
             if ready:
@@ -148,21 +163,40 @@ class RouterShell:
             case mc0.Put(topic, body, command_id, headers):
                 message = engine.publish(topic, body, headers, wall)
                 if command_id is not None:
-                    self.ok(session, command_id, self._published(session, message))
+                    self.ok(session, command_id, self._published(session, message, (topic,)))
             case mc0.Puts(items, command_id):
                 # The codec checked every entry before this line: a batch is refused whole or published whole.
                 last = engine.publish_batch(items, wall)
                 if command_id is not None:
                     extra = {b"COUNT": b"%d" % len(items)}
                     if last is not None:
-                        extra.update(self._published(session, last))
+                        extra.update(self._published(session, last, {item[0] for item in items}))
                     self.ok(session, command_id, extra)
             case mc0.Noop(command_id):
                 if command_id is not None:
                     self.ok(session, command_id)
-            case mc0.Sub(topics, command_id):
+            case mc0.Sub(topics, command_id, _, replay, resume, credit, explicit_acks):
+                for topic in topics:  # refused whole: check every topic before subscribing to any
+                    engine.check_subscribe(topic, replay)
                 for topic in topics:
-                    engine.subscribe(session.subscriber, topic)
+                    engine.subscribe(session.subscriber, topic, replay=replay, resume=resume, credit=credit,
+                                     explicit_acks=explicit_acks)
+                if command_id is not None:
+                    self.ok(session, command_id)
+            case mc0.Ack(topic, message_ids, command_id):
+                unknown = engine.ack(session.subscriber, topic, message_ids)
+                if command_id is not None:
+                    if unknown:
+                        shown = " ".join(str(message_id) for message_id in unknown[:20])
+                        raise EngineError(f"not in flight to this subscriber (acked already, or redelivered "
+                                          f"elsewhere): {shown}")
+                    self.ok(session, command_id)
+            case mc0.Declare(topic, settings, command_id):
+                try:
+                    spec = declared_spec(settings)
+                except ConfigError as error:
+                    raise EngineError(str(error)) from None
+                engine.declare(topic, spec)
                 if command_id is not None:
                     self.ok(session, command_id)
             case mc0.Unsub(topics, command_id):
@@ -203,11 +237,14 @@ class RouterShell:
             error.command_id = _command_id(body)
         self.reply(session, mc0.error_reply(error))
 
-    @staticmethod
-    def _published(session: Session, message: Message) -> dict[bytes, bytes]:
+    def _published(self, session: Session, message: Message, names: Iterable[bytes]) -> dict[bytes, bytes]:
+        """What an OK to a publish says was achieved: the (last) message id, and the weakest durability among
+        the topics it went to. Sent only after the turn's commit, so the promise already holds."""
         if not session.ids:
             return {}
-        return {mc0.MESSAGE_ID: b"%d" % message.id, b"DURABILITY": b"memory"}
+        topics = self.engine.topics
+        durability = min((topics[name].durability for name in names), key=DURABILITY_RANK.__getitem__)
+        return {mc0.MESSAGE_ID: b"%d" % message.id, mc0.DURABILITY: durability}
 
     def ok(self, session: Session, command_id: bytes, headers: dict[bytes, bytes] | None = None) -> None:
         self.reply(session, mc0.Ok(command_id, headers or {}))
@@ -218,15 +255,23 @@ class RouterShell:
     # ------------------------------------------------------------------------------------------------- output
 
     def flush(self, now: float) -> None:
-        """Send the turn's replies in order, then every client's pending deliveries."""
-        self._send_replies(now)
+        """Commit the turn, send its replies in order, then every client's pending deliveries."""
         engine = self.engine
+        engine.commit()  # before any reply or delivery leaves: acknowledgements must be honest
+        self._send_replies(now)
         blocked: list[Subscriber] = []
         wrote = 0
+        budget = PUMP_BUDGET
         # Writing out can make more deliveries ready in the same turn (a gone consumer's round-robin messages
-        # handed to the next one, a backlog moving into freed room): loop until nothing new is ready. Peers
-        # with a full pipe wait for the next turn, so the loop always ends.
-        while ready := engine.take_ready():
+        # handed to the next one, a backlog moving into freed room, a log reader with room again): loop until
+        # nothing new is ready. Peers with a full pipe wait for the next turn and log reads are bounded by the
+        # turn's budget, so the loop always ends.
+        while True:
+            if budget > 0:
+                budget -= engine.pump(budget)
+            ready = engine.take_ready()
+            if not ready:
+                break
             for subscriber in ready:
                 session = subscriber.owner
                 pending = subscriber.pending
@@ -243,6 +288,8 @@ class RouterShell:
                 subscriber.delivered += sent
                 wrote += sent
                 if sent:
+                    if subscriber.tracking:
+                        engine.written(subscriber, pending[:sent] if sent < len(pending) else pending)
                     engine.room_available(subscriber)
         for subscriber in blocked:
             engine.requeue_ready(subscriber)
@@ -333,6 +380,13 @@ class RouterShell:
     # ----------------------------------------------------------------------------------------------- liveness
 
     def heartbeat(self, now: float) -> None:
+        engine = self.engine
+        if now >= self.next_weak_sync:
+            engine.sync(Sync.WEAK)  # weak topics: written before delivery, fsynced every few seconds
+            self.next_weak_sync = now + self.weak_sync_interval
+        if now >= self.next_retention:
+            engine.enforce_retention(self.wall_ms())
+            self.next_retention = now + self.retention_interval
         noop, expired = self.sessions.due(now)
         for session in expired:
             self.counters["expired"] += 1

@@ -1,8 +1,10 @@
-"""The broker process: one asyncio loop owning the engine, the mc0 ROUTER and (later) the TCP gateways.
+"""The broker process: one asyncio loop owning the engine, its store, the mc0 ROUTER and (later) the TCP
+gateways.
 
 No locks anywhere, because one thread touches the state. Every long-lived task runs under one
-``asyncio.TaskGroup``, so a task that crashes stops the broker loudly instead of dying in silence.
-SIGINT/SIGTERM stop it gracefully; SIGHUP re-reads the CURVE allow-list.
+``asyncio.TaskGroup``, so a task that crashes stops the broker loudly instead of dying in silence; a store
+failure (a failed fsync, a corrupt sealed segment) is such a crash, on purpose. SIGINT/SIGTERM stop it
+gracefully: the logs are written and fsynced before the process exits. SIGHUP re-reads the CURVE allow-list.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from broker import auth
 from broker.config import BrokerConfig
 from broker.engine import Engine
 from broker.router import RouterShell
+from broker.store.files import FileStore
 from connector import keys
 
 log = logging.getLogger("mc0.broker")
@@ -61,6 +64,9 @@ def _router_socket(context: zmq.asyncio.Context, config: BrokerConfig) -> zmq.as
 
 async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None = None) -> None:
     """Run a broker until ``Broker.stop()`` (or a signal in :func:`run`)."""
+    # Opening the store recovers every persistent topic (torn tails cut, ids continued) before any client
+    # can connect; a corrupt sealed segment stops the start here, loudly.
+    engine = Engine(config.topic_rules(), FileStore(config.data_dir))
     context = zmq.asyncio.Context()
     socket = _router_socket(context, config)
     authenticator = None
@@ -71,8 +77,10 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
             log.warning("CURVE is OFF: traffic on %s is plaintext and any client is admitted", config.bind)
         socket.bind(config.bind)
         endpoint = socket.last_endpoint.decode()
-        engine = Engine(config.topic_rules())
-        router = RouterShell(engine, socket, pending_limit=config.pending_limit, tick=config.heartbeat_tick)
+        router = RouterShell(
+            engine, socket, pending_limit=config.pending_limit, tick=config.heartbeat_tick,
+            weak_sync_interval=config.weak_sync_interval, retention_interval=config.retention_interval,
+        )
         broker = Broker(config, engine, router, endpoint)
         log.info("mc0 broker listening on %s (CURVE %s)", endpoint, "on" if config.curve else "OFF")
         loop = asyncio.get_running_loop()
@@ -94,10 +102,13 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
             stopper.cancel()
         log.info("mc0 broker stopped")
     finally:
-        if authenticator is not None:
-            authenticator.stop()
-        socket.close(linger=0)
-        context.term()
+        try:
+            engine.close()  # every log written and fsynced, whatever its sync level
+        finally:
+            if authenticator is not None:
+                authenticator.stop()
+            socket.close(linger=0)
+            context.term()
 
 
 def run(config: BrokerConfig, on_ready: Callable[[Broker], None] | None = None) -> None:

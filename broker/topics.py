@@ -9,6 +9,11 @@ import fnmatch
 from dataclasses import dataclass
 from enum import StrEnum
 
+#: A sealed segment is the unit of retention: 64 MiB keeps the file count low and deletion coarse but cheap.
+DEFAULT_SEGMENT_BYTES = 64 << 20
+#: Smaller segments only make sense in tests (rolling and retention over a few records).
+MIN_SEGMENT_BYTES = 1024
+
 
 class Delivery(StrEnum):
     BROADCAST = "broadcast"  # every subscriber gets every message
@@ -32,6 +37,10 @@ class TopicSpec:
     persistence: Persistence = Persistence.TRANSIENT
     sync: Sync | None = None  # only for persistent topics
     max_backlog: int = 10_000  # round-robin messages held while no consumer has room (transient)
+    # Persistent topics only. Retention deletes whole sealed segments, oldest first; None = keep forever.
+    retention_bytes: int | None = None
+    retention_seconds: float | None = None
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES  # the active segment is sealed once it reaches this size
 
     def __post_init__(self) -> None:
         if self.persistence is Persistence.TRANSIENT and self.sync is not None:
@@ -40,11 +49,33 @@ class TopicSpec:
             object.__setattr__(self, "sync", Sync.STRONG)
         if self.max_backlog < 0:
             raise ValueError("max_backlog must not be negative")
+        if self.persistence is Persistence.TRANSIENT and (
+            self.retention_bytes is not None or self.retention_seconds is not None
+        ):
+            raise ValueError("retention applies to persistent topics only")
+        for name in ("retention_bytes", "retention_seconds"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be greater than 0")
+        if self.segment_bytes < MIN_SEGMENT_BYTES:
+            raise ValueError(f"segment_bytes must be at least {MIN_SEGMENT_BYTES}")
+
+    @property
+    def persistent(self) -> bool:
+        return self.persistence is Persistence.PERSISTENT
 
     def describe(self) -> dict[str, str | int]:
         out: dict[str, str | int] = {"delivery": self.delivery.value, "persistence": self.persistence.value}
         if self.sync is not None:
             out["sync"] = self.sync.value
+        if self.delivery is Delivery.ROUND_ROBIN and not self.persistent:
+            out["max_backlog"] = self.max_backlog
+        if self.persistent:
+            out["segment_bytes"] = self.segment_bytes
+            if self.retention_bytes is not None:
+                out["retention_bytes"] = self.retention_bytes
+            if self.retention_seconds is not None:
+                out["retention_seconds"] = self.retention_seconds
         return out
 
 
@@ -69,8 +100,13 @@ class TopicRules:
         self.rules = list(rules or [])
         self.default = default
 
-    def spec_for(self, name: bytes) -> TopicSpec:
+    def rule_for(self, name: bytes) -> TopicRule | None:
+        """The first rule matching ``name``; None when the name gets the default settings."""
         for rule in self.rules:
             if rule.matches(name):
-                return rule.spec
-        return self.default
+                return rule
+        return None
+
+    def spec_for(self, name: bytes) -> TopicSpec:
+        rule = self.rule_for(name)
+        return self.default if rule is None else rule.spec

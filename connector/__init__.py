@@ -5,11 +5,19 @@
         client.subscribe("orders")
         client.publish("orders", "hello")
         print(client.receive(timeout=1).text)
+
+Durable topics: ``subscribe(topic, replay="beginning")`` reads a persistent topic's log first,
+``subscribe(topic, explicit_acks=True)`` with ``ack(message)`` consumes a queue without losing what a crashed
+consumer held, ``declare(topic, persistence="persistent")`` creates one, ``topics()`` shows them all. A
+reconnect resumes every topic right after the last message received (:attr:`Client.last_ids`).
 """
 
 from connector.aio import AsyncClient
+from connector.base import TopicSettings
 from connector.client import DEFAULT_ENDPOINT, Client
 from connector.core import ConnectorError, Message
 from connector.keys import Credentials
 
-__all__ = ["DEFAULT_ENDPOINT", "AsyncClient", "Client", "ConnectorError", "Credentials", "Message"]
+__all__ = [
+    "DEFAULT_ENDPOINT", "AsyncClient", "Client", "ConnectorError", "Credentials", "Message", "TopicSettings",
+]

@@ -1,8 +1,9 @@
 """The asyncio mc0 client: the same protocol core as :class:`connector.Client`, driven by the caller's loop.
 
 Publishes are queued and written once per loop turn (``call_soon``), so everything published in one turn
-leaves as one PUTS batch. A reader task takes every readable frame set without blocking, resolves replies and
-keeps the heartbeat. Not thread-safe: use one :class:`AsyncClient` from the loop that created it.
+leaves as one PUTS batch, and everything acked in one turn as one ACK per topic. A reader task takes every
+readable frame set without blocking, resolves replies and keeps the heartbeat. Not thread-safe: use one
+:class:`AsyncClient` from the loop that created it.
 """
 
 from __future__ import annotations
@@ -18,8 +19,25 @@ from typing import Any, Unpack
 import zmq
 import zmq.asyncio
 
-from connector.base import DEFAULT_ENDPOINT, ClientBase, ClientOptions, make_socket, reply_or_raise
-from connector.core import ConnectorError, Message, Publish, encode_headers, to_bytes
+from connector.base import (
+    DEFAULT_ENDPOINT,
+    ClientBase,
+    ClientOptions,
+    TopicSettings,
+    make_socket,
+    reply_or_raise,
+    topics_of,
+)
+from connector.core import (
+    ConnectorError,
+    Message,
+    Publish,
+    ack_target,
+    declare_event,
+    encode_headers,
+    sub_event,
+    to_bytes,
+)
 from protocol import mc0
 
 
@@ -37,6 +55,7 @@ class AsyncClient(ClientBase):
         :class:`connector.base.ClientBase`."""
         super().__init__(endpoint, **options)
         self._outbox: deque[Publish] = deque()
+        self._acks: dict[bytes, list[int]] = {}  # acked this loop turn, per topic: one ACK each at the flush
         self._waiting: dict[bytes, tuple[asyncio.Future[mc0.Ok | mc0.Error], Any]] = {}
         self._context = zmq.asyncio.Context()
         self._socket: zmq.asyncio.Socket | None = None
@@ -101,7 +120,11 @@ class AsyncClient(ClientBase):
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> dict[str, str] | None:
         """Publish one message; waits only when the outbox is full or ``confirm=True`` (then returns OK's
-        headers)."""
+        headers, ``MESSAGE-ID`` among them).
+
+        On a persistent topic the broker sends that OK only once the topic's sync level is met, and it carries
+        ``MESSAGE-ID`` and ``DURABILITY``: ``fsync`` (strong: on disk), ``written`` (weak: handed to the OS)
+        or ``memory`` (no flush promise)."""
         self._check()
         item = (to_bytes(topic), to_bytes(body), encode_headers(headers))
         if confirm:
@@ -119,11 +142,41 @@ class AsyncClient(ClientBase):
         self._schedule_flush()
         return None
 
-    async def subscribe(self, *topics: str | bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
-        await self._call(mc0.Sub([to_bytes(t) for t in topics]), timeout, "SUB")
+    async def subscribe(
+        self,
+        *topics: str | bytes,
+        replay: mc0.Replay | None = None,
+        credit: int | None = None,
+        explicit_acks: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
+        """Subscribe and wait for the broker's OK: the options of :meth:`connector.Client.subscribe`."""
+        await self._call(sub_event(topics, replay, credit, explicit_acks), timeout, "SUB")
 
     async def unsubscribe(self, *topics: str | bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
         await self._call(mc0.Unsub([to_bytes(t) for t in topics]), timeout, "UNSUB")
+
+    async def ack(self, message_or_topic: Message | str | bytes, *ids: int) -> None:
+        """Confirm a received message or ids of a topic (see :meth:`connector.Client.ack`). Never waits: the
+        ACK leaves with this loop turn's flush, merged with the other acks of the turn per topic."""
+        topic, message_ids = ack_target(message_or_topic, ids)
+        self._check()
+        merged = self._acks.get(topic)
+        if merged is None:
+            self._acks[topic] = message_ids
+        else:
+            merged += message_ids
+        self._schedule_flush()
+
+    async def declare(
+        self,
+        topic: str | bytes,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+        **settings: Unpack[TopicSettings],
+    ) -> None:
+        """Create ``topic`` with these settings and wait for the OK (see :meth:`connector.Client.declare`)."""
+        await self._call(declare_event(topic, settings), timeout, "DECLARE")
 
     async def flush(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
         """Return once the broker has taken every message published before this call."""
@@ -132,6 +185,10 @@ class AsyncClient(ClientBase):
     async def stats(self, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
         reply = await self._call(mc0.Stats(), timeout, "STATS")
         return json.loads(reply.body or b"{}")
+
+    async def topics(self, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
+        """Topic name -> settings and counters (the ``topics`` part of :meth:`stats`)."""
+        return topics_of(await self.stats(timeout))
 
     async def receive(self, timeout: float | None = None) -> Message | None:  # noqa: ASYNC109
         """The next delivered message, or None after ``timeout`` seconds (None = wait forever)."""
@@ -194,13 +251,7 @@ class AsyncClient(ClientBase):
         self._check()
         self._flush()  # keep order: everything published before this command goes first
         core = self._core
-        if isinstance(event, mc0.Sub):
-            for topic in event.topics:
-                core.subscriptions[topic] = None
-        elif isinstance(event, mc0.Unsub):
-            for topic in event.topics:
-                core.subscriptions.pop(topic, None)
-        command_id, frames = core.request(event)
+        command_id, frames = core.command(event)  # records a SUB or UNSUB (undone if the SUB is refused)
         future: asyncio.Future[mc0.Ok | mc0.Error] = asyncio.get_running_loop().create_future()
         self._waiting[command_id] = (future, event)
         self._send(frames, time.monotonic())
@@ -210,9 +261,6 @@ class AsyncClient(ClientBase):
         except TimeoutError:
             self._waiting.pop(command_id, None)
             raise ConnectorError(f"no answer to {what} within {wait:g}s") from None
-        if isinstance(reply, mc0.Error) and isinstance(event, mc0.Sub):
-            for topic in event.topics:
-                core.subscriptions.pop(topic, None)
         return reply_or_raise(reply, what)
 
     def _open(self) -> asyncio.Future[mc0.Ok | mc0.Error]:
@@ -262,6 +310,10 @@ class AsyncClient(ClientBase):
             for frames in self._core.pack(batch):
                 self._send(frames, now)
             self._room.set()
+        if self._acks:
+            acks, self._acks = self._acks, {}
+            for frames in self._core.pack_acks(acks):
+                self._send(frames, now)
 
     def _send(self, frames: mc0.Frames, now: float, retry: bool = False) -> bool:
         if self._unsent and not retry:

@@ -1,12 +1,17 @@
 """What the blocking and the asyncio client share: their options, the protocol core, the inbox, and the step
 that turns readable frame sets into deliveries and replies. Each client adds only how it waits and how a reply
-reaches the caller that asked (:meth:`ClientBase._resolve`)."""
+reaches the caller that asked (:meth:`ClientBase._resolve`).
+
+The checks and encodings behind ``subscribe``, ``ack`` and ``declare`` live in :mod:`connector.core`; the
+keyword options of ``declare`` are :class:`TopicSettings`, written once here for both clients."""
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol, TypedDict
+from types import MappingProxyType
+from typing import Any, Protocol, TypedDict
 
 import zmq
 
@@ -72,6 +77,24 @@ class ClientOptions(TypedDict, total=False):
     max_inbox: int
 
 
+class TopicSettings(TypedDict, total=False):
+    """The settings ``declare()`` may give a topic (sent as DECLARE headers; None or absent = the broker's
+    default). Values are checked by the broker: a string or a number each."""
+
+    delivery: str | None  # "broadcast" | "round-robin"
+    persistence: str | None  # "transient" | "persistent"
+    sync: str | None  # "strong" | "weak" | "async" (persistent topics)
+    max_backlog: int | None  # round-robin messages held while no consumer has room (transient)
+    retention_bytes: int | None  # persistent: delete the oldest segments beyond this many bytes
+    retention_seconds: float | None  # persistent: delete segments older than this
+    segment_bytes: int | None  # persistent: seal a segment file once it reaches this size
+
+
+def topics_of(stats: Mapping[str, Any]) -> dict[str, Any]:
+    """The per-topic part of a STATS answer (topic name -> counters and settings)."""
+    return dict(stats.get("topics") or {})
+
+
 class ClientBase:
     """Options and state common to :class:`connector.Client` and :class:`connector.AsyncClient`.
 
@@ -111,6 +134,14 @@ class ClientBase:
             raise ConnectorError(f"client stopped: {self._failure}") from self._failure
         if self._closed:
             raise ConnectorError("client is closed")
+
+    @property
+    def last_ids(self) -> Mapping[str, int]:
+        """Topic -> id of the last message received from the broker (into the inbox, taken or not).
+
+        A read-only snapshot, safe to read from any thread. It is where a reconnect resumes each topic, and
+        it forgets a topic on unsubscribe and when a subscribe with ``replay`` starts it afresh."""
+        return MappingProxyType(self._core.last_ids.copy())
 
     @property
     def pending(self) -> int:

@@ -1,4 +1,5 @@
-"""The ``mc0`` command: run the broker, publish, subscribe, manage keys, show stats.
+"""The ``mc0`` command: run the broker, publish, subscribe (with replay, credit and acks), declare topics,
+manage keys, show stats and the topics table.
 
 Errors are one clear line and a non-zero exit, never a traceback: every failure the library reports by
 exception (:class:`ConnectorError`, key files, configuration, sockets) becomes a ``click.ClickException``.
@@ -18,7 +19,7 @@ import click
 import zmq
 
 from connector.client import DEFAULT_ENDPOINT, Client
-from connector.core import ConnectorError, Message
+from connector.core import REPLAY_WORDS, ConnectorError, Message
 from connector.keys import KeyFileError
 
 #: Runs at least this long get a progress bar on stderr.
@@ -173,6 +174,22 @@ def pub(topic: str, message: str | None, endpoint: str, keys_dir: Path, no_curve
             click.echo(f"published {count} messages in {elapsed:.2f}s ({count / elapsed:,.0f}/s)", err=True)
 
 
+class _Replay(click.ParamType):
+    """``--replay``: beginning, current or a message id (a non-negative integer)."""
+
+    name = "beginning|current|ID"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str | int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in REPLAY_WORDS:
+            return text
+        if text.isascii() and text.isdigit():
+            return int(text)
+        self.fail(f"{value!r} is not 'beginning', 'current' or a message id", param, ctx)
+
+
 def _as_json(message: Message) -> str:
     return json.dumps({
         "topic": message.topic, "id": message.id, "timestamp": message.timestamp, "headers": message.headers,
@@ -187,12 +204,18 @@ def _as_json(message: Message) -> str:
 @click.option("--timeout", type=click.FloatRange(min=0),
               help="Exit after this many seconds without a message.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message, with id and headers.")
+@click.option("--replay", type=_Replay(), metavar="beginning|current|ID",
+              help="Start in the log of a persistent topic: from the beginning, the current end, or an id.")
+@click.option("--credit", type=click.IntRange(min=1), help="At most N messages in flight to this subscriber.")
+@click.option("--ack", "explicit_acks", is_flag=True,
+              help="Explicit acks: each message is acked once printed (a queue redelivers the rest).")
 def sub(topics: tuple[str, ...], endpoint: str, keys_dir: Path, no_curve: bool, count: int | None,
-        timeout: float | None, as_json: bool) -> None:
+        timeout: float | None, as_json: bool, replay: str | int | None, credit: int | None,
+        explicit_acks: bool) -> None:
     """Print the messages published to TOPICS, one per line."""
     out = click.get_text_stream("stdout")
     with _connect(endpoint, keys_dir, no_curve) as client:
-        client.subscribe(*topics)
+        client.subscribe(*topics, replay=replay, credit=credit, explicit_acks=explicit_acks)
         received = 0
         try:
             while count is None or received < count:
@@ -201,9 +224,93 @@ def sub(topics: tuple[str, ...], endpoint: str, keys_dir: Path, no_curve: bool, 
                     break
                 out.write((_as_json(message) if as_json else message.text) + "\n")
                 out.flush()
+                if explicit_acks:
+                    # Acked after it is printed: a message this process dies holding goes to another consumer.
+                    client.ack(message)
                 received += 1
         except KeyboardInterrupt:
             pass
+
+
+# ----------------------------------------------------------------------------------------- declare, topics
+
+
+@main.command()
+@click.argument("topic")
+@_client_options
+@click.option("--delivery", type=click.Choice(["broadcast", "round-robin"]),
+              help="Every subscriber gets every message, or each message goes to one (a queue).")
+@click.option("--persistence", type=click.Choice(["transient", "persistent"]),
+              help="Memory only, or written to the broker's log.")
+@click.option("--sync", type=click.Choice(["strong", "weak", "async"]),
+              help="Persistent topics: fsync before the OK, written before delivery, or no flush promise.")
+@click.option("--retention-bytes", type=click.IntRange(min=1), metavar="N",
+              help="Persistent topics: delete the oldest segments beyond N bytes.")
+@click.option("--retention-seconds", type=click.FloatRange(min=0, min_open=True), metavar="S",
+              help="Persistent topics: delete segments older than S seconds.")
+@click.option("--segment-bytes", type=click.IntRange(min=1), metavar="N",
+              help="Persistent topics: seal a segment file at N bytes.")
+@click.option("--max-backlog", type=click.IntRange(min=0), metavar="N",
+              help="Transient round-robin topics: messages held while no consumer has room.")
+def declare(topic: str, endpoint: str, keys_dir: Path, no_curve: bool, **settings: Any) -> None:
+    """Create TOPIC with these settings (the same settings again are fine, others are refused)."""
+    given = {name: value for name, value in settings.items() if value is not None}
+    with _connect(endpoint, keys_dir, no_curve, ttl=None) as client:
+        client.declare(topic, **given)
+    shown = ", ".join(f"{name.replace('_', '-')}={value:g}" if isinstance(value, float)
+                      else f"{name.replace('_', '-')}={value}" for name, value in given.items())
+    click.echo(f"declared {topic}" + (f" ({shown})" if shown else " (broker defaults)"))
+
+
+#: ``mc0 topics`` columns: heading, and whether the column holds numbers (right-aligned).
+TOPIC_COLUMNS = (("topic", False), ("delivery", False), ("persistence", False), ("messages", True),
+                 ("first", True), ("last", True), ("bytes", True), ("subs", True), ("lag", True),
+                 ("dropped", True))
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _topic_row(name: str, topic: dict[str, Any]) -> list[str]:
+    """One ``mc0 topics`` row; keys a broker does not send (transient topics have no log) show as "-"."""
+    persistence = _cell(topic.get("persistence"))
+    if topic.get("sync"):
+        persistence += f"/{topic['sync']}"
+    stored = topic.get("stored")
+    messages = stored if stored is not None else topic.get("messages_in")
+    first, last = topic.get("first_id"), topic.get("last_id")
+    if stored == 0 or last == 0:
+        first = last = None  # ids start at 1: nothing stored (or nothing ever published) has no id range
+    return [name, _cell(topic.get("delivery")), persistence, _cell(messages), _cell(first), _cell(last),
+            _cell(topic.get("bytes")), _cell(topic.get("subscribers")), _cell(topic.get("lag")),
+            _cell(topic.get("dropped"))]
+
+
+def _table(rows: list[list[str]]) -> Iterator[str]:
+    headings = [heading for heading, _ in TOPIC_COLUMNS]
+    widths = [max(len(row[n]) for row in [headings, *rows]) for n in range(len(headings))]
+    for row in [headings, *rows]:
+        cells = [cell.rjust(width) if numeric else cell.ljust(width)
+                 for cell, width, (_, numeric) in zip(row, widths, TOPIC_COLUMNS, strict=True)]
+        yield "  ".join(cells).rstrip()
+
+
+@main.command()
+@_client_options
+@click.option("--json", "as_json", is_flag=True, help="Print the raw per-topic JSON.")
+def topics(endpoint: str, keys_dir: Path, no_curve: bool, as_json: bool) -> None:
+    """One row per topic: settings, stored messages and their ids, bytes on disk, subscribers, lag, drops."""
+    with _connect(endpoint, keys_dir, no_curve, ttl=None) as client:
+        data = client.topics()
+    if as_json:
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+    if not data:
+        click.echo("(no topics)")
+        return
+    for line in _table([_topic_row(name, topic) for name, topic in sorted(data.items())]):
+        click.echo(line)
 
 
 # ----------------------------------------------------------------------------------------------- keys, stats

@@ -4,7 +4,7 @@ ZeroMQ sockets must stay on one thread, so every socket call happens on the clie
 it work through two bounded deques: ``publish`` appends to the outbox (no lock, no syscall on the fast path;
 the I/O thread is woken through a pipe only when it is idle) and deliveries come back through the inbox.
 Whatever piles up while the I/O thread is busy leaves as one PUTS batch: batching costs no latency when the
-client is idle and takes over when it is not.
+client is idle and takes over when it is not. Acks travel the same way, merged into one ACK per topic.
 
 Thread-safety: every public method of :class:`Client` may be called from any thread. Messages are returned to
 whichever thread calls :meth:`Client.receive` first.
@@ -25,13 +25,24 @@ from typing import Any, Unpack
 
 import zmq
 
-from connector.base import DEFAULT_ENDPOINT, ClientBase, ClientOptions, make_socket, reply_or_raise
+from connector.base import (
+    DEFAULT_ENDPOINT,
+    ClientBase,
+    ClientOptions,
+    TopicSettings,
+    make_socket,
+    reply_or_raise,
+    topics_of,
+)
 from connector.core import (
     NO_HEADERS,
     ConnectorError,
     Message,
     Publish,
+    ack_target,
+    declare_event,
     encode_headers,
+    sub_event,
     to_bytes,
 )
 from protocol import mc0
@@ -69,7 +80,7 @@ class Client(ClientBase):
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, **options: Unpack[ClientOptions]) -> None:
         """Connect and wait for the broker's OK. Options: see :class:`connector.base.ClientBase`."""
         super().__init__(endpoint, **options)
-        self._outbox: deque[Publish | _Request | _Close] = deque()
+        self._outbox: deque[Publish | mc0.Ack | _Request | _Close] = deque()
         self._arrived = threading.Event()
         self._room = threading.Condition()
         self._signaled = False
@@ -110,7 +121,11 @@ class Client(ClientBase):
         timeout: float | None = None,
     ) -> dict[str, str] | None:
         """Publish one message. Fire-and-forget by default; ``confirm=True`` waits for the broker's OK and
-        returns its headers (``MESSAGE-ID`` among them)."""
+        returns its headers (``MESSAGE-ID`` among them).
+
+        On a persistent topic the broker sends that OK only once the topic's sync level is met, and it carries
+        ``MESSAGE-ID`` and ``DURABILITY``: ``fsync`` (strong: on disk), ``written`` (weak: handed to the OS)
+        or ``memory`` (no flush promise)."""
         # The fast path is a few dictionary and type checks: one call per message is a publisher's whole cost.
         raw_topic = self._topics.get(topic)
         if raw_topic is None:
@@ -130,12 +145,43 @@ class Client(ClientBase):
             self._wake()
         return None
 
-    def subscribe(self, *topics: str | bytes, timeout: float | None = None) -> None:
-        """Subscribe and wait for the broker's OK; raises ConnectorError on ERROR or timeout."""
-        self._call(mc0.Sub([to_bytes(t) for t in topics]), timeout, "SUB")
+    def subscribe(
+        self,
+        *topics: str | bytes,
+        replay: mc0.Replay | None = None,
+        credit: int | None = None,
+        explicit_acks: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Subscribe and wait for the broker's OK; raises ConnectorError on ERROR or timeout.
+
+        ``replay`` ("beginning", "current" or a message id) starts a persistent broadcast topic in its log
+        (the broker refuses it on a transient topic); ``credit`` bounds the messages in flight to this client;
+        ``explicit_acks`` keeps each message in flight until :meth:`ack` (on a round-robin topic, what this
+        client has not acked goes to another consumer when it disconnects). After a reconnect every topic
+        resumes right after the last message received (see :attr:`last_ids`), with the same options.
+        """
+        self._call(sub_event(topics, replay, credit, explicit_acks), timeout, "SUB")
 
     def unsubscribe(self, *topics: str | bytes, timeout: float | None = None) -> None:
         self._call(mc0.Unsub([to_bytes(t) for t in topics]), timeout, "UNSUB")
+
+    def ack(self, message_or_topic: Message | str | bytes, *ids: int) -> None:
+        """Confirm a received message (``ack(message)``) or ids of a topic (``ack(topic, 7, 8)``) on a
+        subscription made with ``explicit_acks``. Fire-and-forget: the broker answers nothing; acks queued
+        together leave as one ACK per topic, after the publishes queued before them."""
+        topic, message_ids = ack_target(message_or_topic, ids)
+        self._check()
+        self._outbox.append(mc0.Ack(topic, message_ids))
+        if not self._signaled:
+            self._wake()
+
+    def declare(
+        self, topic: str | bytes, *, timeout: float | None = None, **settings: Unpack[TopicSettings]
+    ) -> None:
+        """Create ``topic`` with these settings (see :class:`connector.base.TopicSettings`) and wait for the
+        OK. Declaring the settings a topic already has is fine; other settings raise ConnectorError."""
+        self._call(declare_event(topic, settings), timeout, "DECLARE")
 
     def flush(self, timeout: float | None = None) -> None:
         """Return once the broker has taken every message published before this call (a NOOP round trip)."""
@@ -144,6 +190,10 @@ class Client(ClientBase):
     def stats(self, timeout: float | None = None) -> dict[str, Any]:
         reply = self._call(mc0.Stats(), timeout, "STATS")
         return json.loads(reply.body or b"{}")
+
+    def topics(self, timeout: float | None = None) -> dict[str, Any]:
+        """Topic name -> settings and counters (the ``topics`` part of :meth:`stats`): ids, backlog, lag..."""
+        return topics_of(self.stats(timeout))
 
     def receive(self, timeout: float | None = None) -> Message | None:
         """The next delivered message, or None after ``timeout`` seconds (None = wait forever)."""
@@ -339,9 +389,7 @@ class Client(ClientBase):
             self._settle(request, reply)
 
     def _settle(self, request: _Request | _Close, reply: mc0.Ok | mc0.Error) -> None:
-        if isinstance(reply, mc0.Error) and isinstance(request.event, mc0.Sub):
-            for topic in request.event.topics:
-                self._core.subscriptions.pop(topic, None)
+        # A refused SUB was already undone in the core's subscriptions when its ERROR was read.
         if not request.future.done():
             request.future.set_result(reply)
 
@@ -356,29 +404,34 @@ class Client(ClientBase):
         outbox = self._outbox
         core = self._core
         batch: list[Publish] = []
+        acks: dict[bytes, list[int]] = {}  # merged per topic until the next command or the end of the outbox
         while outbox:
             item = outbox.popleft()
             if type(item) is tuple:
                 batch.append(item)
                 continue
+            if type(item) is mc0.Ack:
+                merged = acks.get(item.topic)
+                if merged is None:
+                    acks[item.topic] = item.message_ids
+                else:
+                    merged += item.message_ids
+                continue
             self._send_publishes(batch, now)
             batch = []
+            self._send_acks(acks, now)
+            acks = {}
             if isinstance(item, _Close):
                 command_id, frames = core.request(item.event)
                 self._waiting[command_id] = item
                 self._closing = item
                 self._send(frames, now)
                 return
-            if isinstance(item.event, mc0.Sub):
-                for topic in item.event.topics:
-                    core.subscriptions[topic] = None
-            elif isinstance(item.event, mc0.Unsub):
-                for topic in item.event.topics:
-                    core.subscriptions.pop(topic, None)
-            command_id, frames = core.request(item.event)
+            command_id, frames = core.command(item.event)
             self._waiting[command_id] = item
             self._send(frames, now)
         self._send_publishes(batch, now)
+        self._send_acks(acks, now)
         if self._room_wanted:
             with self._room:
                 self._room.notify_all()
@@ -386,6 +439,11 @@ class Client(ClientBase):
     def _send_publishes(self, batch: list[Publish], now: float) -> None:
         if batch:
             for frames in self._core.pack(batch):
+                self._send(frames, now)
+
+    def _send_acks(self, acks: dict[bytes, list[int]], now: float) -> None:
+        if acks:
+            for frames in self._core.pack_acks(acks):
                 self._send(frames, now)
 
     def _send(self, frames: mc0.Frames, now: float, retry: bool = False) -> bool:

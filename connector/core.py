@@ -3,13 +3,18 @@
 Both :class:`connector.Client` (blocking, an I/O thread) and :class:`connector.AsyncClient` (asyncio) drive
 one :class:`ClientCore`; they own the DEALER socket and the waiting, this module owns the protocol. Time is an
 argument everywhere, so the rules are testable without sleeping.
+
+The core also owns what must survive a reconnect: the subscriptions with the options they were asked with, and
+the id of the last message received per topic, so that the SUBs on a new connection resume each topic right
+after it (no loss, no duplicate on persistent broadcast topics). It checks the arguments of SUB, ACK and
+DECLARE before anything is queued, because a bad value found later, on a client's I/O thread, would stop it.
 """
 
 from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from protocol import ProtocolError, mc0
@@ -19,6 +24,11 @@ WANTED_EXTENSIONS = frozenset({mc0.EXT_BATCH, mc0.EXT_IDS})
 #: Publishes packed into one PUTS frame at most (the broker's MESSAGES batches use the same bound).
 BATCH_MAX_MESSAGES = 1024
 BATCH_MAX_BYTES = 1 << 20
+#: Message ids per ACK frame set at most: one frame per id, and a consumer acking a huge backlog at once
+#: should not build a single frame set of a million frames.
+ACK_MAX_IDS = 1024
+#: Where a subscription may start (see mc0.Sub.replay).
+REPLAY_WORDS = (mc0.REPLAY_BEGINNING, mc0.REPLAY_CURRENT)
 
 
 class ConnectorError(Exception):
@@ -63,6 +73,88 @@ def encode_headers(headers: dict[str, str] | dict[bytes, bytes] | None) -> dict[
 #: Shared by every header-less publish; treated as read-only everywhere.
 NO_HEADERS: dict[bytes, bytes] = {}
 
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """How one topic was subscribed, kept to ask the same way again on a new connection.
+
+    Frozen and hashable: topics with equal options share one SUB when they are restored."""
+
+    replay: mc0.Replay | None = None  # None: live (the 0.3 behaviour)
+    credit: int | None = None
+    explicit_acks: bool = False
+
+
+def _count(value: object, what: str, minimum: int) -> int:
+    # bool is an int to Python, but credit=True is a mistake, not the number 1.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{what} must be an integer, not {value!r}")
+    if value < minimum:
+        raise ValueError(f"{what} must be at least {minimum}, not {value}")
+    return value
+
+
+def sub_event(
+    topics: Iterable[str | bytes],
+    replay: mc0.Replay | None = None,
+    credit: int | None = None,
+    explicit_acks: bool = False,
+) -> mc0.Sub:
+    """The SUB for ``Client.subscribe``; raises TypeError or ValueError for options the codec cannot send."""
+    raw = [to_bytes(topic) for topic in topics]
+    if not raw:
+        raise ValueError("subscribe() needs at least one topic")
+    if replay is not None and replay not in REPLAY_WORDS:
+        if isinstance(replay, str):
+            raise ValueError(f"replay must be 'beginning', 'current' or a message id, not {replay!r}")
+        replay = _count(replay, "replay (a message id)", 0)
+    if credit is not None:
+        credit = _count(credit, "credit", 1)
+    return mc0.Sub(raw, replay=replay, credit=credit, explicit_acks=bool(explicit_acks))
+
+
+def ack_target(message_or_topic: Message | str | bytes, ids: tuple[int, ...]) -> tuple[bytes, list[int]]:
+    """The topic and ids an ``ack(message)`` or ``ack(topic, *ids)`` call confirms."""
+    if isinstance(message_or_topic, Message):
+        if ids:
+            raise TypeError("ack(message) takes no ids; use ack(topic, *ids) for several")
+        if message_or_topic.id is None:
+            raise ConnectorError("this message has no id to ack (the broker did not negotiate 'ids')")
+        return to_bytes(message_or_topic.topic), [message_or_topic.id]
+    if not ids:
+        raise TypeError("ack(topic, *ids) needs at least one message id")
+    return to_bytes(message_or_topic), [_count(i, "a message id", 0) for i in ids]
+
+
+#: The topic settings DECLARE can carry (the keyword names of ``Client.declare``).
+SETTING_NAMES = frozenset(mc0.DECLARE_SETTINGS.values())
+
+
+def _setting_text(name: str, value: object) -> str:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a string or a number, not {value!r}")
+    if isinstance(value, float) and value.is_integer():
+        text = str(int(value))  # "3600", not "3600.0": the broker may parse whole numbers only
+    elif isinstance(value, str | int | float):
+        text = str(value)  # a StrEnum (Delivery.ROUND_ROBIN) gives its value
+    else:
+        raise TypeError(f"{name} must be a string or a number, not {value!r}")
+    if not text.isascii() or not text:
+        raise ValueError(f"{name} must be non-empty ASCII, not {text!r}")
+    return text
+
+
+def declare_event(topic: str | bytes, settings: Mapping[str, object]) -> mc0.Declare:
+    """The DECLARE for ``Client.declare``: settings left at None are not sent (the broker's default)."""
+    unknown = set(settings) - SETTING_NAMES
+    if unknown:
+        raise TypeError(f"declare() got unknown settings {sorted(unknown)} (known: {sorted(SETTING_NAMES)})")
+    raw = to_bytes(topic)
+    if not raw:
+        raise ValueError("declare() needs a non-empty topic")
+    texts = {name: _setting_text(name, value) for name, value in settings.items() if value is not None}
+    return mc0.Declare(raw, texts)
+
 #: One queued publish: (topic, body, headers) as bytes, headers possibly empty.
 Publish = tuple[bytes, bytes, dict[bytes, bytes]]
 
@@ -75,10 +167,17 @@ class ClientCore:
             raise ValueError("ttl_ms must be positive (or None for no heartbeats)")
         self.ttl = None if ttl_ms is None else ttl_ms / 1000
         self.ttl_ms = ttl_ms
-        self.subscriptions: dict[bytes, None] = {}  # ordered: re-SUB in the order the user subscribed
+        # Ordered: restored in the order the user subscribed.
+        self.subscriptions: dict[bytes, Subscription] = {}
+        # Topic name -> id of the last message received; written once per delivery, so kept cheap: str keys
+        # because the fast path has the decoded name at hand, and no check that ids grow (resume asks for
+        # "after the last one received", which is right even if a redelivery went backwards).
+        self.last_ids: dict[str, int] = {}
         self.extensions: frozenset[str] = frozenset()
         self._ids = itertools.count(1)
         self._topic_names: dict[bytes, str] = {}
+        # SUB command id -> what its topics were before it (options, last id), restored if the broker refuses.
+        self._before_sub: dict[bytes, dict[bytes, tuple[Subscription | None, int | None]]] = {}
         self.last_heard = 0.0
         self.last_sent = 0.0
 
@@ -92,6 +191,7 @@ class ClientCore:
         self.extensions = frozenset()
         self.last_heard = now
         self.last_sent = now
+        self._before_sub.clear()  # replies on the old connection will never come
         command_id = str(uuid.uuid4()).encode()
         event = mc0.Connect(mc0.PROTOCOL_VERSION, self.ttl_ms, command_id, WANTED_EXTENSIONS)
         return command_id, mc0.encode(event)
@@ -101,16 +201,75 @@ class ClientCore:
         self.extensions = frozenset(raw.decode("ascii", "replace").split()) & WANTED_EXTENSIONS
 
     def request(self, event: mc0.Sub | mc0.Unsub | mc0.Put | mc0.Puts | mc0.Noop | mc0.Stats
-                | mc0.Disconnect) -> tuple[bytes, mc0.Frames]:
+                | mc0.Disconnect | mc0.Declare) -> tuple[bytes, mc0.Frames]:
         """Give ``event`` a fresh ID and encode it; the caller waits for the reply with that ID."""
         event.id = self.next_id()
         return event.id, mc0.encode(event)
 
+    def command(self, event: mc0.Sub | mc0.Unsub | mc0.Put | mc0.Puts | mc0.Noop | mc0.Stats
+                | mc0.Disconnect | mc0.Declare) -> tuple[bytes, mc0.Frames]:
+        """:meth:`request`, recording a SUB or UNSUB in :attr:`subscriptions` as it leaves.
+
+        Recorded when sent, not when answered: a reconnect between the two must restore the subscription, and
+        messages may follow the SUB before its OK. A refused SUB is undone when its ERROR is received."""
+        if isinstance(event, mc0.Sub):
+            return self._subscribe(event)
+        if isinstance(event, mc0.Unsub):
+            for topic in event.topics:
+                self.subscriptions.pop(topic, None)
+                self.last_ids.pop(self._topic(topic), None)  # a later subscribe starts afresh
+        return self.request(event)
+
+    def _subscribe(self, sub: mc0.Sub) -> tuple[bytes, mc0.Frames]:
+        before: dict[bytes, tuple[Subscription | None, int | None]] = {}
+        for topic in sub.topics:
+            name = self._topic(topic)
+            previous = self.subscriptions.get(topic)
+            before[topic] = (previous, self.last_ids.get(name))
+            replay = sub.replay
+            if replay is None and previous is not None:
+                replay = previous.replay  # the broker keeps its position when a SUB changes only options
+            else:
+                self.last_ids.pop(name, None)  # a new start: the ids seen before say nothing about it
+            self.subscriptions[topic] = Subscription(replay, sub.credit, sub.explicit_acks)
+        command_id, frames = self.request(sub)
+        self._before_sub[command_id] = before
+        return command_id, frames
+
+    def _answered(self, reply: mc0.Ok | mc0.Error) -> None:
+        before = self._before_sub.pop(reply.id, None) if reply.id is not None else None
+        if before is None or isinstance(reply, mc0.Ok):
+            return
+        # The broker refuses a SUB whole and keeps what each topic had: so does the client.
+        for topic, (previous, last_id) in before.items():
+            if previous is None:
+                self.subscriptions.pop(topic, None)
+            else:
+                self.subscriptions[topic] = previous
+            if last_id is not None:  # unless newer messages of the topic arrived in the meantime
+                self.last_ids.setdefault(self._topic(topic), last_id)
+
     def resubscribe(self) -> list[tuple[bytes, mc0.Frames]]:
-        """The SUB commands that restore every subscription on a new connection."""
-        if not self.subscriptions:
-            return []
-        return [self.request(mc0.Sub(list(self.subscriptions)))]
+        """The SUB commands that restore every subscription on a new connection.
+
+        A topic with a received message resumes right after it (one SUB each: RESUME is per topic); the others
+        are asked again with their original options, topics with equal options sharing one SUB."""
+        subs: list[mc0.Sub] = []
+        shared: dict[Subscription, mc0.Sub] = {}
+        last_ids = self.last_ids
+        for topic, options in self.subscriptions.items():
+            last = last_ids.get(self._topic(topic))
+            if type(last) is int and last >= 0:  # a broker bug could have put anything there
+                subs.append(mc0.Sub([topic], resume=last + 1, credit=options.credit,
+                                    explicit_acks=options.explicit_acks))
+                continue
+            sub = shared.get(options)
+            if sub is None:
+                sub = shared[options] = mc0.Sub([], replay=options.replay, credit=options.credit,
+                                                explicit_acks=options.explicit_acks)
+                subs.append(sub)
+            sub.topics.append(topic)
+        return [self.request(sub) for sub in subs]
 
     def pack(self, publishes: list[Publish]) -> Iterable[mc0.Frames]:
         """Fire-and-forget publishes as frame sets: PUTS batches if the broker speaks ``batch``, else PUTs."""
@@ -132,6 +291,13 @@ class ClientCore:
             yield [b"", b"PUTS", b"", mc0.pack_put_items(publishes[start:end])]
             start = end
 
+    @staticmethod
+    def pack_acks(acks: Mapping[bytes, list[int]]) -> Iterator[mc0.Frames]:
+        """Fire-and-forget ACKs (no ID: the broker answers nothing), one per topic and ACK_MAX_IDS ids."""
+        for topic, ids in acks.items():
+            for start in range(0, len(ids), ACK_MAX_IDS):
+                yield mc0.encode(mc0.Ack(topic, ids[start : start + ACK_MAX_IDS]))
+
     # ------------------------------------------------------------------------------------------------ replies
 
     def receive(self, frames: mc0.Frames, now: float) -> tuple[list[Message], mc0.Ok | mc0.Error | None]:
@@ -146,13 +312,20 @@ class ClientCore:
         match event:
             case mc0.Message(topic, body, headers, message_id, timestamp):
                 topic_name = self._topic(topic)
-                return [Message(topic_name, body, _text_headers(headers), message_id, timestamp)], None
+                message = Message(topic_name, body, _text_headers(headers), message_id, timestamp)
+                if message_id is not None:
+                    self.last_ids[topic_name] = message_id
+                return [message], None
             case mc0.Messages(items):  # a batch framed without the delimiter misses the fast path above
-                return [
-                    Message(self._topic(i.topic), i.body, _text_headers(i.headers), i.message_id, i.timestamp)
-                    for i in items
-                ], None
+                out = []
+                for i in items:
+                    topic_name = self._topic(i.topic)
+                    headers = _text_headers(i.headers)
+                    out.append(Message(topic_name, i.body, headers, i.message_id, i.timestamp))
+                    self.last_ids[topic_name] = i.message_id
+                return out, None
             case mc0.Ok() | mc0.Error():
+                self._answered(event)
                 return [], event
         return [], None  # NOOP (liveness already recorded) or anything a client need not act on
 
@@ -169,15 +342,24 @@ class ClientCore:
             entries = None
         if not isinstance(entries, list):
             return []
+        # Locals, and the name cache read inline rather than through _topic(): a method call per message would
+        # cost about as much as the last-id store the loop pays for resuming after a reconnect.
+        names = self._topic_names
         topic_name = self._topic
-        out = []
+        last_ids = self.last_ids
+        out: list[Message] = []
+        append = out.append
         try:
             for entry in entries:
+                # Indexed, never unpacked: a 4-key map would unpack into its keys, while indexing it raises.
+                topic = entry[0]
+                name = names.get(topic) or topic_name(topic)
                 if len(entry) == 4:
-                    out.append(Message(topic_name(entry[0]), entry[3], {}, entry[1], entry[2]))
+                    append(Message(name, entry[3], {}, entry[1], entry[2]))
                 else:
-                    headers = _text_headers(entry[4])
-                    out.append(Message(topic_name(entry[0]), entry[3], headers, entry[1], entry[2]))
+                    append(Message(name, entry[3], _text_headers(entry[4]), entry[1], entry[2]))
+                # After the append: an entry that failed to parse was not received, so it is not "seen".
+                last_ids[name] = entry[1]
         except (TypeError, AttributeError, IndexError, KeyError):
             pass  # a malformed entry from a broker bug: keep what parsed, never kill the client
         return out

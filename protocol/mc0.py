@@ -7,7 +7,8 @@ sockets or identities (the router shell strips and adds the ROUTER identity fram
 
 Plain 0.3 verbs: CONNECT, DISCONNECT, SUB, UNSUB, PUT, NOOP, MESSAGE, OK, ERROR. Our extensions, reserved by
 the spec for the protocol and documented in ``docs/mc0.md``: the ``EXTENSIONS`` header on CONNECT/OK,
-``MESSAGE-ID`` and ``TIMESTAMP`` on MESSAGE, the batch verbs PUTS and MESSAGES (msgpack payloads), and STATS.
+``MESSAGE-ID`` and ``TIMESTAMP`` on MESSAGE, the batch verbs PUTS and MESSAGES (msgpack payloads), STATS, the
+replay/resume/credit/acks headers on SUB, and the verbs ACK and DECLARE.
 
 Every malformed input raises :class:`ProtocolError` with a message fit for an ERROR reply and, when the
 decoder got that far, the command's ID so the reply can carry it.
@@ -38,6 +39,28 @@ MESSAGE_KEY = b"MESSAGE"
 EXTENSIONS = b"EXTENSIONS"
 MESSAGE_ID = b"MESSAGE-ID"
 TIMESTAMP = b"TIMESTAMP"
+DURABILITY = b"DURABILITY"
+# SUB extensions.
+REPLAY = b"REPLAY"  # beginning | current | <message id>: where a subscription starts on a persistent topic
+RESUME = b"RESUME"  # <message id>: replay from it on a persistent topic, live on a transient one (reconnects)
+CREDIT = b"CREDIT"  # <n>: at most n messages in flight to this subscription
+ACKS = b"ACKS"  # explicit | auto: whether the subscriber confirms each message with ACK
+
+REPLAY_BEGINNING = "beginning"
+REPLAY_CURRENT = "current"
+ACKS_EXPLICIT = b"explicit"
+ACKS_AUTO = b"auto"
+
+#: DECLARE headers and the topic setting each one names (values are checked by the broker's configuration).
+DECLARE_SETTINGS = {
+    b"DELIVERY": "delivery",
+    b"PERSISTENCE": "persistence",
+    b"SYNC": "sync",
+    b"MAX-BACKLOG": "max_backlog",
+    b"RETENTION-BYTES": "retention_bytes",
+    b"RETENTION-SECONDS": "retention_seconds",
+    b"SEGMENT-BYTES": "segment_bytes",
+}
 
 #: Headers the broker writes on a delivered MESSAGE; publishers may not set them.
 DELIVERY_HEADERS = frozenset({TOPIC, ID, MESSAGE_ID, TIMESTAMP})
@@ -68,11 +91,19 @@ class Disconnect:
     headers: Headers = field(default_factory=dict)
 
 
+#: Where a subscription starts: "beginning", "current" or the first message id wanted.
+Replay: TypeAlias = str | int
+
+
 @dataclass(slots=True)
 class Sub:
     topics: list[bytes]
     id: bytes | None = None
     headers: Headers = field(default_factory=dict)
+    replay: Replay | None = None  # extension REPLAY; None = live (the 0.3 behaviour)
+    resume: int | None = None  # extension RESUME: the next id wanted after a reconnect
+    credit: int | None = None  # extension CREDIT: in-flight limit, None = the broker's per-client bound
+    explicit_acks: bool = False  # extension ACKS explicit: messages count as in flight until ACKed
 
 
 @dataclass(slots=True)
@@ -106,6 +137,26 @@ class Puts:
     """Extension: many PUTs in one frame set; an ID confirms the whole batch."""
 
     items: list[tuple[bytes, bytes, Headers]]  # PutItem or plain tuples of the same shape
+    id: bytes | None = None
+    headers: Headers = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Ack:
+    """Extension: the subscriber has processed these messages of ``topic`` (explicit-ack subscriptions)."""
+
+    topic: bytes
+    message_ids: list[int]
+    id: bytes | None = None
+    headers: Headers = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Declare:
+    """Extension: create ``topic`` with these settings (setting name -> text value, see DECLARE_SETTINGS)."""
+
+    topic: bytes
+    settings: dict[str, str]
     id: bytes | None = None
     headers: Headers = field(default_factory=dict)
 
@@ -166,12 +217,13 @@ class Stats:
 
 
 Event: TypeAlias = (
-    Connect | Disconnect | Sub | Unsub | Put | Puts | Noop | Message | Messages | Ok | Error | Stats
+    Connect | Disconnect | Sub | Unsub | Put | Puts | Noop | Message | Messages | Ok | Error | Stats | Ack
+    | Declare
 )
 
 VERBS = frozenset(
     {b"CONNECT", b"DISCONNECT", b"SUB", b"UNSUB", b"PUT", b"PUTS", b"NOOP", b"MESSAGE", b"MESSAGES", b"OK",
-     b"ERROR", b"STATS"}
+     b"ERROR", b"STATS", b"ACK", b"DECLARE"}
 )
 
 
@@ -252,6 +304,62 @@ def _unsigned(name: bytes, raw: bytes, command_id: bytes | None, limit: int = 2*
     if value > limit:
         raise ProtocolError(f"{name.decode()} {value} is too large (at most {limit})", command_id=command_id)
     return value
+
+
+def _decode_sub(topics: list[bytes], headers: Headers, command_id: bytes | None) -> Sub:
+    sub = Sub(topics, command_id, headers)
+    raw = headers.pop(REPLAY, None)
+    if raw is not None:
+        if raw in (b"beginning", b"current"):
+            sub.replay = raw.decode()
+        else:
+            sub.replay = _unsigned(REPLAY, raw, command_id)
+    raw = headers.pop(RESUME, None)
+    if raw is not None:
+        if sub.replay is not None:
+            raise ProtocolError("SUB takes REPLAY or RESUME, not both", command_id=command_id)
+        sub.resume = _unsigned(RESUME, raw, command_id)
+    raw = headers.pop(CREDIT, None)
+    if raw is not None:
+        sub.credit = _unsigned(CREDIT, raw, command_id, 2**31 - 1)
+        if sub.credit == 0:
+            raise ProtocolError("CREDIT must be at least 1", command_id=command_id)
+    raw = headers.pop(ACKS, None)
+    if raw is not None:
+        if raw not in (ACKS_EXPLICIT, ACKS_AUTO):
+            raise ProtocolError(f"ACKS must be explicit or auto, not {_text(raw)!r}", command_id=command_id)
+        sub.explicit_acks = raw == ACKS_EXPLICIT
+    return sub
+
+
+def _decode_ack(headers: Headers, positional: list[bytes] | None, command_id: bytes | None) -> Ack:
+    topic = headers.pop(TOPIC, None)
+    if not topic:
+        raise ProtocolError("ACK needs a non-empty TOPIC", command_id=command_id)
+    if not positional:
+        raise ProtocolError("ACK needs at least one message id after the empty key", command_id=command_id)
+    ids = [_unsigned(MESSAGE_ID, raw, command_id) for raw in positional]
+    return Ack(topic, ids, command_id, headers)
+
+
+def _decode_declare(headers: Headers, positional: list[bytes] | None, command_id: bytes | None) -> Declare:
+    if not positional or len(positional) != 1 or not positional[0]:
+        raise ProtocolError("DECLARE needs exactly one non-empty topic after the empty key",
+                            command_id=command_id)
+    settings: dict[str, str] = {}
+    for key in list(headers):
+        name = DECLARE_SETTINGS.get(key)
+        if name is None:
+            if key.startswith(b"X-"):
+                continue
+            known = ", ".join(k.decode() for k in DECLARE_SETTINGS)
+            raise ProtocolError(f"DECLARE has no setting {_text(key)!r} (known: {known})",
+                                command_id=command_id)
+        try:
+            settings[name] = headers.pop(key).decode("ascii")
+        except UnicodeDecodeError:
+            raise ProtocolError(f"DECLARE {key.decode()} must be ASCII", command_id=command_id) from None
+    return Declare(positional[0], settings, command_id, headers)
 
 
 def _decode_connect(headers: Headers, command_id: bytes | None) -> Connect:
@@ -385,7 +493,15 @@ def decode(frames: Frames) -> Event:
     if verb in (b"SUB", b"UNSUB"):
         headers.pop(ID, None)
         topics = _topics(verb, positional, command_id)
-        return (Sub if verb == b"SUB" else Unsub)(topics, command_id, headers)
+        if verb == b"SUB":
+            return _decode_sub(topics, headers, command_id)
+        return Unsub(topics, command_id, headers)
+    if verb == b"ACK":
+        headers.pop(ID, None)
+        return _decode_ack(headers, positional, command_id)
+    if verb == b"DECLARE":
+        headers.pop(ID, None)
+        return _decode_declare(headers, positional, command_id)
     if verb == b"OK":
         headers.pop(ID, None)
         if positional is not None and len(positional) > 1:
@@ -478,12 +594,40 @@ def encode(event: Event, *, delimiter: bool = True) -> Frames:
             out += (b"", pack_put_items(items))
         case Messages(items):
             out += (b"MESSAGES", b"", pack_message_items(items))
-        case Sub(topics, command_id, headers) | Unsub(topics, command_id, headers):
-            out.append(b"SUB" if isinstance(event, Sub) else b"UNSUB")
+        case Sub(topics, command_id, headers, replay, resume, credit, explicit_acks):
+            out.append(b"SUB")
+            if replay is not None:
+                out += (REPLAY, replay.encode() if isinstance(replay, str) else b"%d" % replay)
+            if resume is not None:
+                out += (RESUME, b"%d" % resume)
+            if credit is not None:
+                out += (CREDIT, b"%d" % credit)
+            if explicit_acks:
+                out += (ACKS, ACKS_EXPLICIT)
             _headers(out, headers)
             _with_id(out, command_id)
             out.append(b"")
             out += topics
+        case Unsub(topics, command_id, headers):
+            out.append(b"UNSUB")
+            _headers(out, headers)
+            _with_id(out, command_id)
+            out.append(b"")
+            out += topics
+        case Ack(topic, message_ids, command_id, headers):
+            out += (b"ACK", TOPIC, topic)
+            _headers(out, headers)
+            _with_id(out, command_id)
+            out.append(b"")
+            out += [b"%d" % message_id for message_id in message_ids]
+        case Declare(topic, settings, command_id, headers):
+            out.append(b"DECLARE")
+            for key, name in DECLARE_SETTINGS.items():
+                if name in settings:
+                    out += (key, settings[name].encode("ascii"))
+            _headers(out, headers)
+            _with_id(out, command_id)
+            out += (b"", topic)
         case Connect(version, ttl, command_id, extensions, headers):
             out += (b"CONNECT", VERSION, version)
             if ttl is not None:

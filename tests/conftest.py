@@ -109,7 +109,9 @@ def start_broker(tmp_path: Path) -> Iterator[BrokerFactory]:
 
     Keyword arguments: ``curve`` (default off), ``allow_any_client``, ``keys_dir`` (default ``tmp_path/keys``;
     with CURVE on, missing keys are created there the way the broker does on first run), ``heartbeat_tick``,
-    ``topics`` (a tuple of :class:`TopicRule`), and any other :class:`BrokerConfig` field.
+    ``topics`` (a tuple of :class:`TopicRule`), ``data_dir`` (default ``tmp_path/data``, shared by every
+    broker of the test, so a second broker restarts on the first one's logs), ``bind`` (default a free
+    loopback port), and any other :class:`BrokerConfig` field.
     """
     running: list[BrokerThread] = []
 
@@ -120,10 +122,13 @@ def start_broker(tmp_path: Path) -> Iterator[BrokerFactory]:
         keys_dir: Path | None = None,
         heartbeat_tick: float = 0.1,
         topics: tuple[TopicRule, ...] = (),
+        data_dir: Path | None = None,
+        bind: str = LOOPBACK,
         **overrides: Any,
     ) -> Broker:
         config = BrokerConfig(
-            bind=LOOPBACK,
+            bind=bind,
+            data_dir=data_dir if data_dir is not None else tmp_path / "data",
             keys_dir=keys_dir if keys_dir is not None else tmp_path / "keys",
             curve=curve,
             allow_any_client=allow_any_client,

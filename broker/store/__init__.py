@@ -1,13 +1,19 @@
 """The interface between the engine and durable storage.
 
 The engine calls a :class:`Store` to open one :class:`TopicLog` per persistent topic; the log owns the bytes
-on disk. This module only states the contract (the segmented log implementing it lives beside it); transient
-topics never touch a store. A store failure raises :class:`StoreError`, which stops the broker loudly:
-acknowledged data must never be lost in silence.
+on disk. This module only states the contract; the implementation lives beside it: ``files.py``
+(:class:`~broker.store.files.FileStore`, the data directory and topic meta files), ``log.py`` (the segmented
+log of one topic), ``segment.py`` (record, segment and index layouts) and ``acks.py`` (the ack journal of
+round-robin topics). ``docs/storage.md`` describes the files. Transient topics never touch a store. A store
+failure raises :class:`StoreError`, which stops the broker loudly: acknowledged data must never be lost in
+silence.
+
+This module must not import the engine at run time (the engine imports it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -16,11 +22,17 @@ if TYPE_CHECKING:
 
 
 class StoreError(Exception):
-    """The store could not keep its promise (I/O error, corrupt sealed segment, ...)."""
+    """The store could not keep its promise (I/O error, corrupt sealed segment, bad meta file, wrong id)."""
 
 
 class TopicLog(Protocol):
-    """The append-only log of one persistent topic."""
+    """The append-only log of one persistent topic (and, for round-robin topics, its acked ids)."""
+
+    spec: TopicSpec
+    #: fsyncs of segment files so far (the benchmark's "messages per fsync").
+    fsyncs: int
+    #: Bytes recovery cut off a torn tail when the log was opened (0 normally).
+    truncated_bytes: int
 
     @property
     def first_id(self) -> int:
@@ -29,19 +41,56 @@ class TopicLog(Protocol):
 
     @property
     def next_id(self) -> int:
-        """The id the next appended message gets; stable across restarts."""
+        """The id the next appended message must carry; stable across restarts."""
+        ...
+
+    @property
+    def bytes_on_disk(self) -> int: ...
+
+    @property
+    def segment_count(self) -> int: ...
+
+    @property
+    def dirty(self) -> bool:
+        """Something appended or acked and not yet written, or written and not yet fsynced."""
         ...
 
     def append(self, message: Message) -> None:
-        """Append (buffered); durability comes from :meth:`commit`."""
+        """Append (buffered, ``message.id`` must be ``next_id``); durability comes from :meth:`commit`."""
         ...
 
     def commit(self) -> None:
-        """Make every appended message as durable as the topic's sync level promises (group commit)."""
+        """Write what was appended and acked; for strong topics also fsync (group commit, once per turn)."""
+        ...
+
+    def sync(self) -> None:
+        """Write anything buffered and fsync everything written since the last fsync; no-op when clean."""
         ...
 
     def read(self, start_id: int, max_messages: int, max_bytes: int) -> list[Message]:
-        """Stored messages from ``start_id`` on, bounded by count and bytes (at least one if any exists)."""
+        """Written messages from ``start_id`` on, bounded by count and body bytes (at least one if any)."""
+        ...
+
+    def enforce_retention(self, now_ms: int) -> int:
+        """Delete whole sealed segments past the topic's retention, oldest first; returns how many."""
+        ...
+
+    def ack(self, ids: Iterable[int]) -> None:
+        """Record acked ids (round-robin topics); durable like messages, at the next commit."""
+        ...
+
+    @property
+    def acked_watermark(self) -> int:
+        """Every id up to this one is acked (0: none); ids below ``first_id`` count as acked."""
+        ...
+
+    @property
+    def acked_above(self) -> set[int]:
+        """Acked ids above the watermark (the live set: read it, never change it)."""
+        ...
+
+    def verify(self) -> None:
+        """Check every stored record; StoreError at the first bad one."""
         ...
 
     def close(self) -> None: ...
@@ -50,6 +99,12 @@ class TopicLog(Protocol):
 class Store(Protocol):
     """Opens the logs of persistent topics under one data directory."""
 
-    def open(self, topic: bytes, spec: TopicSpec) -> TopicLog: ...
+    def existing(self) -> list[tuple[bytes, TopicSpec]]:
+        """Topics found on disk with the spec stored with them, sorted by name."""
+        ...
+
+    def open(self, topic: bytes, spec: TopicSpec) -> TopicLog:
+        """Create or open and recover a topic's log; the same object if already open."""
+        ...
 
     def close(self) -> None: ...

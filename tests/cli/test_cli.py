@@ -1,7 +1,9 @@
 """The ``mc0`` command line: ``keys generate``, ``pub`` (argument, ``--count``, ``--header``, stdin lines),
-``sub`` (``--count``, ``--json``, ``--timeout``), ``stats`` (table and ``--json``), one-line errors without a
-traceback, and a real ``mc0 broker`` process that creates its keys on first run, carries a message from an
-``mc0 sub`` process to an ``mc0 pub`` process, and exits 0 on SIGTERM.
+``sub`` (``--count``, ``--json``, ``--timeout``; the parsing of ``--replay``, ``--credit`` and ``--ack``),
+``declare`` and ``topics`` (option parsing, and the table rows built from whatever keys a broker sends),
+``stats`` (table and ``--json``), one-line errors without a traceback, and a real ``mc0 broker`` process
+that creates its keys on first run, carries a message from an ``mc0 sub`` process to an ``mc0 pub`` process,
+and exits 0 on SIGTERM.
 
 In-process tests drive the click group with ``CliRunner`` against a broker from the shared fixtures; the
 subprocess test runs the installed ``mc0`` script (or the same entry point through ``python -c``).
@@ -227,6 +229,192 @@ def test_sub_needs_a_topic(runner: CliRunner) -> None:
     assert "Missing argument" in result.output
 
 
+# ------------------------------------------------------------- durable options: parsing, without a broker
+
+
+@pytest.mark.parametrize(
+    ("command", "options"),
+    [
+        (["sub"], ["--replay", "beginning|current|ID", "--credit", "--ack"]),
+        (["declare"], ["--delivery", "--persistence", "--sync", "--retention-bytes", "--retention-seconds",
+                       "--segment-bytes", "--max-backlog", "round-robin"]),
+        (["topics"], ["--json", "--broker"]),
+    ],
+)
+def test_help_lists_the_durable_options(runner: CliRunner, command: list[str], options: list[str]) -> None:
+    result = runner.invoke(main, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+    for option in options:
+        assert option in result.output
+
+
+def test_the_group_help_lists_declare_and_topics(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["--help"])
+    assert result.exit_code == 0
+    assert "declare" in result.output
+    assert "topics" in result.output
+
+
+@pytest.mark.parametrize(
+    ("arguments", "wrong"),
+    [
+        (["sub", "t", "--replay", "start"], "--replay"),
+        (["sub", "t", "--replay", "-3"], "--replay"),
+        (["sub", "t", "--credit", "0"], "--credit"),
+        (["sub", "t", "--credit", "many"], "--credit"),
+        (["declare", "t", "--delivery", "sideways"], "--delivery"),
+        (["declare", "t", "--persistence", "forever"], "--persistence"),
+        (["declare", "t", "--sync", "sometimes"], "--sync"),
+        (["declare", "t", "--retention-bytes", "0"], "--retention-bytes"),
+        (["declare", "t", "--retention-seconds", "0"], "--retention-seconds"),
+        (["declare", "t", "--segment-bytes", "x"], "--segment-bytes"),
+        (["declare", "t", "--max-backlog", "-1"], "--max-backlog"),
+        (["declare"], "TOPIC"),
+    ],
+)
+def test_bad_durable_options_are_usage_errors(runner: CliRunner, arguments: list[str], wrong: str) -> None:
+    result = runner.invoke(main, [*arguments, "--no-curve", "--broker", f"tcp://127.0.0.1:{free_port()}"])
+    assert result.exit_code == 2, result.output
+    assert wrong in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("beginning", "beginning"), ("CURRENT", "current"), ("0", 0), ("42", 42), (7, 7)],
+)
+def test_replay_values(given: str | int, expected: str | int) -> None:
+    assert cli_module._Replay().convert(given, None, None) == expected
+
+
+def test_sub_passes_the_durable_options_to_subscribe(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No broker: a stand-in client records the subscribe call and hands out one message to ack."""
+    calls: list[tuple[str, object]] = []
+
+    class StandIn:
+        def __init__(self, *args: object, **options: object) -> None:
+            self.messages = [cli_module.Message("q.jobs", b"job", {}, 5, 1)]
+
+        def __enter__(self) -> StandIn:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            calls.append(("close", None))
+
+        def subscribe(self, *topics: str, **options: object) -> None:
+            calls.append(("subscribe", (topics, options)))
+
+        def receive(self, timeout: float | None = None) -> cli_module.Message | None:
+            return self.messages.pop() if self.messages else None
+
+        def ack(self, message: cli_module.Message) -> None:
+            calls.append(("ack", message.id))
+
+    monkeypatch.setattr(cli_module, "Client", StandIn)
+    result = runner.invoke(main, ["sub", "q.jobs", "q.more", "--replay", "12", "--credit", "3", "--ack",
+                                  "--timeout", "0", "--no-curve"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "job\n"
+    assert calls == [
+        ("subscribe", (("q.jobs", "q.more"), {"replay": 12, "credit": 3, "explicit_acks": True})),
+        ("ack", 5),  # after printing
+        ("close", None),
+    ]
+
+
+def test_sub_without_durable_options_subscribes_live_and_never_acks(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, object] = {}
+
+    class StandIn:
+        def __init__(self, *args: object, **options: object) -> None:
+            pass
+
+        def __enter__(self) -> StandIn:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def subscribe(self, *topics: str, **options: object) -> None:
+            seen.update(options)
+
+        def receive(self, timeout: float | None = None) -> cli_module.Message | None:
+            return None
+
+        def ack(self, message: cli_module.Message) -> None:
+            raise AssertionError("no --ack, no ack")
+
+    monkeypatch.setattr(cli_module, "Client", StandIn)
+    result = runner.invoke(main, ["sub", "t", "--timeout", "0", "--no-curve"])
+    assert result.exit_code == 0, result.output
+    assert seen == {"replay": None, "credit": None, "explicit_acks": False}
+
+
+def test_declare_passes_only_the_given_settings(runner: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    declared: list[tuple[str, dict[str, object]]] = []
+
+    class StandIn:
+        def __init__(self, *args: object, **options: object) -> None:
+            pass
+
+        def __enter__(self) -> StandIn:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def declare(self, topic: str, **settings: object) -> None:
+            declared.append((topic, settings))
+
+    monkeypatch.setattr(cli_module, "Client", StandIn)
+    result = runner.invoke(main, ["declare", "jobs", "--delivery", "round-robin", "--persistence",
+                                  "persistent", "--retention-seconds", "3600", "--no-curve"])
+    assert result.exit_code == 0, result.output
+    assert declared == [("jobs", {"delivery": "round-robin", "persistence": "persistent",
+                                  "retention_seconds": 3600.0})]
+    shown = "delivery=round-robin, persistence=persistent, retention-seconds=3600"
+    assert result.output == f"declared jobs ({shown})\n"
+    result = runner.invoke(main, ["declare", "plain", "--no-curve"])
+    assert result.output == "declared plain (broker defaults)\n"
+    assert declared[-1] == ("plain", {})
+
+
+def test_topic_rows_show_absent_keys_as_dashes() -> None:
+    persistent = {"delivery": "broadcast", "persistence": "persistent", "sync": "strong", "stored": 3,
+                  "messages_in": 9, "first_id": 7, "last_id": 9, "bytes": 512, "subscribers": 2, "lag": 1,
+                  "dropped": 0}
+    assert cli_module._topic_row("p.log", persistent) == [
+        "p.log", "broadcast", "persistent/strong", "3", "7", "9", "512", "2", "1", "0"]
+    transient = {"delivery": "round-robin", "persistence": "transient", "messages_in": 4, "first_id": None,
+                 "last_id": 4, "subscribers": 0, "dropped": 1}
+    assert cli_module._topic_row("jobs", transient) == [
+        "jobs", "round-robin", "transient", "4", "-", "4", "-", "0", "-", "1"]
+    assert cli_module._topic_row("bare", {}) == ["bare", "-", "-", "-", "-", "-", "-", "-", "-", "-"]
+    empty_log = {"persistence": "persistent", "sync": "weak", "stored": 0, "first_id": 1, "last_id": 0}
+    assert cli_module._topic_row("p.empty", empty_log)[2:6] == ["persistent/weak", "0", "-", "-"]
+
+
+def test_topics_table_is_aligned() -> None:
+    rows = [cli_module._topic_row("p.a-long-name", {"stored": 12345, "bytes": 7}),
+            cli_module._topic_row("b", {"stored": 1, "bytes": 1048576})]
+    lines = list(cli_module._table(rows))
+    assert lines[0].split() == ["topic", "delivery", "persistence", "messages", "first", "last", "bytes",
+                                "subs", "lag", "dropped"]
+    assert len(lines) == 3
+    # Numbers are right-aligned: each ends in the column where its heading ends.
+    for heading in ("messages", "bytes"):
+        end = lines[0].index(heading) + len(heading)
+        for line in lines[1:]:
+            assert line[end - 1] != " ", (heading, lines)
+            assert line[end : end + 2] == "  ", (heading, lines)
+    assert lines[1].startswith("p.a-long-name  ")
+    assert lines[2].startswith("b              ")
+
+
 def test_no_curve_against_a_plaintext_broker(runner: CliRunner, broker: Broker) -> None:
     with Client(broker.endpoint, curve=False) as observer:
         observer.subscribe("plain")
@@ -285,7 +473,11 @@ def test_stats_json(runner: CliRunner, curve_broker: Broker, keys_dir: Path, obs
 
 
 @pytest.mark.usefixtures("fast_failure")
-@pytest.mark.parametrize("command", [["stats"], ["pub", "t", "m"], ["sub", "t", "--timeout", "1"]])
+@pytest.mark.parametrize("command", [
+    ["stats"], ["pub", "t", "m"], ["sub", "t", "--timeout", "1"], ["topics"], ["topics", "--json"],
+    ["declare", "t", "--persistence", "persistent"],
+    ["sub", "t", "--replay", "beginning", "--credit", "3", "--ack", "--timeout", "1"],
+])
 def test_no_broker_listening_is_one_line(runner: CliRunner, command: list[str]) -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     result = runner.invoke(main, [*command, "--broker", endpoint, "--no-curve"])
@@ -294,7 +486,8 @@ def test_no_broker_listening_is_one_line(runner: CliRunner, command: list[str]) 
     assert endpoint in line
 
 
-@pytest.mark.parametrize("command", [["stats"], ["pub", "t", "m"], ["sub", "t"]])
+@pytest.mark.parametrize("command",
+                         [["stats"], ["pub", "t", "m"], ["sub", "t"], ["topics"], ["declare", "t"]])
 def test_missing_keys_folder_is_one_line(runner: CliRunner, tmp_path: Path, command: list[str]) -> None:
     missing = tmp_path / "no-such-keys"
     result = runner.invoke(main, [*command, "--keys", str(missing), "--broker", f"tcp://127.0.0.1:{free_port()}"])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from broker import config
-from broker.config import DEFAULTS, BrokerConfig, ConfigError, load, parse_topic_rule
+from broker.config import DEFAULTS, BrokerConfig, ConfigError, declared_spec, load, parse_topic_rule
 from broker.topics import DEFAULT_SPEC, Delivery, Persistence, Sync, TopicRule, TopicRules, TopicSpec
 
 
@@ -124,7 +124,8 @@ def test_topic_rules_first_match_wins(tmp_path: Path) -> None:
 def test_persistent_topics_default_to_strong_sync() -> None:
     rule = parse_topic_rule({"pattern": "p", "persistence": "persistent"}, "topics[0]")
     assert rule.spec.sync is Sync.STRONG
-    assert rule.spec.describe() == {"delivery": "broadcast", "persistence": "persistent", "sync": "strong"}
+    assert rule.spec.describe() == {"delivery": "broadcast", "persistence": "persistent", "sync": "strong",
+                                    "segment_bytes": 64 << 20}
 
 
 def test_patterns_match_whole_names_and_any_bytes() -> None:
@@ -217,3 +218,51 @@ def test_every_broker_key_is_a_field_of_the_config() -> None:
 def test_limits_must_be_positive(tmp_path: Path, key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=f"{key} must be greater than 0"):
         load(write(tmp_path, f"[broker]\n{key} = {value}\n"))
+
+
+def test_retention_and_segment_size_are_topic_settings() -> None:
+    rule = parse_topic_rule(
+        {"pattern": "logs.*", "persistence": "persistent", "sync": "weak", "retention_bytes": 1 << 30,
+         "retention_seconds": 86400, "segment_bytes": 1 << 20},
+        "topics[0]",
+    )
+    assert rule.spec.retention_bytes == 1 << 30
+    assert rule.spec.retention_seconds == 86400
+    assert rule.spec.segment_bytes == 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("entry", "fragment"),
+    [
+        ({"retention_bytes": 100}, "persistent topics only"),
+        ({"persistence": "persistent", "retention_bytes": 0}, "greater than 0"),
+        ({"persistence": "persistent", "retention_seconds": "1d"}, "must be a number"),
+        ({"persistence": "persistent", "segment_bytes": 10}, "at least 1024"),
+        ({"persistence": "persistent", "segment_bytes": True}, "must be an integer"),
+    ],
+)
+def test_bad_retention_settings_are_refused(entry: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        parse_topic_rule({"pattern": "t", **entry}, "topics[0]")
+
+
+def test_declared_settings_are_read_from_text() -> None:
+    spec = declared_spec({"delivery": "round-robin", "persistence": "persistent", "sync": "async",
+                          "retention_seconds": "2.5", "max_backlog": "7"})
+    assert spec == TopicSpec(Delivery.ROUND_ROBIN, Persistence.PERSISTENT, Sync.ASYNC, max_backlog=7,
+                             retention_seconds=2.5)
+    with pytest.raises(ConfigError, match="not a number"):
+        declared_spec({"persistence": "persistent", "retention_bytes": "lots"})
+    with pytest.raises(ConfigError, match="is not one of"):
+        declared_spec({"sync": "sometimes", "persistence": "persistent"})
+
+
+def test_data_dir_and_sync_interval_come_from_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "mc0.toml"
+    path.write_text('[broker]\ndata_dir = "/var/lib/mc0"\nweak_sync_interval = 0.5\n')
+    config = load(path)
+    assert config.data_dir == Path("/var/lib/mc0")
+    assert config.weak_sync_interval == 0.5
+    path.write_text("[broker]\nweak_sync_interval = 0\n")
+    with pytest.raises(ConfigError, match="greater than 0"):
+        load(path)

@@ -1,7 +1,8 @@
 """The topic engine (broker/engine.py): message and topic ids, broadcast fan-out, round-robin strict rotation
 and room, the bounded backlog and pending limits with their drop counters, detach() requeueing, the ready
 list, unsubscribe idempotence, persistent topics and the store contract, stats(), and a hypothesis state
-machine proving that a round-robin topic never loses or duplicates a message.
+machine proving that a round-robin topic (auto-ack and explicit-ack consumers) never loses or duplicates a
+message. The engine over logs (replay, catch-up, credit, persistent queues) is in test_engine_durable.py.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from memory_log import MemoryStore
 
-from broker.engine import FIRST_MESSAGE_ID, Engine, EngineError, Message, Subscriber
+from broker.engine import FIRST_MESSAGE_ID, Engine, EngineError, Message, Subscriber, Subscription
 from broker.topics import Delivery, Persistence, Sync, TopicRule, TopicRules, TopicSpec
 
 NOW = 1_700_000_000_000
@@ -33,6 +35,16 @@ def ids(subscriber: Subscriber) -> list[int]:
 
 def backlog_ids(engine: Engine, topic: bytes) -> list[int]:
     return [message.id for message in engine.topics[topic].backlog]
+
+
+def write_out(engine: Engine, subscriber: Subscriber) -> list[int]:
+    """What the shell does after a turn: write every pending delivery and tell the engine; returns the ids."""
+    sent, subscriber.pending = subscriber.pending, []
+    if sent:
+        if subscriber.tracking:
+            engine.written(subscriber, sent)
+        engine.room_available(subscriber)
+    return [message.id for message in sent]
 
 
 # ------------------------------------------------------------------------------------------------- ids
@@ -193,10 +205,42 @@ def test_rotation_survives_a_subscriber_leaving() -> None:
     for subscriber in (a, b, c):
         engine.subscribe(subscriber, b"q.jobs")
     publish(engine, b"q.jobs", 2)  # a gets 1, b gets 2: c is next
+    # The shell wrote 1 and 2 out: unsubscribe has nothing of a's left to give back (see the next test).
+    assert [write_out(engine, s) for s in (a, b, c)] == [[1], [2], []]
     engine.unsubscribe(a, b"q.jobs")
     publish(engine, b"q.jobs", 3)
     assert ids(c) == [3, 5]
-    assert ids(b) == [2, 4]
+    assert ids(b) == [4]
+    assert a.pending == []
+
+
+def test_unsubscribe_gives_unwritten_round_robin_messages_to_the_next_consumer() -> None:
+    engine = queue_engine()
+    a, b, c = Subscriber("a"), Subscriber("b"), Subscriber("c")
+    for subscriber in (a, b, c):
+        engine.subscribe(subscriber, b"q.jobs")
+    publish(engine, b"q.jobs", 2)  # a gets 1, b gets 2: c is next
+    engine.unsubscribe(a, b"q.jobs")  # 1 was never written to a: withdrawn, and c (next in turn) gets it
+    assert a.pending == []
+    assert ids(c) == [1]
+    assert ids(b) == [2]
+    publish(engine, b"q.jobs", 2)  # the rotation goes on after c: b, then c
+    assert ids(b) == [2, 3]
+    assert ids(c) == [1, 4]
+    assert engine.topics[b"q.jobs"].messages_out == 4
+    assert backlog_ids(engine, b"q.jobs") == []
+
+
+def test_unsubscribe_withdraws_unwritten_broadcast_deliveries_of_that_topic_only() -> None:
+    engine = Engine()
+    subscriber = Subscriber()
+    engine.subscribe(subscriber, b"t")
+    engine.subscribe(subscriber, b"other")
+    publish(engine, b"t", 2)
+    publish(engine, b"other", 1)
+    publish(engine, b"t", 1)
+    engine.unsubscribe(subscriber, b"t")
+    assert [(m.topic, m.id) for m in subscriber.pending] == [(b"other", 1)]
 
 
 def test_rotation_when_the_next_in_line_leaves() -> None:
@@ -255,10 +299,13 @@ def test_room_available_ignores_topics_the_subscriber_left() -> None:
     engine.subscribe(consumer, b"q.jobs")
     publish(engine, b"q.jobs", 3)
     engine.unsubscribe(consumer, b"q.jobs")
-    consumer.pending.clear()
+    # Unsubscribe withdrew 1 (not yet written) and gave it back to the queue, in front of 2 and 3.
+    assert consumer.pending == []
+    assert backlog_ids(engine, b"q.jobs") == [1, 2, 3]
     engine.room_available(consumer)
     assert consumer.pending == []
-    assert backlog_ids(engine, b"q.jobs") == [2, 3]
+    assert backlog_ids(engine, b"q.jobs") == [1, 2, 3]
+    assert engine.topics[b"q.jobs"].messages_out == 0
 
 
 def test_bounded_backlog_drops_the_oldest_and_counts() -> None:
@@ -287,7 +334,7 @@ def test_detach_removes_every_subscription() -> None:
     for name in (b"a", b"b", b"q.jobs"):
         engine.subscribe(subscriber, name)
     engine.detach(subscriber)
-    assert subscriber.topics == set()
+    assert subscriber.topics == {}
     assert subscriber.pending == []
     for name in (b"a", b"b", b"q.jobs"):
         assert subscriber not in engine.topics[name].subscribers
@@ -384,50 +431,12 @@ def test_unsubscribe_is_idempotent() -> None:
     assert engine.unsubscribe(subscriber, b"t") is False
     assert engine.unsubscribe(subscriber, b"never-created") is False
     assert b"never-created" not in engine.topics
-    assert subscriber.topics == set()
+    assert subscriber.topics == {}
     publish(engine, b"t", 1)
     assert subscriber.pending == []
 
 
 # ------------------------------------------------------------------------------------------ persistence
-
-
-class FakeLog:
-    def __init__(self, next_id: int) -> None:
-        self.appended: list[Message] = []
-        self._next_id = next_id
-
-    @property
-    def first_id(self) -> int:
-        return 1
-
-    @property
-    def next_id(self) -> int:
-        return self._next_id
-
-    def append(self, message: Message) -> None:
-        self.appended.append(message)
-        self._next_id = message.id + 1
-
-    def commit(self) -> None: ...
-
-    def read(self, start_id: int, max_messages: int, max_bytes: int) -> list[Message]:
-        return [m for m in self.appended if m.id >= start_id][:max_messages]
-
-    def close(self) -> None: ...
-
-
-class FakeStore:
-    def __init__(self, next_id: int = 1) -> None:
-        self.opened: dict[bytes, tuple[TopicSpec, FakeLog]] = {}
-        self.next_id = next_id
-
-    def open(self, topic: bytes, spec: TopicSpec) -> FakeLog:
-        log = FakeLog(self.next_id)
-        self.opened[topic] = (spec, log)
-        return log
-
-    def close(self) -> None: ...
 
 
 PERSISTENT_RULES = TopicRules([TopicRule("log.*", TopicSpec(persistence=Persistence.PERSISTENT))])
@@ -445,18 +454,46 @@ def test_persistent_topic_without_a_store_is_refused() -> None:
 
 
 def test_persistent_topic_appends_and_resumes_ids_from_its_log() -> None:
-    store = FakeStore(next_id=41)
+    store = MemoryStore(next_id=41)  # older messages are gone: the log's ids start at 41
     engine = Engine(PERSISTENT_RULES, store)
     subscriber = Subscriber()
     engine.subscribe(subscriber, b"log.audit")
     message = engine.publish(b"log.audit", b"x", {}, NOW)
-    spec, log = store.opened[b"log.audit"]
-    assert spec.sync is Sync.STRONG
+    log = store.logs[b"log.audit"]
+    assert store.specs[b"log.audit"].sync is Sync.STRONG
     assert message.id == 41
     assert log.appended == [message]
     assert subscriber.pending == [message]
-    assert engine.stats()["log.audit"]["sync"] == "strong"
-    assert engine.stats()["log.audit"]["last_id"] == 41
+    assert engine.commit() == 1
+    assert log.committed_ids == [41]
+    stats = engine.stats()["log.audit"]
+    assert stats["sync"] == "strong"
+    assert (stats["first_id"], stats["last_id"], stats["stored"]) == (41, 41, 1)
+
+
+def test_persistent_topics_exist_from_the_start_and_ids_continue_where_the_log_ends() -> None:
+    store = MemoryStore()
+    first = Engine(PERSISTENT_RULES, store)
+    publish(first, b"log.audit", 3)
+    first.close()
+    assert store.closed
+    again = Engine(PERSISTENT_RULES, store)  # a restart: the store lists the topic, the engine opens it
+    assert list(again.topics) == [b"log.audit"]
+    assert again.publish(b"log.audit", b"x", {}, NOW).id == 4
+
+
+def test_subscriber_topics_map_names_to_subscriptions() -> None:
+    engine = Engine()
+    subscriber = Subscriber()
+    engine.subscribe(subscriber, b"a", credit=5)
+    engine.subscribe(subscriber, b"b", explicit_acks=True)
+    assert list(subscriber.topics) == [b"a", b"b"]
+    a, b = subscriber.topics[b"a"], subscriber.topics[b"b"]
+    assert isinstance(a, Subscription)
+    assert (a.topic.name, a.credit, a.explicit) == (b"a", 5, False)
+    assert (b.topic.name, b.credit, b.explicit) == (b"b", 1000, True)  # DEFAULT_EXPLICIT_CREDIT
+    assert a.subscriber is subscriber
+    assert subscriber.tracking == 2  # both need written()/ack() to count what is in flight
 
 
 # ------------------------------------------------------------------------------------------------ stats
@@ -468,15 +505,38 @@ def test_stats_describe_every_topic() -> None:
     engine.subscribe(subscriber, b"news")
     publish(engine, b"news", 2)
     publish(engine, b"q.jobs", 3)
+    not_caught_up = {"lag": 2, "credit": None, "unacked": 0, "catching_up": False}  # 2 pending, unwritten
     assert engine.stats() == {
         "news": {
             "id": 1, "delivery": "broadcast", "persistence": "transient", "subscribers": 1,
-            "messages_in": 2, "messages_out": 2, "dropped": 0, "backlog": 0, "last_id": 2,
+            "messages_in": 2, "messages_out": 2, "dropped": 0, "backlog": 0, "first_id": None, "last_id": 2,
+            "lag": 2, "consumers": [not_caught_up],
         },
         "q.jobs": {
-            "id": 2, "delivery": "round-robin", "persistence": "transient", "subscribers": 0,
-            "messages_in": 3, "messages_out": 0, "dropped": 2, "backlog": 1, "last_id": 3,
+            "id": 2, "delivery": "round-robin", "persistence": "transient", "max_backlog": 1,
+            "subscribers": 0, "messages_in": 3, "messages_out": 0, "dropped": 2, "backlog": 1,
+            "first_id": None, "last_id": 3, "lag": 0, "consumers": [],
         },
+    }
+    write_out(engine, subscriber)
+    assert engine.stats()["news"]["lag"] == 0
+
+
+def test_stats_of_a_persistent_topic_report_its_log() -> None:
+    store = MemoryStore()
+    engine = Engine(PERSISTENT_RULES, store)
+    reader = Subscriber("reader")
+    engine.subscribe(reader, b"log.audit", credit=10)
+    engine.publish(b"log.audit", b"abc", {}, NOW)
+    engine.publish(b"log.audit", b"de", {}, NOW)
+    engine.commit()
+    engine.sync()
+    assert engine.stats()["log.audit"] == {
+        "id": 1, "delivery": "broadcast", "persistence": "persistent", "sync": "strong",
+        "segment_bytes": 64 << 20, "subscribers": 1, "messages_in": 2, "messages_out": 2, "dropped": 0,
+        "backlog": 0, "first_id": 1, "last_id": 2, "lag": 2,
+        "consumers": [{"lag": 2, "credit": 10, "unacked": 0, "catching_up": False}],
+        "stored": 2, "bytes": 5, "segments": 1, "fsyncs": 2,  # one for the strong commit, one for sync()
     }
 
 
@@ -484,22 +544,31 @@ def test_stats_describe_every_topic() -> None:
 
 
 class RoundRobinConservation(RuleBasedStateMachine):
-    """Random subscribe/unsubscribe/publish/drain/detach on one queue: every message is accounted for once."""
+    """Random subscribe/unsubscribe/publish/drain/ack/detach on one queue: every message accounted for once.
+
+    Subscribers 0 and 1 auto-ack (a message is done once written); subscriber 2 acks explicitly with a credit
+    of two, so what it was written stays in flight until acked and goes back to the queue if it leaves first.
+    """
 
     TOPIC = b"q.work"
     LIMITS = (1, 2, 3)  # small, so that "no room" and the backlog happen often
+    EXPLICIT = 2
+    CREDIT = 2
 
     def __init__(self) -> None:
         super().__init__()
         self.max_backlog = 6
         self.engine = queue_engine(max_backlog=self.max_backlog)
         self.subscribers = [Subscriber(n, limit=limit) for n, limit in enumerate(self.LIMITS)]
-        self.written: list[int] = []  # ids the shell wrote out to some consumer
+        self.done: list[int] = []  # ids written to an auto-ack consumer, or acked by the explicit one
         self.published = 0
 
     @rule(n=st.integers(0, 2))
     def subscribe(self, n: int) -> None:
-        self.engine.subscribe(self.subscribers[n], self.TOPIC)
+        if n == self.EXPLICIT:
+            self.engine.subscribe(self.subscribers[n], self.TOPIC, credit=self.CREDIT, explicit_acks=True)
+        else:
+            self.engine.subscribe(self.subscribers[n], self.TOPIC)
 
     @rule(n=st.integers(0, 2))
     def unsubscribe(self, n: int) -> None:
@@ -516,10 +585,22 @@ class RoundRobinConservation(RuleBasedStateMachine):
         """The shell writes out all but ``keep`` of one subscriber's pending deliveries."""
         subscriber = self.subscribers[n]
         sent = max(0, len(subscriber.pending) - keep)
-        self.written += [m.id for m in subscriber.pending[:sent]]
+        if n != self.EXPLICIT:
+            self.done += [m.id for m in subscriber.pending[:sent]]
         subscriber.pending = subscriber.pending[sent:]
         if sent:
             self.engine.room_available(subscriber)
+
+    @precondition(lambda self: self.TOPIC in self.subscribers[self.EXPLICIT].topics)
+    @rule(count=st.integers(1, 2), unknown=st.booleans())
+    def ack(self, count: int, unknown: bool) -> None:
+        """The explicit consumer acks some of what it was written (and maybe an id it never had)."""
+        subscriber = self.subscribers[self.EXPLICIT]
+        pending = {m.id for m in subscriber.pending}
+        received = [i for i in subscriber.topics[self.TOPIC].unacked if i not in pending][:count]
+        stray = [self.published + 100] if unknown else []
+        assert self.engine.ack(subscriber, self.TOPIC, received + stray) == stray
+        self.done += received
 
     @rule()
     def take_ready(self) -> None:
@@ -535,9 +616,14 @@ class RoundRobinConservation(RuleBasedStateMachine):
     @invariant()
     def every_message_once(self) -> None:
         topic = self.engine.topic(self.TOPIC)
-        pending = [m.id for s in self.subscribers for m in s.pending]
+        explicit = self.subscribers[self.EXPLICIT]
+        subscription = explicit.topics.get(self.TOPIC)
+        in_flight = list(subscription.unacked) if subscription is not None else []
+        # The explicit consumer's pending deliveries are part of what it has in flight.
+        assert {m.id for m in explicit.pending} <= set(in_flight)
+        pending = [m.id for s in self.subscribers if s is not explicit for m in s.pending]
         backlog = [m.id for m in topic.backlog]
-        held = self.written + pending + backlog
+        held = self.done + pending + in_flight + backlog
         assert len(held) == len(set(held)), "a message was duplicated"
         assert len(held) + topic.dropped == self.published, "a message was lost"
         assert set(held) <= set(range(1, self.published + 1))
@@ -546,6 +632,9 @@ class RoundRobinConservation(RuleBasedStateMachine):
     def never_over_the_limits(self) -> None:
         for subscriber in self.subscribers:
             assert len(subscriber.pending) <= subscriber.limit
+        subscription = self.subscribers[self.EXPLICIT].topics.get(self.TOPIC)
+        if subscription is not None:
+            assert len(subscription.unacked) == subscription.outstanding <= self.CREDIT
 
     @invariant()
     def backlog_in_publish_order(self) -> None:
@@ -556,11 +645,11 @@ class RoundRobinConservation(RuleBasedStateMachine):
     def backlog_waits_only_while_nobody_has_room(self) -> None:
         topic = self.engine.topic(self.TOPIC)
         if topic.backlog:
-            assert not any(s.has_room for s in topic.subscribers)
+            assert not any(subscription.room > 0 for subscription in topic.subscriptions)
 
 
 RoundRobinConservation.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=30, deadline=None
+    max_examples=120, stateful_step_count=30, deadline=None
 )
 TestRoundRobinConservation = RoundRobinConservation.TestCase
 

@@ -40,6 +40,22 @@ VECTORS: list[tuple[list[bytes], mc0.Event]] = [
     ([b"DISCONNECT", b"ID", b"d1"], mc0.Disconnect(b"d1")),
     ([b"SUB", b"", b"topic1", b"topic2"], mc0.Sub([b"topic1", b"topic2"])),
     ([b"SUB", b"ID", b"s1", b"", b"orders"], mc0.Sub([b"orders"], b"s1")),
+    (
+        [b"SUB", b"REPLAY", b"beginning", b"CREDIT", b"10", b"ACKS", b"explicit", b"ID", b"s2", b"", b"q"],
+        mc0.Sub([b"q"], b"s2", replay="beginning", credit=10, explicit_acks=True),
+    ),
+    ([b"SUB", b"REPLAY", b"42", b"", b"log"], mc0.Sub([b"log"], replay=42)),
+    ([b"SUB", b"REPLAY", b"current", b"", b"log"], mc0.Sub([b"log"], replay="current")),
+    ([b"SUB", b"RESUME", b"7", b"ID", b"r", b"", b"log"], mc0.Sub([b"log"], b"r", resume=7)),
+    ([b"ACK", b"TOPIC", b"jobs", b"ID", b"a1", b"", b"3", b"4"], mc0.Ack(b"jobs", [3, 4], b"a1")),
+    ([b"ACK", b"TOPIC", b"jobs", b"", b"9"], mc0.Ack(b"jobs", [9])),
+    (
+        [b"DECLARE", b"DELIVERY", b"round-robin", b"PERSISTENCE", b"persistent", b"SYNC", b"weak",
+         b"RETENTION-BYTES", b"1000000", b"ID", b"d", b"", b"jobs"],
+        mc0.Declare(b"jobs", {"delivery": "round-robin", "persistence": "persistent", "sync": "weak",
+                              "retention_bytes": "1000000"}, b"d"),
+    ),
+    ([b"DECLARE", b"", b"plain"], mc0.Declare(b"plain", {})),
     ([b"UNSUB", b"", b"topic1"], mc0.Unsub([b"topic1"])),
     ([b"UNSUB", b"ID", b"u1", b"", b"a", b"b"], mc0.Unsub([b"a", b"b"], b"u1")),
     ([b"PUT", b"TOPIC", b"topic1", b"", b"body"], mc0.Put(b"topic1", b"body")),
@@ -194,8 +210,8 @@ def test_x_headers_preserved_on_put_and_copied_on_message() -> None:
 
 
 def test_unknown_reserved_headers_are_kept_for_the_caller() -> None:
-    event = mc0.decode([b"SUB", b"REPLAY", b"beginning", b"", b"t"])
-    assert event == mc0.Sub([b"t"], None, {b"REPLAY": b"beginning"})
+    event = mc0.decode([b"SUB", b"PRIORITY", b"high", b"", b"t"])
+    assert event == mc0.Sub([b"t"], None, {b"PRIORITY": b"high"})
 
 
 @pytest.mark.parametrize(
@@ -335,6 +351,21 @@ MALFORMED: list[tuple[list[bytes], bytes | None, str]] = [
     ([b"STATS", b"ID", b"7", b"", b"x"], b"7", "positional"),
     ([b"OK", b"ID", b"7", b"", b"a", b"b"], b"7", "at most one"),
     ([b"ERROR", b"ID", b"7"], b"7", "MESSAGE"),
+    ([b"SUB", b"ID", b"7", b"REPLAY", b"start", b"", b"t"], b"7", "REPLAY"),
+    ([b"SUB", b"ID", b"7", b"REPLAY", b"-1", b"", b"t"], b"7", "REPLAY"),
+    ([b"SUB", b"ID", b"7", b"REPLAY", b"1", b"RESUME", b"2", b"", b"t"], b"7", "not both"),
+    ([b"SUB", b"ID", b"7", b"RESUME", b"x", b"", b"t"], b"7", "RESUME"),
+    ([b"SUB", b"ID", b"7", b"CREDIT", b"0", b"", b"t"], b"7", "at least 1"),
+    ([b"SUB", b"ID", b"7", b"CREDIT", b"99999999999", b"", b"t"], b"7", "too large"),
+    ([b"SUB", b"ID", b"7", b"ACKS", b"sometimes", b"", b"t"], b"7", "ACKS"),
+    ([b"ACK", b"ID", b"7", b"", b"1"], b"7", "TOPIC"),
+    ([b"ACK", b"ID", b"7", b"TOPIC", b"t"], b"7", "message id"),
+    ([b"ACK", b"ID", b"7", b"TOPIC", b"t", b"", b"one"], b"7", "MESSAGE-ID"),
+    ([b"DECLARE", b"ID", b"7"], b"7", "one non-empty topic"),
+    ([b"DECLARE", b"ID", b"7", b"", b"a", b"b"], b"7", "one non-empty topic"),
+    ([b"DECLARE", b"ID", b"7", b"", b""], b"7", "one non-empty topic"),
+    ([b"DECLARE", b"ID", b"7", b"COLOUR", b"red", b"", b"t"], b"7", "no setting"),
+    ([b"DECLARE", b"ID", b"7", b"SYNC", b"\xff", b"", b"t"], b"7", "ASCII"),
     ([b"ERROR", b"MESSAGE", b"m", b"", b"x"], None, "positional"),
 ]
 
@@ -400,7 +431,7 @@ def test_long_garbage_is_shortened_in_the_error() -> None:
 # ------------------------------------------------------------------------------------ hypothesis
 
 RESERVED = {mc0.ID, mc0.TOPIC, mc0.VERSION, mc0.TTL, mc0.MESSAGE_KEY, mc0.EXTENSIONS, mc0.MESSAGE_ID,
-            mc0.TIMESTAMP}
+            mc0.TIMESTAMP, mc0.REPLAY, mc0.RESUME, mc0.CREDIT, mc0.ACKS, *mc0.DECLARE_SETTINGS}
 
 small_bytes = st.binary(max_size=24)
 topics = st.binary(min_size=1, max_size=24)
@@ -430,6 +461,27 @@ events: st.SearchStrategy[mc0.Event] = st.one_of(
     ),
     st.builds(mc0.Disconnect, id=command_ids, headers=headers),
     st.builds(mc0.Sub, topics=st.lists(topics, min_size=1, max_size=4), id=command_ids, headers=headers),
+    st.builds(
+        mc0.Sub,
+        topics=st.lists(topics, min_size=1, max_size=4),
+        id=command_ids,
+        headers=headers,
+        replay=st.none() | st.sampled_from(["beginning", "current"]) | u64,
+        credit=st.none() | st.integers(1, 2**31 - 1),
+        explicit_acks=st.booleans(),
+    ),
+    st.builds(mc0.Sub, topics=st.lists(topics, min_size=1, max_size=2), id=command_ids, resume=u64),
+    st.builds(mc0.Ack, topic=topics, message_ids=st.lists(u64, min_size=1, max_size=5), id=command_ids,
+              headers=headers),
+    st.builds(
+        mc0.Declare,
+        topic=topics,
+        settings=st.dictionaries(st.sampled_from(sorted(mc0.DECLARE_SETTINGS.values())),
+                                 st.text("abcdefghijklmnopqrstuvwxyz0123456789-.", max_size=12)),
+        id=command_ids,
+        headers=st.dictionaries(st.builds(lambda tail: b"X-" + tail, st.binary(max_size=10)), small_bytes,
+                                max_size=3),
+    ),
     st.builds(mc0.Unsub, topics=st.lists(topics, min_size=1, max_size=4), id=command_ids, headers=headers),
     st.builds(mc0.Put, topic=topics, body=st.binary(max_size=64), id=command_ids, headers=headers),
     st.builds(

@@ -1,0 +1,237 @@
+"""The file-backed store: a data directory holding one directory per persistent topic.
+
+:class:`FileStore` is the :class:`broker.store.Store` the broker runs with. It owns the data directory's
+layout: how a topic name (any non-empty byte string) becomes a safe directory name, the ``topic.json`` meta
+file that records the exact name and the topic's settings, and creating a topic directory atomically. What
+lives inside a topic directory is :mod:`broker.store.log`'s business.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from broker.store import StoreError
+from broker.store.log import SegmentLog
+from broker.store.segment import fsync_directory, write_all
+from broker.topics import Delivery, Persistence, Sync, TopicSpec
+
+META_FILE = "topic.json"
+META_FORMAT = 1
+#: Longer encoded names become a hash: 200 leaves room under the usual 255-byte limit for a file name.
+MAX_DIRECTORY_NAME = 200
+#: A directory being created is first built under this prefix (a leading "." never starts a topic directory).
+NEW_PREFIX = ".new-"
+
+_SAFE_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+#: Every name directory_name() can produce (never one starting with "."). Anything else in the data
+#: directory, such as the "lost+found" of a dedicated file system, is not ours and is left alone.
+_TOPIC_DIRECTORY = re.compile(r"(?:[A-Za-z0-9_-]|%[0-9A-F]{2})(?:[A-Za-z0-9._-]|%[0-9A-F]{2})*|~[0-9a-f]{64}")
+_SPEC_FIELDS = (
+    "delivery",
+    "persistence",
+    "sync",
+    "max_backlog",
+    "retention_bytes",
+    "retention_seconds",
+    "segment_bytes",
+)
+
+
+def directory_name(topic: bytes) -> str:
+    """The topic's directory: unsafe bytes (and a leading ``.``) as ``%XX``, or a hash if that is too long."""
+    if not topic:
+        raise ValueError("topic names must not be empty")
+    parts = [
+        chr(byte) if byte in _SAFE_BYTES and not (index == 0 and byte == 0x2E) else f"%{byte:02X}"
+        for index, byte in enumerate(topic)
+    ]
+    name = "".join(parts)
+    if len(name) > MAX_DIRECTORY_NAME:
+        return "~" + hashlib.sha256(topic).hexdigest()
+    return name
+
+
+def spec_to_json(spec: TopicSpec) -> dict[str, Any]:
+    return {
+        "delivery": spec.delivery.value,
+        "persistence": spec.persistence.value,
+        "sync": None if spec.sync is None else spec.sync.value,
+        "max_backlog": spec.max_backlog,
+        "retention_bytes": spec.retention_bytes,
+        "retention_seconds": spec.retention_seconds,
+        "segment_bytes": spec.segment_bytes,
+    }
+
+
+def spec_from_json(value: Any) -> TopicSpec:
+    """The inverse of :func:`spec_to_json`; ValueError (or TypeError) for anything it would not write."""
+    if not isinstance(value, dict) or set(value) != set(_SPEC_FIELDS):
+        raise ValueError(f"spec must be an object with exactly {', '.join(_SPEC_FIELDS)}")
+    for name in ("max_backlog", "segment_bytes"):
+        if not isinstance(value[name], int) or isinstance(value[name], bool):
+            raise ValueError(f"{name} must be an integer")
+    if value["retention_bytes"] is not None and (
+        not isinstance(value["retention_bytes"], int) or isinstance(value["retention_bytes"], bool)
+    ):
+        raise ValueError("retention_bytes must be an integer or null")
+    seconds = value["retention_seconds"]
+    if seconds is not None and (not isinstance(seconds, int | float) or isinstance(seconds, bool)):
+        raise ValueError("retention_seconds must be a number or null")
+    return TopicSpec(
+        delivery=Delivery(value["delivery"]),
+        persistence=Persistence(value["persistence"]),
+        sync=None if value["sync"] is None else Sync(value["sync"]),
+        max_backlog=value["max_backlog"],
+        retention_bytes=value["retention_bytes"],
+        retention_seconds=value["retention_seconds"],
+        segment_bytes=value["segment_bytes"],
+    )
+
+
+def encode_meta(topic: bytes, spec: TopicSpec) -> bytes:
+    meta: dict[str, Any] = {"format": META_FORMAT, "name_hex": topic.hex()}
+    # name_hex alone is the truth; "name" is only there for people reading the file.
+    with contextlib.suppress(UnicodeDecodeError):
+        meta["name"] = topic.decode("utf-8")
+    meta["spec"] = spec_to_json(spec)
+    return (json.dumps(meta, indent=2) + "\n").encode()
+
+
+def read_meta(directory: Path) -> tuple[bytes, TopicSpec]:
+    """The exact topic name and spec from a topic directory's meta file; StoreError if missing or garbled."""
+    path = directory / META_FILE
+    try:
+        meta = json.loads(path.read_bytes())
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+        if meta.get("format") != META_FORMAT:
+            raise ValueError(f"unknown format {meta.get('format')!r}")
+        name_hex = meta["name_hex"]
+        if not isinstance(name_hex, str):
+            raise ValueError("name_hex must be a string")
+        topic = bytes.fromhex(name_hex)
+        if not topic:
+            raise ValueError("empty topic name")
+        spec = spec_from_json(meta["spec"])
+        if not spec.persistent:
+            raise ValueError("the spec is not persistent")
+    except FileNotFoundError:
+        raise StoreError(f"{path}: missing: {directory} is not a topic directory") from None
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise StoreError(f"{path}: unreadable topic meta file: {exc!r}") from None
+    return topic, spec
+
+
+def write_file_atomically(path: Path, data: bytes) -> None:
+    """tmp + fsync + rename + fsync of the directory: after a crash, the old content or the new."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            write_all(fd, data, tmp)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot write: {exc}") from exc
+    fsync_directory(path.parent)
+
+
+class FileStore:
+    """Persistent topics under ``root``, one :class:`SegmentLog` per topic, opened at most once each."""
+
+    def __init__(self, root: Path, *, index_interval: int = 4096) -> None:
+        if index_interval < 1:
+            raise ValueError("index_interval must be at least 1")
+        self.root = Path(root)
+        self.index_interval = index_interval
+        self._logs: dict[bytes, SegmentLog] = {}
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{self.root}: cannot create the data directory: {exc}") from exc
+
+    def existing(self) -> list[tuple[bytes, TopicSpec]]:
+        """Topics found on disk, with the spec their meta file records, sorted by name."""
+        found = []
+        try:
+            entries = sorted(os.scandir(self.root), key=lambda entry: entry.name)
+        except OSError as exc:
+            raise StoreError(f"{self.root}: cannot list: {exc}") from exc
+        for entry in entries:
+            # Leading-dot names are topic directories still being created (directory_name encodes a leading
+            # "."); names it cannot produce and plain files are not ours.
+            if not _TOPIC_DIRECTORY.fullmatch(entry.name) or not entry.is_dir():
+                continue
+            topic, spec = read_meta(Path(entry.path))
+            if directory_name(topic) != entry.name:
+                raise StoreError(f"{entry.path}: holds topic {topic!r}, belonging in {directory_name(topic)}")
+            found.append((topic, spec))
+        found.sort(key=lambda item: item[0])
+        return found
+
+    def open(self, topic: bytes, spec: TopicSpec) -> SegmentLog:
+        """The log of ``topic``: created if new, recovered if it exists. The same object on every call.
+
+        If the meta file records other settings than ``spec`` (the configuration changed), it is rewritten:
+        the configuration in force wins. Within one process the first open's spec stays.
+        """
+        opened = self._logs.get(topic)
+        if opened is not None:
+            return opened
+        if not spec.persistent:
+            raise ValueError(f"topic {topic!r} is not persistent: it has no log")
+        directory = self.root / directory_name(topic)
+        if directory.is_dir():
+            stored_topic, stored_spec = read_meta(directory)
+            if stored_topic != topic:
+                raise StoreError(f"{directory}: holds topic {stored_topic!r}, not {topic!r}")
+            if stored_spec != spec:
+                write_file_atomically(directory / META_FILE, encode_meta(topic, spec))
+        else:
+            self._create_directory(directory, topic, spec)
+        log = SegmentLog(topic, directory, spec, index_interval=self.index_interval)
+        self._logs[topic] = log
+        return log
+
+    def _create_directory(self, directory: Path, topic: bytes, spec: TopicSpec) -> None:
+        """Build the topic directory under a hidden name, then rename it: it appears whole or not at all."""
+        new = self.root / (NEW_PREFIX + directory.name)
+        try:
+            if new.exists():
+                shutil.rmtree(new)  # left by a crash during an earlier creation
+            new.mkdir()
+            fd = os.open(new / META_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                write_all(fd, encode_meta(topic, spec), new / META_FILE)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StoreError(f"{new}: cannot create the topic directory: {exc}") from exc
+        fsync_directory(new)
+        try:
+            os.rename(new, directory)
+        except OSError as exc:
+            raise StoreError(f"{directory}: cannot create the topic directory: {exc}") from exc
+        fsync_directory(self.root)
+
+    def close(self) -> None:
+        """Close every open log (write, fsync, close); the first failure is raised after trying them all."""
+        failure: StoreError | None = None
+        for log in self._logs.values():
+            try:
+                log.close()
+            except StoreError as exc:
+                failure = failure or exc
+        self._logs.clear()
+        if failure is not None:
+            raise failure

@@ -1,0 +1,528 @@
+"""The log of one persistent topic: a chain of segments, group commit, reads by id, retention, and acks.
+
+:class:`SegmentLog` is what the engine holds for a persistent topic (the :class:`broker.store.TopicLog`
+contract). It owns the policy: appends go to an in-memory buffer, :meth:`~SegmentLog.commit` writes a
+loop turn's worth with one write and (for strong topics) one fsync, a full segment is sealed and a new one
+started, retention deletes whole sealed segments, reads seek by index and keep a cursor for sequential
+readers. The byte layouts are :mod:`broker.store.segment`'s and :mod:`broker.store.acks`'s; the topic
+directory and its meta file belong to :mod:`broker.store.files`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Iterable
+from itertools import pairwise
+from pathlib import Path
+
+import msgpack
+
+from broker.engine import Message
+from broker.store import StoreError
+from broker.store.acks import AckJournal
+from broker.store.segment import (
+    NO_ENTRY,
+    RECORD_HEAD,
+    RECORD_HEAD_SIZE,
+    SEGMENT_HEADER_SIZE,
+    Segment,
+    encode_segment_header,
+    fsync,
+    fsync_directory,
+    parse_segment_file_name,
+    pread_exact,
+    write_all,
+)
+from broker.topics import Sync, TopicSpec
+
+log = logging.getLogger("mc0.store")
+
+#: A read fetches at least this much per pread, so a replay costs one syscall per ~10,000 small records.
+READ_CHUNK = 1 << 20
+#: ...and at most this much (plus one record if a single record is bigger), whatever max_bytes says.
+MAX_READ_CHUNK = 16 << 20
+#: Sealed segments kept open (fd and loaded index) for readers; the rest are reopened on demand. A replay
+#: needs one or two at a time; the bound keeps many topics with many segments under the fd limit.
+MAX_OPEN_SEALED = 8
+#: Read positions remembered for sequential readers (each may hold a chunk of up to MAX_READ_CHUNK).
+MAX_CURSORS = 4
+#: The ack journal, beside the segments.
+ACK_FILE = "queue.acks"
+
+_crc32 = zlib.crc32
+_unpack_head = RECORD_HEAD.unpack_from
+_pack_head = RECORD_HEAD.pack
+_unpackb = msgpack.unpackb
+
+
+class SegmentLog:
+    """The on-disk log of one topic. Single-threaded: the broker's loop is the only caller."""
+
+    def __init__(self, topic: bytes, directory: Path, spec: TopicSpec, *, index_interval: int = 4096) -> None:
+        if index_interval < 1:
+            raise ValueError("index_interval must be at least 1")
+        self.topic = topic
+        self.directory = directory
+        self.spec = spec
+        self.index_interval = index_interval
+        self.fsyncs = 0  # fsyncs of .log files (the benchmark's "messages per fsync")
+        self.truncated_bytes = 0
+        self._strong = spec.sync is Sync.STRONG
+        self._segment_bytes = spec.segment_bytes
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []  # parallel to _segments, for bisect
+        self._sealing: list[Segment] = []  # rolled over by append(), written and sealed by the next write
+        self._unsynced: list[Segment] = []  # written since their last fsync
+        self._open_sealed: OrderedDict[Segment, None] = OrderedDict()  # LRU: sealed segments open for reads
+        self._dir_dirty = False  # a file was created since the directory's last fsync
+        self._buf = bytearray()  # appended to the active segment, not yet written
+        self._active_size = 0  # size of the active segment including the buffer
+        self._last_entry = NO_ENTRY  # position of the active segment's newest index entry
+        self._next_id = 1
+        self._written_next_id = 1  # readers see ids below this
+        self._last_timestamp = 0
+        self._bytes_on_disk = 0
+        # Where recent reads stopped, by the id they would read next: segment, chunk, its position, offset.
+        # Several, because the engine interleaves readers (a queue's dispatch, a redelivery, catching-up
+        # subscribers); each continues without a seek.
+        self._cursors: dict[int, tuple[Segment, bytes, int, int]] = {}
+        # The last chunk read (segment, chunk, file position): a seek that lands inside it needs no pread.
+        self._last_chunk: tuple[Segment, bytes, int] | None = None
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+        self._acks = AckJournal(directory / ACK_FILE)
+        self._closed = False
+        self._open()
+
+    # ------------------------------------------------------------------------------------------ opening
+
+    def _open(self) -> None:
+        bases = []
+        index_files = set()
+        try:
+            names = os.listdir(self.directory)
+        except OSError as exc:
+            raise StoreError(f"{self.directory}: cannot list: {exc}") from exc
+        for name in names:
+            base = parse_segment_file_name(name)
+            if base is not None:
+                bases.append(base)
+            elif name.endswith(".index"):
+                index_files.add(name)
+            elif name.endswith(".tmp"):
+                (self.directory / name).unlink(missing_ok=True)  # an interrupted atomic rewrite
+        bases.sort()
+        if not bases:
+            bases = [1]
+            Segment(self.directory, 1).create_empty()
+            fsync_directory(self.directory)
+        segments = [Segment(self.directory, base) for base in bases]
+        for name in index_files - {segment.index_path.name for segment in segments}:
+            (self.directory / name).unlink(missing_ok=True)  # retention deleted its .log, then we crashed
+        try:
+            # Check every sealed segment before touching anything: a corrupt one must stop us unchanged.
+            for segment, following in pairwise(segments):
+                segment.check_sealed(following.base - 1, self.index_interval)
+            active = segments[-1]
+            self.truncated_bytes, self._last_entry = active.recover_active(self.index_interval)
+        except BaseException:
+            for segment in segments:
+                segment.close()
+            raise
+        self._segments = segments
+        self._bases = bases
+        self._active_size = active.size
+        self._next_id = self._written_next_id = active.last_id + 1
+        self._last_timestamp = active.last_timestamp
+        self._bytes_on_disk = sum(segment.size for segment in segments)
+        try:
+            self._acks.open(self.first_id, self._next_id)
+        except BaseException:
+            self._acks.close()
+            active.close()
+            raise
+
+    # ------------------------------------------------------------------------------------------- status
+
+    @property
+    def first_id(self) -> int:
+        return self._segments[0].base
+
+    @property
+    def next_id(self) -> int:
+        return self._next_id
+
+    @property
+    def bytes_on_disk(self) -> int:
+        """Bytes written to the .log files (indexes and the ack journal not counted)."""
+        return self._bytes_on_disk
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    @property
+    def dirty(self) -> bool:
+        acks = self._acks
+        return bool(
+            self._buf
+            or self._sealing
+            or self._unsynced
+            or self._dir_dirty
+            or acks.pending
+            or acks.unsynced
+            or acks.created
+        )
+
+    @property
+    def acked_watermark(self) -> int:
+        return self._acks.watermark
+
+    @property
+    def acked_above(self) -> set[int]:
+        """The live set, not a copy (the engine asks on every dispatch): read it, never change it."""
+        return self._acks.above
+
+    def __repr__(self) -> str:
+        return f"SegmentLog({self.topic!r}, ids {self.first_id}..{self._next_id - 1})"
+
+    # ------------------------------------------------------------------------------------------ writing
+
+    def append(self, message: Message) -> None:
+        """Encode one message into the buffer. Nothing touches the disk until commit() or sync()."""
+        message_id = message.id
+        if message_id != self._next_id:
+            raise StoreError(f"{self.directory}: append of id {message_id}, the log expects {self._next_id}")
+        if self._active_size >= self._segment_bytes:
+            self._roll()
+        payload = self._pack([message.timestamp, message.headers, message.body])
+        position = self._active_size
+        if position - self._last_entry >= self.index_interval:
+            active = self._segments[-1]
+            active.ids.append(message_id)  # type: ignore[union-attr]
+            active.positions.append(position)  # type: ignore[union-attr]
+            self._last_entry = position
+        length = len(payload)
+        buf = self._buf
+        buf += _pack_head(length, _crc32(payload, _crc32(message_id.to_bytes(8, "big"))), message_id)
+        buf += payload
+        self._active_size = position + RECORD_HEAD_SIZE + length
+        self._next_id = message_id + 1
+        self._last_timestamp = message.timestamp
+
+    def _roll(self) -> None:
+        """Start a new segment at the next id; the full one is sealed by the next write."""
+        if self._closed:
+            raise StoreError(f"{self.directory}: the log is closed")
+        full = self._segments[-1]
+        full.pending = self._buf
+        full.last_id = self._next_id - 1
+        full.last_timestamp = self._last_timestamp
+        self._sealing.append(full)
+        segment = Segment(self.directory, self._next_id)
+        self._segments.append(segment)
+        self._bases.append(segment.base)
+        self._buf = bytearray(encode_segment_header(segment.base))  # the new file's first write
+        self._active_size = SEGMENT_HEADER_SIZE
+        self._last_entry = NO_ENTRY
+
+    def _write_to(self, segment: Segment, data: bytearray) -> None:
+        if segment.fd is None:
+            segment.create()
+            self._dir_dirty = True
+        assert segment.fd is not None
+        write_all(segment.fd, data, segment.path)
+        segment.size += len(data)
+        self._bytes_on_disk += len(data)
+        segment.write_new_index_entries()
+        if segment not in self._unsynced:
+            self._unsynced.append(segment)
+
+    def _write(self) -> None:
+        """Write everything buffered: full segments first (sealing them), then the active one, then acks."""
+        if self._closed:
+            raise StoreError(f"{self.directory}: the log is closed")
+        for segment in self._sealing:
+            if segment.pending:
+                self._write_to(segment, segment.pending)
+            segment.pending = None
+            self._seal(segment)
+        self._sealing.clear()
+        if self._buf:
+            active = self._segments[-1]
+            self._write_to(active, self._buf)
+            self._buf = bytearray()
+            active.last_id = self._next_id - 1
+            active.last_timestamp = self._last_timestamp
+        self._written_next_id = self._next_id
+        self._acks.write()
+
+    def _seal(self, segment: Segment) -> None:
+        """Make a full segment durable with its index before anything lands in the next one."""
+        # Always, not only if written since the last fsync: a segment recovered at open may hold bytes a
+        # crashed process wrote and nobody fsynced.
+        assert segment.fd is not None
+        fsync(segment.fd, segment.path)
+        self.fsyncs += 1
+        if segment in self._unsynced:
+            self._unsynced.remove(segment)
+        if segment.index_fd is not None:
+            fsync(segment.index_fd, segment.index_path)
+            os.close(segment.index_fd)
+            segment.index_fd = None
+        if self._dir_dirty:
+            # The sealed file's name must be durable before its successor's: a crash must never leave a later
+            # segment without an earlier one (that would read as a broken chain).
+            fsync_directory(self.directory)
+            self._dir_dirty = False
+        segment.sealed = True
+        self._remember_open(segment)
+
+    def _fsync_written(self) -> None:
+        for segment in self._unsynced:
+            assert segment.fd is not None
+            fsync(segment.fd, segment.path)
+            self.fsyncs += 1
+        self._unsynced.clear()
+        acks = self._acks
+        acks.fsync()
+        if self._dir_dirty or acks.created:
+            fsync_directory(self.directory)
+            self._dir_dirty = acks.created = False
+
+    def commit(self) -> None:
+        """Group commit of one loop turn: one write, and for strong topics the fsyncs it needs."""
+        if self._buf or self._sealing or self._acks.pending:
+            self._write()
+        if self._strong and (self._unsynced or self._acks.unsynced or self._dir_dirty or self._acks.created):
+            self._fsync_written()
+
+    def sync(self) -> None:
+        """Write anything buffered, then fsync everything written since the last fsync; no-op when clean."""
+        if not self.dirty:
+            return
+        self._write()
+        self._fsync_written()
+
+    def close(self) -> None:
+        """Write, fsync and close every file. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self.sync()
+        finally:
+            self._closed = True
+            self._cursors.clear()
+            self._last_chunk = None
+            for segment in self._segments:
+                segment.close()
+            self._open_sealed.clear()
+            self._acks.close()
+
+    # ------------------------------------------------------------------------------------------- acks
+
+    def ack(self, ids: Iterable[int]) -> None:
+        """Record acked ids; durable at the next commit() under the topic's sync rule."""
+        self._acks.ack(ids, self._next_id)
+
+    # ---------------------------------------------------------------------------------------- retention
+
+    def enforce_retention(self, now_ms: int) -> int:
+        """Delete whole sealed segments, oldest first, while over the byte budget or older than allowed."""
+        retention_bytes = self.spec.retention_bytes
+        retention_seconds = self.spec.retention_seconds
+        if retention_bytes is None and retention_seconds is None:
+            return 0
+        cutoff = None if retention_seconds is None else now_ms - retention_seconds * 1000
+        deleted = 0
+        segments = self._segments
+        while len(segments) > 1 and segments[0].sealed:
+            oldest = segments[0]
+            over_budget = retention_bytes is not None and self._bytes_on_disk > retention_bytes
+            too_old = cutoff is not None and oldest.last_timestamp < cutoff
+            if not (over_budget or too_old):
+                break
+            self._open_sealed.pop(oldest, None)
+            oldest.delete()
+            # Each deletion is durable before the next: after a crash the segments gone are always the
+            # oldest ones, never an older one back without a newer one (that would read as a broken chain).
+            fsync_directory(self.directory)
+            del segments[0]
+            del self._bases[0]
+            self._bytes_on_disk -= oldest.size
+            deleted += 1
+            log.info("%s: retention deleted %s", self.directory, oldest.path.name)
+        if deleted:
+            self._cursors = {key: value for key, value in self._cursors.items() if not value[0].deleted}
+            if self._last_chunk is not None and self._last_chunk[0].deleted:
+                self._last_chunk = None
+            self._acks.raise_floor(self.first_id)
+        return deleted
+
+    # ------------------------------------------------------------------------------------------ reading
+
+    def _remember_open(self, segment: Segment) -> None:
+        """Keep a sealed segment open for readers, closing the least recently used beyond the limit."""
+        cache = self._open_sealed
+        cache[segment] = None
+        cache.move_to_end(segment)
+        while len(cache) > MAX_OPEN_SEALED:
+            evicted, _ = cache.popitem(last=False)
+            evicted.close()
+            evicted.forget_index()
+
+    def _readable(self, segment: Segment) -> None:
+        """Make sure a segment's fd and index are there for reading."""
+        if segment.sealed:
+            if segment.fd is None:
+                segment.open_for_reading()
+            if segment.ids is None:
+                segment.load_index(self.index_interval)
+            self._remember_open(segment)
+
+    def _corrupt(self, segment: Segment, position: int, why: str) -> StoreError:
+        return StoreError(f"{segment.path}: byte {position}: {why}")
+
+    def read(self, start_id: int, max_messages: int, max_bytes: int) -> list[Message]:
+        """Written messages from ``start_id`` (or the first stored) on, in order.
+
+        At most ``max_messages``, and bodies totalling at most ``max_bytes``: the message that would go past
+        it is left for the next read, unless it is the first, which is always returned. A read that starts
+        where an earlier one stopped continues from its cached chunk and file position; any other read seeks
+        by the index.
+        """
+        if self._closed:
+            raise StoreError(f"{self.directory}: the log is closed")
+        first_id = self._segments[0].base
+        if start_id < first_id:
+            start_id = first_id
+        if start_id >= self._written_next_id or max_messages <= 0:
+            return []
+        # Ids are consecutive, so the count bound is an id bound: one comparison per record for both.
+        stop_id = min(self._written_next_id, start_id + max_messages)
+        cursor = self._cursors.pop(start_id, None)
+        if cursor is not None and not cursor[0].deleted:
+            segment, chunk, chunk_start, offset = cursor
+            self._readable(segment)
+            expected, seek_position = start_id, -1
+        else:
+            segment, chunk, chunk_start, offset, expected, seek_position = self._seek(start_id)
+        chunk_size = min(max(max_bytes, READ_CHUNK), MAX_READ_CHUNK)
+        topic = self.topic
+        out: list[Message] = []
+        append = out.append
+        unpack_head, crc32, unpackb, message_type = _unpack_head, _crc32, _unpackb, Message
+        total = 0
+        chunk_length = len(chunk)
+        while True:
+            # The hot loop: 16 is RECORD_HEAD_SIZE, spelled out because a constant is cheaper than a global.
+            if offset + 16 <= chunk_length:
+                length, crc, record_id = unpack_head(chunk, offset)
+                end = offset + 16 + length
+                if end <= chunk_length:
+                    if record_id != expected:
+                        if chunk_start + offset == seek_position:
+                            # The index entry we seeked by is wrong (derived data): rebuild it and retry.
+                            segment.rebuild_index(self.index_interval)
+                            self._cursors.clear()
+                            self._last_chunk = None
+                            return self.read(start_id, max_messages, max_bytes)
+                        raise self._corrupt(
+                            segment, chunk_start + offset, f"record has id {record_id}, expected {expected}"
+                        )
+                    if record_id < start_id:  # between the index entry we seeked to and the id asked for
+                        offset = end
+                        expected += 1
+                        continue
+                    # Bytes slices, not memoryview slices: for ~100-byte records the copy is cheaper than
+                    # exporting a buffer, for zlib and for msgpack alike.
+                    if crc32(chunk[offset + 8 : end]) != crc:
+                        raise self._corrupt(
+                            segment, chunk_start + offset, f"CRC mismatch in record {record_id}"
+                        )
+                    try:
+                        timestamp, headers, body = unpackb(chunk[offset + 16 : end])
+                    except Exception as exc:  # msgpack and unpacking raise several types; all mean corruption
+                        raise self._corrupt(
+                            segment, chunk_start + offset, f"record {record_id} does not decode ({exc!r})"
+                        ) from None
+                    total += len(body)
+                    if total > max_bytes and out:
+                        break  # this one is for the next read
+                    append(message_type(topic, record_id, body, headers, timestamp))
+                    offset = end
+                    expected += 1
+                    if expected >= stop_id:
+                        break
+                    continue
+                need = 16 + length
+            else:
+                need = 16
+            # The chunk holds no further whole record: fetch more (from the next segment if this one is done).
+            position = chunk_start + offset
+            segment, chunk, chunk_start = self._next_chunk(segment, position, need, expected, chunk_size)
+            offset, chunk_length = 0, len(chunk)
+        cursors = self._cursors
+        cursors[expected] = (segment, chunk, chunk_start, offset)
+        if len(cursors) > MAX_CURSORS:
+            del cursors[next(iter(cursors))]  # the oldest
+        return out
+
+    def _seek(self, start_id: int) -> tuple[Segment, bytes, int, int, int, int]:
+        """Where to start reading ``start_id``: the segment, and its newest index entry at or before the id.
+
+        Returns ``(segment, chunk, chunk position, offset, entry id, entry position)``; the chunk is the last
+        one read if the entry lies inside it, else empty (the read loop fetches it).
+        """
+        segment = self._segments[bisect_right(self._bases, start_id) - 1]
+        self._readable(segment)
+        ids, positions = segment.ids, segment.positions
+        assert ids is not None
+        assert positions is not None
+        entry = bisect_right(ids, start_id) - 1
+        if entry < 0:
+            raise self._corrupt(segment, SEGMENT_HEADER_SIZE, "no index entry for the first record")
+        entry_id, position = ids[entry], positions[entry]
+        last = self._last_chunk
+        if last is not None and last[0] is segment and 0 <= position - last[2] < len(last[1]):
+            return segment, last[1], last[2], position - last[2], entry_id, position
+        return segment, b"", position, 0, entry_id, position
+
+    def _next_chunk(
+        self, segment: Segment, position: int, need: int, expected: int, chunk_size: int
+    ) -> tuple[Segment, bytes, int]:
+        """pread the bytes from ``position`` on (at least ``need``), moving to the next segment at the end."""
+        if position >= segment.size:
+            following = self._segments[bisect_right(self._bases, expected) - 1]
+            if following is segment or following.base != expected:
+                raise self._corrupt(segment, position, f"no segment holds id {expected}")
+            segment = following
+            self._readable(segment)
+            position, need = SEGMENT_HEADER_SIZE, RECORD_HEAD_SIZE
+        available = segment.size - position
+        if available < need:
+            raise self._corrupt(segment, position, f"record cut short ({available} of {need} bytes)")
+        assert segment.fd is not None
+        chunk = pread_exact(segment.fd, min(max(chunk_size, need), available), position, segment.path)
+        if len(chunk) < need:
+            raise self._corrupt(segment, position, "the file is shorter than the log says")
+        self._last_chunk = (segment, chunk, position)
+        return segment, chunk, position
+
+    def verify(self) -> None:
+        """Scan every written record of every segment (CRC, ids, payload); StoreError at the first bad one."""
+        for segment, following in zip(self._segments, [*self._segments[1:], None], strict=True):
+            if segment.size == 0:  # a rolled segment whose file is not written yet
+                continue
+            self._readable(segment)
+            scan = segment.scan(
+                SEGMENT_HEADER_SIZE, segment.base, segment.size, self.index_interval, decode=True
+            )
+            if scan.error is not None:
+                raise self._corrupt(segment, scan.end, scan.error)
+            if following is not None and following.size and scan.next_id != following.base:
+                why = f"ends before id {scan.next_id}, the next segment starts at {following.base}"
+                raise self._corrupt(segment, scan.end, why)

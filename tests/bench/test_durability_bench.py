@@ -1,0 +1,24 @@
+"""A smoke test of ``python -m bench durability`` with tiny counts: every figure positive, every check passed.
+
+It measures nothing (the counts are far too small for the ratios to mean anything); it proves that the
+benchmark still runs against the current broker, connector and codec, and that its checks hold.
+"""
+
+from __future__ import annotations
+
+from bench import durability
+
+
+def test_durability_benchmark_runs_and_its_checks_pass(tmp_path):
+    report = durability.run(messages=300, replay_messages=2000, window=100, batch=0, base_dir=tmp_path)
+
+    assert report.problems() == []
+    assert report.durability_ok
+    for kind, result in report.confirmed[1].items():
+        assert result.rate > 0, kind
+        assert result.durabilities == {durability.EXPECTED_DURABILITY[kind]: 300}
+    assert report.confirmed[1]["strong"].fsyncs > 0
+    assert report.confirmed[1]["strong"].per_fsync > 0
+    assert report.replay.rate > 0 and report.replay.received == 2000
+    assert report.live.rate > 0 and report.live.received == 2000
+    assert list(tmp_path.iterdir()) == []  # the data directory is removed afterwards

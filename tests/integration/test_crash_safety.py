@@ -1,0 +1,187 @@
+"""Crash safety, proven on a real broker process: confirmed PUTs to a strong topic, SIGKILL mid-stream,
+restart, and every message the broker said OK to is there exactly once, in order, with ids continuing.
+Also: SIGTERM stops a broker cleanly with everything a weak topic took stored (the fsync on close is counted
+in the store's unit tests; a process exit alone cannot show it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+from conftest import free_port
+
+from protocol import mc0
+
+START_TIMEOUT = 20.0
+#: PUTs in flight at once: enough that the kill lands while many are neither stored nor answered.
+WINDOW = 200
+
+
+def write_config(tmp_path: Path, port: int, sync: str) -> Path:
+    path = tmp_path / "mc0.toml"
+    path.write_text(
+        f'[broker]\nbind = "tcp://127.0.0.1:{port}"\ncurve = false\ndata_dir = "{tmp_path / "data"}"\n'
+        f'log_level = "warning"\n\n'
+        f'[[topics]]\npattern = "crash.*"\npersistence = "persistent"\nsync = "{sync}"\n'
+        "segment_bytes = 65536\n",  # several segments: recovery crosses sealed ones
+        encoding="utf-8",
+    )
+    return path
+
+
+def spawn(config: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-c", "from connector.cli import main; main()", "broker", "--config", str(config)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def dealer(context: zmq.Context, port: int) -> zmq.Socket:
+    socket = context.socket(zmq.DEALER)
+    socket.linger = 0
+    socket.connect(f"tcp://127.0.0.1:{port}")
+    return socket
+
+
+def request(socket: zmq.Socket, event: mc0.Event, timeout: float = 2.0) -> mc0.Event | None:
+    socket.send_multipart(mc0.encode(event))
+    if not socket.poll(int(timeout * 1000)):
+        return None
+    return mc0.decode(socket.recv_multipart())
+
+
+def wait_until_serving(context: zmq.Context, port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read().decode() if process.stderr else "broker exited"
+        socket = dealer(context, port)
+        try:
+            reply = request(socket, mc0.Connect(ttl=None, id=b"c"), 0.5)
+        finally:
+            socket.close()
+        if isinstance(reply, mc0.Ok):
+            return
+    raise AssertionError("the broker did not start serving in time")
+
+
+def read_all(context: zmq.Context, port: int, topic: bytes) -> list[tuple[int, bytes]]:
+    """Every stored message of ``topic`` (id, body), replayed from the beginning."""
+    socket = dealer(context, port)
+    try:
+        reply = request(socket, mc0.Connect(ttl=None, id=b"c", extensions=frozenset({"ids"})))
+        assert isinstance(reply, mc0.Ok)
+        reply = request(socket, mc0.Sub([topic], b"s", replay="beginning"))
+        assert isinstance(reply, mc0.Ok), reply
+        stored: list[tuple[int, bytes]] = []
+        while socket.poll(1500):
+            event = mc0.decode(socket.recv_multipart())
+            assert isinstance(event, mc0.Message)
+            assert event.message_id is not None
+            stored.append((event.message_id, event.body))
+        return stored
+    finally:
+        socket.close()
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        process.wait(10)
+
+
+@pytest.mark.timeout(90)
+def test_every_confirmed_put_survives_sigkill_exactly_once_in_order(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, port, "strong")
+    context = zmq.Context()
+    broker = spawn(config)
+    try:
+        wait_until_serving(context, port, broker)
+        publisher = dealer(context, port)
+        reply = request(publisher, mc0.Connect(ttl=None, id=b"c", extensions=frozenset({"ids"})))
+        assert isinstance(reply, mc0.Ok)
+        confirmed: dict[int, bytes] = {}  # message id -> body, from the OKs
+        sent = 0
+        in_flight = 0
+        kill_after = 1500 + int.from_bytes(os.urandom(2), "big") % 1000  # a different moment each run
+        killed = False
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            while not killed and in_flight < WINDOW:
+                body = b"m%06d" % sent
+                publisher.send_multipart(mc0.encode(mc0.Put(b"crash.orders", body, b"%d" % sent)))
+                sent += 1
+                in_flight += 1
+            if not publisher.poll(200 if not killed else 500):
+                if killed:
+                    break  # the dead broker answers nothing more
+                continue
+            reply = mc0.decode(publisher.recv_multipart())
+            assert isinstance(reply, mc0.Ok), reply
+            in_flight -= 1
+            assert reply.headers[mc0.DURABILITY] == b"fsync"
+            body = b"m%06d" % int(reply.id or b"0")
+            confirmed[int(reply.headers[mc0.MESSAGE_ID])] = body
+            if not killed and len(confirmed) >= kill_after:
+                broker.send_signal(signal.SIGKILL)  # mid-stream: WINDOW PUTs are in flight right now
+                broker.wait(10)
+                killed = True
+        assert killed, "the kill never happened"
+        publisher.close()
+
+        broker = spawn(config)
+        wait_until_serving(context, port, broker)
+        stored = read_all(context, port, b"crash.orders")
+        ids = [message_id for message_id, _ in stored]
+        bodies = [body for _, body in stored]
+        assert ids == list(range(1, len(stored) + 1)), "ids are dense from 1, in order"
+        assert bodies == [b"m%06d" % n for n in range(len(stored))], "stored in send order, no duplicate"
+        for message_id, body in confirmed.items():
+            assert stored[message_id - 1] == (message_id, body), f"confirmed message {message_id} was lost"
+        assert len(stored) >= len(confirmed)
+
+        # Ids continue after the recovered tail.
+        publisher = dealer(context, port)
+        request(publisher, mc0.Connect(ttl=None, id=b"c", extensions=frozenset({"ids"})))
+        reply = request(publisher, mc0.Put(b"crash.orders", b"after", b"x"))
+        assert isinstance(reply, mc0.Ok)
+        assert int(reply.headers[mc0.MESSAGE_ID]) == len(stored) + 1
+        publisher.close()
+    finally:
+        stop(broker)
+        context.term()
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_stops_cleanly_with_every_weak_message_stored(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, port, "weak")
+    context = zmq.Context()
+    broker = spawn(config)
+    try:
+        wait_until_serving(context, port, broker)
+        publisher = dealer(context, port)
+        request(publisher, mc0.Connect(ttl=None, id=b"c", extensions=frozenset({"ids"})))
+        for n in range(500):
+            publisher.send_multipart(mc0.encode(mc0.Put(b"crash.weak", b"w%d" % n)))
+        reply = request(publisher, mc0.Put(b"crash.weak", b"last", b"confirm"))
+        assert isinstance(reply, mc0.Ok)
+        assert reply.headers[mc0.DURABILITY] == b"written"
+        publisher.close()
+        broker.send_signal(signal.SIGTERM)
+        assert broker.wait(15) == 0, broker.stderr.read().decode() if broker.stderr else ""
+
+        broker = spawn(config)
+        wait_until_serving(context, port, broker)
+        stored = read_all(context, port, b"crash.weak")
+        assert [body for _, body in stored] == [b"w%d" % n for n in range(500)] + [b"last"]
+    finally:
+        stop(broker)
+        context.term()
