@@ -322,24 +322,20 @@ class Engine:
         return topic
 
     def check_subscribe(self, name: bytes, replay: str | int | None) -> None:
-        """Raise what :meth:`subscribe` would raise, before anything changes (a SUB is refused whole)."""
-        self._start(self.topic(name), replay, None)
+        """Raise what :meth:`subscribe` would raise, before anything changes: a SUB is refused whole, and a
+        refused SUB creates no topic."""
+        if not name:
+            raise EngineError("topic names must not be empty")
+        topic = self.topics.get(name)
+        spec = topic.spec if topic is not None else self.rules.spec_for(name)
+        _check_replay(name, spec, replay)
 
     def _start(self, topic: Topic, replay: str | int | None, resume: int | None) -> int | None:
         """The first id a new broadcast subscription reads from the log, or None for live delivery."""
         if replay is not None and replay != REPLAY_CURRENT:
-            if topic.round_robin:
-                raise EngineError(f"topic {_shown(topic.name)} is round-robin: a queue is consumed from its "
-                                  "own position, replay applies to broadcast topics")
-            if topic.log is None:
-                raise EngineError(f"topic {_shown(topic.name)} is transient: there is no log to replay")
-            if replay == REPLAY_BEGINNING:
-                first = topic.log.first_id
-            elif isinstance(replay, int) and not isinstance(replay, bool) and replay >= 0:
-                first = replay
-            else:
-                raise EngineError(f"replay must be {REPLAY_BEGINNING!r}, {REPLAY_CURRENT!r} or a message id, "
-                                  f"not {replay!r}")
+            _check_replay(topic.name, topic.spec, replay)
+            assert topic.log is not None  # a persistent topic always has its log
+            first = topic.log.first_id if replay == REPLAY_BEGINNING else int(replay)
         elif resume is not None and topic.log is not None and not topic.round_robin:
             first = resume
         else:
@@ -772,6 +768,20 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         return {name.decode("utf-8", "replace"): topic.stats() for name, topic in self.topics.items()}
+
+
+def _check_replay(name: bytes, spec: TopicSpec, replay: str | int | None) -> None:
+    """Refuse a replay the topic's settings cannot honour (or a malformed one from a careless door)."""
+    if replay is None or replay == REPLAY_CURRENT:
+        return
+    if replay != REPLAY_BEGINNING and (type(replay) is not int or replay < 0):
+        raise EngineError(f"replay must be {REPLAY_BEGINNING!r}, {REPLAY_CURRENT!r} or a message id, "
+                          f"not {replay!r}")
+    if spec.delivery is Delivery.ROUND_ROBIN:
+        raise EngineError(f"topic {_shown(name)} is round-robin: a queue is consumed from its own position, "
+                          "replay applies to broadcast topics")
+    if not spec.persistent:
+        raise EngineError(f"topic {_shown(name)} is transient: there is no log to replay")
 
 
 def _shown(name: bytes) -> str:

@@ -155,12 +155,14 @@ def declare_event(topic: str | bytes, settings: Mapping[str, object]) -> mc0.Dec
     texts = {name: _setting_text(name, value) for name, value in settings.items() if value is not None}
     return mc0.Declare(raw, texts)
 
+
 #: One queued publish: (topic, body, headers) as bytes, headers possibly empty.
 Publish = tuple[bytes, bytes, dict[bytes, bytes]]
 
 
 class ClientCore:
-    """Protocol state of one client connection (rebuilt on reconnect, except the subscriptions)."""
+    """Protocol state of one client connection (rebuilt on reconnect, except the subscriptions and the last
+    message ids, which say how to restore them)."""
 
     def __init__(self, ttl_ms: int | None = 30_000) -> None:
         if ttl_ms is not None and ttl_ms <= 0:

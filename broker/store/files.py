@@ -2,13 +2,18 @@
 
 :class:`FileStore` is the :class:`broker.store.Store` the broker runs with. It owns the data directory's
 layout: how a topic name (any non-empty byte string) becomes a safe directory name, the ``topic.json`` meta
-file that records the exact name and the topic's settings, and creating a topic directory atomically. What
-lives inside a topic directory is :mod:`broker.store.log`'s business.
+file that records the exact name and the topic's settings, creating a topic directory atomically, and the
+lock that keeps a second broker out of a data directory in use. What lives inside a topic directory is
+:mod:`broker.store.log`'s business.
+
+The data directory is created, and locked, only when the first persistent topic is opened (or found): a broker
+with transient topics only never touches the disk.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -28,6 +33,8 @@ META_FORMAT = 1
 MAX_DIRECTORY_NAME = 200
 #: A directory being created is first built under this prefix (a leading "." never starts a topic directory).
 NEW_PREFIX = ".new-"
+#: Held with flock() while a broker uses the directory: two brokers appending to one log would corrupt it.
+LOCK_FILE = ".lock"
 
 _SAFE_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 #: Every name directory_name() can produce (never one starting with "."). Anything else in the data
@@ -154,13 +161,42 @@ class FileStore:
         self.root = Path(root)
         self.index_interval = index_interval
         self._logs: dict[bytes, SegmentLog] = {}
+        self._lock_fd: int | None = None
+
+    def _claim(self) -> None:
+        """Create the data directory if needed and lock it for this process (once)."""
+        if self._lock_fd is not None:
+            return
         try:
             self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise StoreError(f"{self.root}: cannot create the data directory: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise StoreError(f"{self.root}: another broker is using this data directory") from None
+        self._lock_fd = fd
+
+    def _release_if_idle(self) -> None:
+        if self._lock_fd is not None and not self._logs:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 
     def existing(self) -> list[tuple[bytes, TopicSpec]]:
-        """Topics found on disk, with the spec their meta file records, sorted by name."""
+        """Topics found on disk, with the spec their meta file records, sorted by name (none when the data
+        directory does not exist yet)."""
+        if not self.root.exists():
+            return []
+        self._claim()
+        try:
+            return self._existing()
+        except BaseException:
+            self._release_if_idle()  # a refused start must not keep the directory locked
+            raise
+
+    def _existing(self) -> list[tuple[bytes, TopicSpec]]:
         found = []
         try:
             entries = sorted(os.scandir(self.root), key=lambda entry: entry.name)
@@ -189,6 +225,14 @@ class FileStore:
             return opened
         if not spec.persistent:
             raise ValueError(f"topic {topic!r} is not persistent: it has no log")
+        self._claim()
+        try:
+            return self._open(topic, spec)
+        except BaseException:
+            self._release_if_idle()
+            raise
+
+    def _open(self, topic: bytes, spec: TopicSpec) -> SegmentLog:
         directory = self.root / directory_name(topic)
         if directory.is_dir():
             stored_topic, stored_spec = read_meta(directory)
@@ -233,5 +277,6 @@ class FileStore:
             except StoreError as exc:
                 failure = failure or exc
         self._logs.clear()
+        self._release_if_idle()
         if failure is not None:
             raise failure

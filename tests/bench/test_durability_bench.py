@@ -22,3 +22,12 @@ def test_durability_benchmark_runs_and_its_checks_pass(tmp_path):
     assert report.replay.rate > 0 and report.replay.received == 2000
     assert report.live.rate > 0 and report.live.received == 2000
     assert list(tmp_path.iterdir()) == []  # the data directory is removed afterwards
+
+
+def test_a_strong_topic_with_too_few_fsyncs_is_reported():
+    # 1,000 messages confirmed as fsync with at most 100 in flight need at least 10 fsyncs.
+    result = durability.ConfirmedResult("strong", 1, 1000, 100, confirmed=1000, seconds=1.0,
+                                        durabilities={"fsync": 1000}, fsyncs=9, stored=1000)
+    assert any("fsyncs" in problem for problem in result.problems())
+    result.fsyncs = 10
+    assert result.problems() == []

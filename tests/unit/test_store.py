@@ -81,6 +81,13 @@ def segment_paths(directory: Path) -> list[Path]:
     return sorted(directory.glob("*.log"))
 
 
+@pytest.fixture(autouse=True)
+def no_fsync(monkeypatch) -> None:
+    """Crashes are simulated by editing files, so the page cache is the disk here: a real fsync would only
+    make the tests as slow as the machine's disk. Tests that count fsyncs replace this with a counter."""
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
+
+
 @pytest.fixture
 def store(tmp_path: Path):
     opened = FileStore(tmp_path / "data", index_interval=64)
@@ -493,7 +500,7 @@ def test_topic_names_round_trip_through_existing(tmp_path: Path) -> None:
         log.append(message(1, name, topic=name))
         log.commit()
     store.close()
-    entries = sorted(os.listdir(root))
+    entries = sorted(entry for entry in os.listdir(root) if entry != ".lock")
     assert len(entries) == len(NAMES)
     for entry in entries:
         assert not entry.startswith(".")
@@ -542,6 +549,7 @@ def test_meta_file_contents(store: FileStore) -> None:
         },
     }
     assert "name" not in json.loads((store.root / "%FF" / "topic.json").read_text())
+    store.close()
     assert FileStore(store.root).existing() == [(b"caf\xc3\xa9", topic_spec), (b"\xff", SMALL)]
 
 
@@ -550,7 +558,7 @@ def test_opening_with_another_spec_rewrites_the_meta_file(store: FileStore) -> N
     changed = spec(retention_seconds=60)
     log = reopen(store, changed)
     assert log.spec == changed
-    assert FileStore(store.root).existing() == [(TOPIC, changed)]
+    assert store.existing() == [(TOPIC, changed)]
     assert log.next_id == 4
 
 
@@ -611,13 +619,7 @@ def test_store_close_writes_and_closes_every_log(store: FileStore) -> None:
 def fsync_calls(monkeypatch) -> list[int]:
     """Every os.fsync the store makes (data, index, journal and directory alike)."""
     calls: list[int] = []
-    real = os.fsync
-
-    def counting(fd: int) -> None:
-        calls.append(fd)
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", counting)
+    monkeypatch.setattr(os, "fsync", calls.append)
     return calls
 
 
@@ -749,3 +751,24 @@ def test_model(tmp_path_factory, steps) -> None:
     assert read_all(log) == model
     log.verify()
     store.close()
+
+
+def test_the_data_directory_is_created_only_when_a_persistent_topic_needs_it(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    store = FileStore(root)
+    assert store.existing() == []
+    assert not root.exists(), "a broker with transient topics only never touches the disk"
+    store.open(b"t", TopicSpec(persistence=Persistence.PERSISTENT))
+    assert root.is_dir()
+    store.close()
+
+
+def test_a_second_store_on_a_data_directory_in_use_is_refused(tmp_path: Path) -> None:
+    first = FileStore(tmp_path)
+    first.open(b"t", TopicSpec(persistence=Persistence.PERSISTENT))
+    second = FileStore(tmp_path)
+    with pytest.raises(StoreError, match="another broker"):
+        second.existing()
+    first.close()
+    assert [name for name, _ in second.existing()] == [b"t"], "the lock goes with close()"
+    second.close()
