@@ -45,4 +45,4 @@ HEALTHCHECK --interval=30s --timeout=10s --start-period=10s --retries=3 \
 # Exec form: the broker is PID 1 and gets SIGTERM (graceful stop) and SIGHUP (re-read the allow-list) itself.
 # Other subcommands run the same way: `docker run --rm -v mc0-keys:/keys mc0 keys generate --client alice`.
 ENTRYPOINT ["mc0"]
-CMD ["broker", "--bind", "tcp://0.0.0.0:61616", "--keys", "/keys"]
+CMD ["broker", "--bind", "tcp://0.0.0.0:61616", "--keys", "/keys", "--data-dir", "/data"]

@@ -31,11 +31,14 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         from broker.config import ConfigError  # the broker is optional for client-only commands
+        from broker.store import StoreError
 
         try:
             return super().invoke(ctx)
         except (ConnectorError, KeyFileError, ConfigError) as error:
             raise click.ClickException(str(error)) from None
+        except StoreError as error:  # at start: a corrupt sealed segment, a data directory in use
+            raise click.ClickException(f"store: {error}") from None
         except zmq.ZMQError as error:
             raise click.ClickException(f"ZeroMQ: {error}") from None
         except OSError as error:
@@ -75,18 +78,20 @@ def _connect(endpoint: str, keys_dir: Path, no_curve: bool, **options: Any) -> C
 @click.option("--bind", help="mc0 ROUTER endpoint [default: tcp://*:61616].")
 @click.option("--keys", "keys_dir", type=click.Path(path_type=Path), envvar="MC0_KEYS",
               help="Keys folder [default: keys].")
+@click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Where persistent topics keep their logs [default: mc0-data].")
 @click.option("--no-curve", is_flag=True, help="Plaintext, any client admitted: development only.")
 @click.option("--allow-any-client", is_flag=True, help="CURVE encryption without the client allow-list.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               help="Logging level [default: INFO].")
-def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, no_curve: bool,
-           allow_any_client: bool, log_level: str | None) -> None:
+def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, data_dir: Path | None,
+           no_curve: bool, allow_any_client: bool, log_level: str | None) -> None:
     """Run the broker until SIGINT or SIGTERM."""
     from broker import config as broker_config
     from broker import server
 
     config = broker_config.load(config_file).replace(
-        bind=bind, keys_dir=keys_dir, log_level=log_level.upper() if log_level else None,
+        bind=bind, keys_dir=keys_dir, data_dir=data_dir, log_level=log_level.upper() if log_level else None,
         curve=False if no_curve else None, allow_any_client=True if allow_any_client else None,
     )
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

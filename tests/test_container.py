@@ -27,7 +27,8 @@ DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERIGNORE = ROOT / ".dockerignore"
 PORT = 61616
-BROKER_COMMAND = ["mc0", "broker", "--bind", f"tcp://0.0.0.0:{PORT}", "--keys", "/keys"]
+BROKER_COMMAND = ["mc0", "broker", "--bind", f"tcp://0.0.0.0:{PORT}", "--keys", "/keys", "--data-dir",
+                  "/data"]
 HEALTH_COMMAND = ["mc0", "stats", "--broker", f"tcp://127.0.0.1:{PORT}", "--keys", "/keys"]
 
 
