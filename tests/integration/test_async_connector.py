@@ -357,9 +357,12 @@ def test_heartbeats_keep_an_idle_client_connected(start_broker: BrokerFactory) -
     broker = start_broker(heartbeat_tick=0.01)
 
     async def main() -> None:
-        async with AsyncClient(broker.endpoint, ttl=400) as client, AsyncClient(broker.endpoint) as publisher:
+        # TTL 1 s, idle for 2.5 TTLs. The client gives up 0.1 x TTL after the broker's NOOP is due (1.05 vs
+        # 0.95 x TTL); a shorter TTL leaves a window that scheduling jitter on a busy machine can close.
+        client = AsyncClient(broker.endpoint, ttl=1000)
+        async with client, AsyncClient(broker.endpoint) as publisher:
             await client.subscribe("idle")
-            assert await client.receive(timeout=2.0) is None
+            assert await client.receive(timeout=2.5) is None
             assert (await publisher.stats())["topics"]["idle"]["subscribers"] == 1
             await publisher.publish("idle", "still there")
             message = await client.receive(timeout=ARRIVAL)
