@@ -178,11 +178,16 @@ class RouterShell:
             case mc0.Sub(topics, command_id, _, replay, resume, credit, explicit_acks):
                 for topic in topics:  # refused whole: check every topic before subscribing to any
                     engine.check_subscribe(topic, replay)
-                for topic in topics:
+                next_ids = [
                     engine.subscribe(session.subscriber, topic, replay=replay, resume=resume, credit=credit,
-                                     explicit_acks=explicit_acks)
+                                     explicit_acks=explicit_acks).next_id
+                    for topic in topics
+                ]
                 if command_id is not None:
-                    self.ok(session, command_id)
+                    # With "ids": where each topic stood, so a client that sees nothing before it reconnects
+                    # can still resume from the moment it subscribed.
+                    extra = {mc0.NEXT_IDS: b" ".join(b"%d" % n for n in next_ids)} if session.ids else None
+                    self.ok(session, command_id, extra)
             case mc0.Ack(topic, message_ids, command_id):
                 unknown = engine.ack(session.subscriber, topic, message_ids)
                 if command_id is not None:

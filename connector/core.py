@@ -240,7 +240,10 @@ class ClientCore:
 
     def _answered(self, reply: mc0.Ok | mc0.Error) -> None:
         before = self._before_sub.pop(reply.id, None) if reply.id is not None else None
-        if before is None or isinstance(reply, mc0.Ok):
+        if before is None:
+            return
+        if isinstance(reply, mc0.Ok):
+            self._subscribed_at(list(before), reply.headers.get(mc0.NEXT_IDS))
             return
         # The broker refuses a SUB whole and keeps what each topic had: so does the client.
         for topic, (previous, last_id) in before.items():
@@ -250,6 +253,21 @@ class ClientCore:
                 self.subscriptions[topic] = previous
             if last_id is not None:  # unless newer messages of the topic arrived in the meantime
                 self.last_ids.setdefault(self._topic(topic), last_id)
+
+    def _subscribed_at(self, topics: list[bytes], raw: bytes | None) -> None:
+        """A live subscription starts where the broker's OK says each topic stood: a reconnect before the
+        first message then resumes from there instead of missing what was published while the client was
+        away."""
+        if raw is None:
+            return
+        next_ids = raw.split()
+        if len(next_ids) != len(topics) or not all(next_id.isdigit() for next_id in next_ids):
+            return  # not what this client understands: keep the plain behaviour
+        for topic, next_id in zip(topics, next_ids, strict=True):
+            subscription = self.subscriptions.get(topic)
+            if subscription is not None and subscription.replay in (None, mc0.REPLAY_CURRENT):
+                # setdefault: a message of the topic may already have arrived and set a newer position.
+                self.last_ids.setdefault(self._topic(topic), int(next_id) - 1)
 
     def resubscribe(self) -> list[tuple[bytes, mc0.Frames]]:
         """The SUB commands that restore every subscription on a new connection.

@@ -45,6 +45,7 @@ REPLAY = b"REPLAY"  # beginning | current | <message id>: where a subscription s
 RESUME = b"RESUME"  # <message id>: replay from it on a persistent topic, live on a transient one (reconnects)
 CREDIT = b"CREDIT"  # <n>: at most n messages in flight to this subscription
 ACKS = b"ACKS"  # explicit | auto: whether the subscriber confirms each message with ACK
+NEXT_IDS = b"NEXT-IDS"  # on the OK to a SUB ("ids"): each topic's next message id, in the SUB's order
 
 REPLAY_BEGINNING = "beginning"
 REPLAY_CURRENT = "current"

@@ -538,3 +538,31 @@ def test_topics_lists_transient_and_persistent_topics(durable: Broker) -> None:
     assert topics["p.listed"]["first_id"] == 1
     assert topics["p.listed"]["last_id"] == 1
     assert isinstance(topics["p.listed"]["consumers"], list)
+
+
+def test_a_subscriber_that_saw_nothing_yet_resumes_from_where_it_subscribed(
+    restartable: list[BrokerThread], tmp_path: Path
+) -> None:
+    """The OK to a SUB says where each topic stood (NEXT-IDS), so even a subscriber that received nothing
+    before the broker went away gets what was published while it was away, and nothing from before."""
+    data = tmp_path / "data"
+    first = durable_broker("tcp://127.0.0.1:*", data, restartable)
+    endpoint = first.start().endpoint
+    with Client(endpoint, timeout=3.0) as publisher:
+        for n in range(5):
+            publisher.publish("p.quiet", f"old {n}", confirm=True)
+    with Client(endpoint, ttl=SHORT_TTL_MS, timeout=3.0) as subscriber:
+        subscriber.subscribe("p.quiet")
+        assert subscriber.last_ids == {"p.quiet": 5}, "the position the broker reported at SUB"
+        reconnects = subscriber.reconnects
+        first.stop()
+        second = durable_broker(endpoint, data, restartable)
+        second.start()
+        with Client(endpoint, timeout=3.0) as publisher:
+            for n in range(5):
+                publisher.publish("p.quiet", f"while away {n}", confirm=True)
+        wait_for(lambda: subscriber.reconnects > reconnects, what="the subscriber reconnecting")
+        received = receive_all(subscriber, 5)
+        assert subscriber.receive(timeout=QUIET) is None
+    assert [m.text for m in received] == [f"while away {n}" for n in range(5)]
+    assert [m.id for m in received] == [6, 7, 8, 9, 10]
