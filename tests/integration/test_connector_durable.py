@@ -566,3 +566,59 @@ def test_a_subscriber_that_saw_nothing_yet_resumes_from_where_it_subscribed(
         assert subscriber.receive(timeout=QUIET) is None
     assert [m.text for m in received] == [f"while away {n}" for n in range(5)]
     assert [m.id for m in received] == [6, 7, 8, 9, 10]
+
+
+def test_a_persistent_queue_keeps_its_position_across_a_restart(
+    restartable: list[BrokerThread], tmp_path: Path
+) -> None:
+    """Acked messages never come back; every unacked one does, to the next consumer, after a restart."""
+    data = tmp_path / "data"
+    first = durable_broker("tcp://127.0.0.1:*", data, restartable)
+    endpoint = first.start().endpoint
+    with Client(endpoint, timeout=3.0) as producer:
+        for n in range(1, 11):
+            producer.publish("q.work", f"job {n}", confirm=True)
+    consumer = Client(endpoint, timeout=3.0)
+    consumer.subscribe("q.work", explicit_acks=True, credit=10)
+    taken = receive_all(consumer, 10)
+    assert [m.id for m in taken] == list(range(1, 11))
+    for message in taken[::2]:  # acks 1, 3, 5, 7, 9
+        consumer.ack(message)
+    consumer.flush()  # the acks arrived (and were committed with the turn that took them)
+    first.stop()  # the consumer's session ends with the broker; nothing was acked for 2, 4, 6, 8, 10
+    consumer.close()
+
+    second = durable_broker(endpoint, data, restartable)
+    second.start()
+    with Client(endpoint, timeout=3.0) as producer, Client(endpoint, timeout=3.0) as other:
+        producer.publish("q.work", "job 11", confirm=True)
+        other.subscribe("q.work")
+        again = receive_all(other, 6)
+        assert other.receive(timeout=QUIET) is None
+    assert [m.id for m in again] == [2, 4, 6, 8, 10, 11]
+    assert [m.text for m in again] == ["job 2", "job 4", "job 6", "job 8", "job 10", "job 11"]
+
+
+def test_a_slow_subscriber_on_a_persistent_topic_reads_the_log_and_loses_nothing(
+    start_broker: BrokerFactory, tmp_path: Path
+) -> None:
+    """pending_limit 50 and a subscriber that does not read while 3,000 messages are published: it falls back
+    to the log and, once it reads, gets every message once, in order; a transient twin drops and counts."""
+    broker = start_broker(topics=RULES, data_dir=tmp_path / "data", pending_limit=50, send_hwm=20)
+    with Client(broker.endpoint, timeout=5.0, max_inbox=100) as slow, \
+            Client(broker.endpoint, timeout=5.0) as publisher:
+        slow.subscribe("p.flood", "flood")
+        for n in range(3000):
+            publisher.publish("p.flood", b"%d" % n + b"." * 200)
+            publisher.publish("flood", b"%d" % n + b"." * 200)
+        publisher.flush()
+        stats = publisher.topics()
+        assert stats["p.flood"]["dropped"] == 0
+        assert stats["flood"]["dropped"] > 0, "the transient twin overflowed (the test's premise)"
+        received = receive_all(slow, 3000 + 3000 - stats["flood"]["dropped"])
+        persistent = [m.id for m in received if m.topic == "p.flood"]
+        assert persistent == list(range(1, 3001))
+        assert slow.receive(timeout=QUIET) is None
+        final = publisher.topics()
+        assert final["p.flood"]["lag"] == 0
+        assert final["flood"]["dropped"] == stats["flood"]["dropped"]
