@@ -505,6 +505,7 @@ class Engine:
                     subscriber.dropped += 1
                     topic.dropped += 1
                 continue
+            # _give(), inlined: this loop runs once per subscriber per message, the broker's hottest path.
             pending.append(message)
             topic.messages_out += 1
             if subscription.tracked:

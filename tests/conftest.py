@@ -31,7 +31,7 @@ from zmq.utils.monitor import recv_monitor_message
 from broker.config import BrokerConfig
 from broker.server import Broker, ensure_keys, serve
 from broker.topics import TopicRule
-from connector import Client, Message
+from connector import AsyncClient, Client, Message
 from connector import keys as key_files
 
 #: Loopback only, port chosen by the kernel.
@@ -426,6 +426,19 @@ def receive_all(client: Client, count: int, timeout: float = ARRIVAL) -> list[Me
         remaining = deadline - time.monotonic()
         assert remaining > 0, f"only {len(out)} of {count} messages arrived"
         message = client.receive(timeout=remaining)
+        if message is not None:
+            out.append(message)
+    return out
+
+
+async def receive_all_async(client: AsyncClient, count: int, within: float = ARRIVAL) -> list[Message]:
+    """:func:`receive_all` for an asyncio client."""
+    out: list[Message] = []
+    deadline = time.monotonic() + within
+    while len(out) < count:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"only {len(out)} of {count} messages arrived"
+        message = await client.receive(timeout=remaining)
         if message is not None:
             out.append(message)
     return out

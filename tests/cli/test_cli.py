@@ -286,6 +286,18 @@ def test_bad_durable_options_are_usage_errors(runner: CliRunner, arguments: list
 def test_replay_values(given: str | int, expected: str | int) -> None:
     assert cli_module._Replay().convert(given, None, None) == expected
 
+class StandInClient:
+    """A Client that opens nothing: tests monkeypatch the CLI's Client with a subclass recording its calls."""
+
+    def __init__(self, *args: object, **options: object) -> None:
+        pass
+
+    def __enter__(self) -> StandInClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
 
 def test_sub_passes_the_durable_options_to_subscribe(
     runner: CliRunner, monkeypatch: pytest.MonkeyPatch
@@ -329,15 +341,7 @@ def test_sub_without_durable_options_subscribes_live_and_never_acks(
 ) -> None:
     seen: dict[str, object] = {}
 
-    class StandIn:
-        def __init__(self, *args: object, **options: object) -> None:
-            pass
-
-        def __enter__(self) -> StandIn:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
+    class StandIn(StandInClient):
 
         def subscribe(self, *topics: str, **options: object) -> None:
             seen.update(options)
@@ -357,15 +361,7 @@ def test_sub_without_durable_options_subscribes_live_and_never_acks(
 def test_declare_passes_only_the_given_settings(runner: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
     declared: list[tuple[str, dict[str, object]]] = []
 
-    class StandIn:
-        def __init__(self, *args: object, **options: object) -> None:
-            pass
-
-        def __enter__(self) -> StandIn:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
+    class StandIn(StandInClient):
 
         def declare(self, topic: str, **settings: object) -> None:
             declared.append((topic, settings))

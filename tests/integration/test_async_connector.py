@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import pytest
-from conftest import BrokerThread, free_endpoint
+from conftest import BrokerThread, free_endpoint, receive_all_async
 
 from broker.config import BrokerConfig
-from connector import AsyncClient, Client, ConnectorError, Message
+from connector import AsyncClient, Client, ConnectorError
 from connector import keys as key_files
 
 if TYPE_CHECKING:
@@ -41,16 +41,6 @@ def run(test: Callable[[], Awaitable[T]], limit: float = 15.0) -> T:
     return asyncio.run(bounded())
 
 
-async def receive_all(client: AsyncClient, count: int, within: float = ARRIVAL) -> list[Message]:
-    out: list[Message] = []
-    deadline = time.monotonic() + within
-    while len(out) < count:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"only {len(out)} of {count} messages arrived"
-        message = await client.receive(timeout=remaining)
-        if message is not None:
-            out.append(message)
-    return out
 
 
 # ------------------------------------------------------------------------------------------------- the basics
@@ -115,7 +105,7 @@ def test_confirmed_publish_returns_the_message_id(broker: Broker) -> None:
             assert first is not None
             assert second is not None
             assert int(second["MESSAGE-ID"]) > int(first["MESSAGE-ID"])
-            received = await receive_all(client, 2)
+            received = await receive_all_async(client, 2)
             assert [m.id for m in received] == [int(first["MESSAGE-ID"]), int(second["MESSAGE-ID"])]
 
     run(main)
@@ -129,7 +119,7 @@ def test_fire_and_forget_publishes_arrive_complete_and_in_order(broker: Broker) 
             await client.subscribe("bulk")
             for n in range(count):
                 assert await publisher.publish("bulk", b"%d" % n) is None
-            received = await receive_all(client, count)
+            received = await receive_all_async(client, count)
             assert [m.body for m in received] == [b"%d" % n for n in range(count)]
             ids = [m.id for m in received]
             assert all(a < b for a, b in itertools.pairwise(ids))  # type: ignore[operator]
@@ -151,7 +141,7 @@ def test_publishes_from_concurrent_tasks_all_arrive(broker: Broker) -> None:
             async with asyncio.TaskGroup() as group:
                 for worker in range(4):
                     group.create_task(publish(worker))
-            received = await receive_all(client, 800)
+            received = await receive_all_async(client, 800)
             by_worker: dict[int, list[int]] = {}
             for message in received:
                 worker, n = message.text.split(":")
@@ -284,7 +274,8 @@ def test_close_right_after_publishing_loses_nothing(broker: Broker) -> None:
             for n in range(count):
                 await publisher.publish("last words", b"%d" % n)
             await publisher.close()
-            assert [m.body for m in await receive_all(client, count)] == [b"%d" % n for n in range(count)]
+            received = await receive_all_async(client, count)
+            assert [m.body for m in received] == [b"%d" % n for n in range(count)]
 
     run(main)
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 import msgpack
 import pytest
 import zmq
-from conftest import ARRIVAL, QUIET, BrokerThread, Reply, parse, receive_all
+from conftest import ARRIVAL, QUIET, BrokerThread, Reply, parse, receive_all, receive_all_async
 
 from broker.config import BrokerConfig
 from broker.topics import Delivery, Persistence, Sync, TopicRule, TopicSpec
@@ -60,16 +60,6 @@ def wait_for(condition: Callable[[], object], timeout: float = ARRIVAL, what: st
         time.sleep(0.02)
 
 
-async def receive_all_async(client: AsyncClient, count: int, within: float = ARRIVAL) -> list[Message]:
-    out: list[Message] = []
-    deadline = time.monotonic() + within
-    while len(out) < count:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"only {len(out)} of {count} messages arrived"
-        message = await client.receive(timeout=remaining)
-        if message is not None:
-            out.append(message)
-    return out
 
 
 @pytest.fixture

@@ -57,6 +57,14 @@ def request(socket: zmq.Socket, event: mc0.Event, timeout: float = 2.0) -> mc0.E
     return mc0.decode(socket.recv_multipart())
 
 
+def connected(context: zmq.Context, port: int) -> zmq.Socket:
+    """A DEALER that has CONNECTed with the ``ids`` extension (OKs carry MESSAGE-ID and DURABILITY)."""
+    socket = dealer(context, port)
+    reply = request(socket, mc0.Connect(ttl=None, id=b"c", extensions=frozenset({"ids"})))
+    assert isinstance(reply, mc0.Ok), reply
+    return socket
+
+
 def wait_until_serving(context: zmq.Context, port: int, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
@@ -73,10 +81,8 @@ def wait_until_serving(context: zmq.Context, port: int, process: subprocess.Pope
 
 def read_all(context: zmq.Context, port: int, topic: bytes) -> list[tuple[int, bytes]]:
     """Every stored message of ``topic`` (id, body), replayed from the beginning."""
-    socket = dealer(context, port)
+    socket = connected(context, port)
     try:
-        reply = request(socket, mc0.Connect(ttl=None, id=b"c", extensions=frozenset({"ids"})))
-        assert isinstance(reply, mc0.Ok)
         reply = request(socket, mc0.Sub([topic], b"s", replay="beginning"))
         assert isinstance(reply, mc0.Ok), reply
         stored: list[tuple[int, bytes]] = []
@@ -104,9 +110,7 @@ def test_every_confirmed_put_survives_sigkill_exactly_once_in_order(tmp_path: Pa
     broker = spawn(config)
     try:
         wait_until_serving(context, port, broker)
-        publisher = dealer(context, port)
-        reply = request(publisher, mc0.Connect(ttl=None, id=b"c", extensions=frozenset({"ids"})))
-        assert isinstance(reply, mc0.Ok)
+        publisher = connected(context, port)
         confirmed: dict[int, bytes] = {}  # message id -> body, from the OKs
         sent = 0
         in_flight = 0
@@ -148,8 +152,7 @@ def test_every_confirmed_put_survives_sigkill_exactly_once_in_order(tmp_path: Pa
         assert len(stored) >= len(confirmed)
 
         # Ids continue after the recovered tail.
-        publisher = dealer(context, port)
-        request(publisher, mc0.Connect(ttl=None, id=b"c", extensions=frozenset({"ids"})))
+        publisher = connected(context, port)
         reply = request(publisher, mc0.Put(b"crash.orders", b"after", b"x"))
         assert isinstance(reply, mc0.Ok)
         assert int(reply.headers[mc0.MESSAGE_ID]) == len(stored) + 1
@@ -167,8 +170,7 @@ def test_sigterm_stops_cleanly_with_every_weak_message_stored(tmp_path: Path) ->
     broker = spawn(config)
     try:
         wait_until_serving(context, port, broker)
-        publisher = dealer(context, port)
-        request(publisher, mc0.Connect(ttl=None, id=b"c", extensions=frozenset({"ids"})))
+        publisher = connected(context, port)
         for n in range(500):
             publisher.send_multipart(mc0.encode(mc0.Put(b"crash.weak", b"w%d" % n)))
         reply = request(publisher, mc0.Put(b"crash.weak", b"last", b"confirm"))
