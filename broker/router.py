@@ -97,7 +97,7 @@ class RouterShell:
             wait = next_tick - self.monotonic()
             if self.retry:
                 wait = min(wait, self.retry)
-            # Subscribers catching up from a log (or queues with room to fill) keep the loop turning.
+            # A pump that spent its whole budget left more in the logs for readers with room: turn again now.
             timeout_ms = 0 if self.engine.has_log_work else max(0, int(wait * 1000))
             ready = await self.socket.poll(timeout_ms, zmq.POLLIN)
             now = self.monotonic()
