@@ -151,13 +151,15 @@ def pub(topic: str, message: str | None, endpoint: str, keys_dir: Path, no_curve
     """Publish MESSAGE to TOPIC, or each line of stdin when MESSAGE is omitted."""
     headers = _parse_headers(header_pairs)
     with _connect(endpoint, keys_dir, no_curve) as client:
+        confirmed: dict[str, str] | None = None  # the broker's last OK: MESSAGE-ID and DURABILITY
         if message is None:
             sent = 0
             for line in _stdin_lines():
-                client.publish(topic, line, headers, confirm=confirm)
+                confirmed = client.publish(topic, line, headers, confirm=confirm)
                 sent += 1
             client.flush()
             click.echo(f"published {sent} message(s) to {topic}", err=True)
+            _say_confirmed(confirmed)
             return
         body = message.encode()
         interval = 1.0 / rate if rate else 0.0
@@ -169,7 +171,7 @@ def pub(topic: str, message: str | None, endpoint: str, keys_dir: Path, no_curve
                     delay = start + n * interval - time.monotonic()
                     if delay > 0:
                         time.sleep(delay)
-                client.publish(topic, body, headers, confirm=confirm)
+                confirmed = client.publish(topic, body, headers, confirm=confirm)
                 if n % 1000 == 999:
                     bar.update(1000)
             bar.update(count % 1000)
@@ -177,6 +179,14 @@ def pub(topic: str, message: str | None, endpoint: str, keys_dir: Path, no_curve
         if count >= PROGRESS_FROM:
             elapsed = time.monotonic() - start
             click.echo(f"published {count} messages in {elapsed:.2f}s ({count / elapsed:,.0f}/s)", err=True)
+        _say_confirmed(confirmed)
+
+
+def _say_confirmed(reply: dict[str, str] | None) -> None:
+    """With --confirm: what the broker's last OK said was achieved (on stderr, like the other reports)."""
+    if reply and "MESSAGE-ID" in reply:
+        click.echo(f"confirmed: message id {reply['MESSAGE-ID']}, durability {reply.get('DURABILITY', '-')}",
+                   err=True)
 
 
 class _Replay(click.ParamType):

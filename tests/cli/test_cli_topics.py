@@ -157,3 +157,11 @@ def test_declare_then_a_conflicting_declare_is_one_line(runner: CliRunner, durab
 def test_sub_replay_on_a_transient_topic_is_one_line(runner: CliRunner, durable: Broker) -> None:
     line = one_line_error(invoke(runner, durable, "sub", "plain", "--replay", "beginning", "--timeout", "1"))
     assert "refused SUB" in line
+
+
+def test_pub_confirm_reports_the_message_id_and_durability(runner: CliRunner, durable: Broker) -> None:
+    result = invoke(runner, durable, "pub", "p.confirmed", "hello", "--confirm")
+    assert result.exit_code == 0, result.output
+    assert "confirmed: message id 1, durability fsync" in result.output
+    result = invoke(runner, durable, "pub", "plain", "hello", "--confirm")
+    assert "confirmed: message id 1, durability memory" in result.output
