@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -102,88 +103,115 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         process.wait(10)
 
 
+class BrokerProcess:
+    """A broker in its own process on a fixed loopback port, started again on the same data directory."""
+
+    def __init__(self, tmp_path: Path, sync: str) -> None:
+        self.port = free_port()
+        self.config = write_config(tmp_path, self.port, sync)
+        self.context = zmq.Context()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> subprocess.Popen[bytes]:
+        self.process = spawn(self.config)
+        wait_until_serving(self.context, self.port, self.process)
+        return self.process
+
+    def connected(self) -> zmq.Socket:
+        return connected(self.context, self.port)
+
+    def read_all(self, topic: bytes) -> list[tuple[int, bytes]]:
+        return read_all(self.context, self.port, topic)
+
+    def close(self) -> None:
+        if self.process is not None:
+            stop(self.process)
+        self.context.term()
+
+
+@pytest.fixture
+def broker_process(tmp_path: Path) -> Iterator[Callable[[str], BrokerProcess]]:
+    made: list[BrokerProcess] = []
+
+    def make(sync: str) -> BrokerProcess:
+        made.append(BrokerProcess(tmp_path, sync))
+        return made[-1]
+
+    yield make
+    for broker in made:
+        broker.close()
+
+
 @pytest.mark.timeout(90)
-def test_every_confirmed_put_survives_sigkill_exactly_once_in_order(tmp_path: Path) -> None:
-    port = free_port()
-    config = write_config(tmp_path, port, "strong")
-    context = zmq.Context()
-    broker = spawn(config)
-    try:
-        wait_until_serving(context, port, broker)
-        publisher = connected(context, port)
-        confirmed: dict[int, bytes] = {}  # message id -> body, from the OKs
-        sent = 0
-        in_flight = 0
-        kill_after = 1500 + int.from_bytes(os.urandom(2), "big") % 1000  # a different moment each run
-        killed = False
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline:
-            while not killed and in_flight < WINDOW:
-                body = b"m%06d" % sent
-                publisher.send_multipart(mc0.encode(mc0.Put(b"crash.orders", body, b"%d" % sent)))
-                sent += 1
-                in_flight += 1
-            if not publisher.poll(200 if not killed else 500):
-                if killed:
-                    break  # the dead broker answers nothing more
-                continue
-            reply = mc0.decode(publisher.recv_multipart())
-            assert isinstance(reply, mc0.Ok), reply
-            in_flight -= 1
-            assert reply.headers[mc0.DURABILITY] == b"fsync"
-            body = b"m%06d" % int(reply.id or b"0")
-            confirmed[int(reply.headers[mc0.MESSAGE_ID])] = body
-            if not killed and len(confirmed) >= kill_after:
-                broker.send_signal(signal.SIGKILL)  # mid-stream: WINDOW PUTs are in flight right now
-                broker.wait(10)
-                killed = True
-        assert killed, "the kill never happened"
-        publisher.close()
+def test_every_confirmed_put_survives_sigkill_exactly_once_in_order(
+    broker_process: Callable[[str], BrokerProcess],
+) -> None:
+    broker = broker_process("strong")
+    process = broker.start()
+    publisher = broker.connected()
+    confirmed: dict[int, bytes] = {}  # message id -> body, from the OKs
+    sent = 0
+    in_flight = 0
+    kill_after = 1500 + int.from_bytes(os.urandom(2), "big") % 1000  # a different moment each run
+    killed = False
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        while not killed and in_flight < WINDOW:
+            body = b"m%06d" % sent
+            publisher.send_multipart(mc0.encode(mc0.Put(b"crash.orders", body, b"%d" % sent)))
+            sent += 1
+            in_flight += 1
+        if not publisher.poll(200 if not killed else 500):
+            if killed:
+                break  # the dead broker answers nothing more
+            continue
+        reply = mc0.decode(publisher.recv_multipart())
+        assert isinstance(reply, mc0.Ok), reply
+        in_flight -= 1
+        assert reply.headers[mc0.DURABILITY] == b"fsync"
+        body = b"m%06d" % int(reply.id or b"0")
+        confirmed[int(reply.headers[mc0.MESSAGE_ID])] = body
+        if not killed and len(confirmed) >= kill_after:
+            process.send_signal(signal.SIGKILL)  # mid-stream: WINDOW PUTs are in flight right now
+            process.wait(10)
+            killed = True
+    assert killed, "the kill never happened"
+    publisher.close()
 
-        broker = spawn(config)
-        wait_until_serving(context, port, broker)
-        stored = read_all(context, port, b"crash.orders")
-        ids = [message_id for message_id, _ in stored]
-        bodies = [body for _, body in stored]
-        assert ids == list(range(1, len(stored) + 1)), "ids are dense from 1, in order"
-        assert bodies == [b"m%06d" % n for n in range(len(stored))], "stored in send order, no duplicate"
-        for message_id, body in confirmed.items():
-            assert stored[message_id - 1] == (message_id, body), f"confirmed message {message_id} was lost"
-        assert len(stored) >= len(confirmed)
+    broker.start()
+    stored = broker.read_all(b"crash.orders")
+    ids = [message_id for message_id, _ in stored]
+    bodies = [body for _, body in stored]
+    assert ids == list(range(1, len(stored) + 1)), "ids are dense from 1, in order"
+    assert bodies == [b"m%06d" % n for n in range(len(stored))], "stored in send order, no duplicate"
+    for message_id, body in confirmed.items():
+        assert stored[message_id - 1] == (message_id, body), f"confirmed message {message_id} was lost"
+    assert len(stored) >= len(confirmed)
 
-        # Ids continue after the recovered tail.
-        publisher = connected(context, port)
-        reply = request(publisher, mc0.Put(b"crash.orders", b"after", b"x"))
-        assert isinstance(reply, mc0.Ok)
-        assert int(reply.headers[mc0.MESSAGE_ID]) == len(stored) + 1
-        publisher.close()
-    finally:
-        stop(broker)
-        context.term()
+    # Ids continue after the recovered tail.
+    publisher = broker.connected()
+    reply = request(publisher, mc0.Put(b"crash.orders", b"after", b"x"))
+    assert isinstance(reply, mc0.Ok)
+    assert int(reply.headers[mc0.MESSAGE_ID]) == len(stored) + 1
+    publisher.close()
 
 
 @pytest.mark.timeout(60)
-def test_sigterm_stops_cleanly_with_every_weak_message_stored(tmp_path: Path) -> None:
-    port = free_port()
-    config = write_config(tmp_path, port, "weak")
-    context = zmq.Context()
-    broker = spawn(config)
-    try:
-        wait_until_serving(context, port, broker)
-        publisher = connected(context, port)
-        for n in range(500):
-            publisher.send_multipart(mc0.encode(mc0.Put(b"crash.weak", b"w%d" % n)))
-        reply = request(publisher, mc0.Put(b"crash.weak", b"last", b"confirm"))
-        assert isinstance(reply, mc0.Ok)
-        assert reply.headers[mc0.DURABILITY] == b"written"
-        publisher.close()
-        broker.send_signal(signal.SIGTERM)
-        assert broker.wait(15) == 0, broker.stderr.read().decode() if broker.stderr else ""
+def test_sigterm_stops_cleanly_with_every_weak_message_stored(
+    broker_process: Callable[[str], BrokerProcess],
+) -> None:
+    broker = broker_process("weak")
+    process = broker.start()
+    publisher = broker.connected()
+    for n in range(500):
+        publisher.send_multipart(mc0.encode(mc0.Put(b"crash.weak", b"w%d" % n)))
+    reply = request(publisher, mc0.Put(b"crash.weak", b"last", b"confirm"))
+    assert isinstance(reply, mc0.Ok)
+    assert reply.headers[mc0.DURABILITY] == b"written"
+    publisher.close()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(15) == 0, process.stderr.read().decode() if process.stderr else ""
 
-        broker = spawn(config)
-        wait_until_serving(context, port, broker)
-        stored = read_all(context, port, b"crash.weak")
-        assert [body for _, body in stored] == [b"w%d" % n for n in range(500)] + [b"last"]
-    finally:
-        stop(broker)
-        context.term()
+    broker.start()
+    stored = broker.read_all(b"crash.weak")
+    assert [body for _, body in stored] == [b"w%d" % n for n in range(500)] + [b"last"]
