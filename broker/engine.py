@@ -96,10 +96,6 @@ class Subscriber:
         self.dropped = 0
         self.tracking = 0
 
-    @property
-    def has_room(self) -> bool:
-        return len(self.pending) < self.limit
-
     def __repr__(self) -> str:
         return f"Subscriber({self.owner!r}, pending={len(self.pending)}, topics={len(self.topics)})"
 
@@ -112,13 +108,18 @@ class Subscription:
     def __init__(self, subscriber: Subscriber, topic: Topic, credit: int | None, explicit: bool) -> None:
         self.subscriber = subscriber
         self.topic = topic
-        self.explicit = explicit
-        self.credit = DEFAULT_EXPLICIT_CREDIT if explicit and credit is None else credit
-        # Counted only when tracked: plain subscriptions (the common case) cost nothing per message.
-        self.tracked = self.credit is not None or explicit or (topic.round_robin and topic.log is not None)
+        self.set_options(credit, explicit)
         self.outstanding = 0  # handed out and not yet written (auto-ack) or not yet acked (explicit)
         self.unacked: dict[int, Message] = {}  # explicit acks: in flight, by id
         self.position: int | None = None  # persistent broadcast: next id to read from the log; None = live
+
+    def set_options(self, credit: int | None, explicit: bool) -> None:
+        self.explicit = explicit
+        self.credit = DEFAULT_EXPLICIT_CREDIT if explicit and credit is None else credit
+        # Counted only when tracked: plain subscriptions (the common case) cost nothing per message. A
+        # persistent queue tracks even auto-ack consumers: what they were written is acked in its log.
+        topic = self.topic
+        self.tracked = self.credit is not None or explicit or (topic.round_robin and topic.log is not None)
 
     @property
     def room(self) -> int:
@@ -298,10 +299,7 @@ class Engine:
             if subscription.unacked and not explicit_acks:
                 # Switching to auto-ack acks what is in flight.
                 self.ack(subscriber, name, list(subscription.unacked))
-            subscription.explicit = explicit_acks
-            subscription.credit = DEFAULT_EXPLICIT_CREDIT if explicit_acks and credit is None else credit
-            subscription.tracked = (subscription.credit is not None or explicit_acks
-                                    or (topic.round_robin and topic.log is not None))
+            subscription.set_options(credit, explicit_acks)
             subscriber.tracking += subscription.tracked - was_tracked
             # Recount what is in flight under the new options: written() counts down every delivery of a
             # tracked auto-ack subscription, also those handed out before the change (untracked, or acked just

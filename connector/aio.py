@@ -161,11 +161,7 @@ class AsyncClient(ClientBase):
         ACK leaves with this loop turn's flush, merged with the other acks of the turn per topic."""
         topic, message_ids = ack_target(message_or_topic, ids)
         self._check()
-        merged = self._acks.get(topic)
-        if merged is None:
-            self._acks[topic] = message_ids
-        else:
-            merged += message_ids
+        self._acks.setdefault(topic, []).extend(message_ids)
         self._schedule_flush()
 
     async def declare(

@@ -411,11 +411,7 @@ class Client(ClientBase):
                 batch.append(item)
                 continue
             if type(item) is mc0.Ack:
-                merged = acks.get(item.topic)
-                if merged is None:
-                    acks[item.topic] = item.message_ids
-                else:
-                    merged += item.message_ids
+                acks.setdefault(item.topic, []).extend(item.message_ids)
                 continue
             self._send_publishes(batch, now)
             batch = []
