@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.store import Store, TopicLog
-from broker.topics import Delivery, Sync, TopicRules, TopicSpec
+from broker.topics import MAX_TOPIC_ID, Delivery, Sync, TopicRules, TopicSpec
 
 #: Message ids start at 1 so that 0 can mean "nothing seen yet" in offsets and resume points.
 FIRST_MESSAGE_ID = 1
@@ -220,12 +220,17 @@ class Engine:
         self._catching_up: dict[Subscription, None] = {}
         self._dispatch: dict[Topic, None] = {}
         self._pump_exhausted = False
+        self._next_topic_id = 1
         if store is not None:
             # Persistent topics exist from the start: a queue holds its messages for consumers yet to come,
-            # and ids continue where the log ends.
-            for name, stored in store.existing():
+            # and ids continue where the log ends. Their topic ids are recorded with them, so they are stable
+            # across restarts; new ids start above every recorded one.
+            found = store.existing()
+            self._next_topic_id = max((stored.topic_id or 0 for stored in found), default=0) + 1
+            for name, stored_spec, topic_id in found:
                 rule = self.rules.rule_for(name)
-                self._create(name, rule.spec if rule is not None and rule.spec.persistent else stored)
+                spec = rule.spec if rule is not None and rule.spec.persistent else stored_spec
+                self._create(name, spec, topic_id)
 
     # ------------------------------------------------------------------------------------------------ topics
 
@@ -251,15 +256,20 @@ class Engine:
                               f"({_settings(current)}); declared {_settings(spec)}")
         return topic if topic is not None else self._create(name, spec)
 
-    def _create(self, name: bytes, spec: TopicSpec) -> Topic:
+    def _create(self, name: bytes, spec: TopicSpec, topic_id: int | None = None) -> Topic:
         if not name:
             raise EngineError("topic names must not be empty")
+        if topic_id is None:
+            if self._next_topic_id > MAX_TOPIC_ID:
+                raise EngineError(f"no topic ids left (the largest is {MAX_TOPIC_ID})")
+            topic_id = self._next_topic_id
+            self._next_topic_id += 1
         log = None
         if spec.persistent:
             if self.store is None:
                 raise EngineError(f"topic {name!r} is configured persistent but the broker has no store")
-            log = self.store.open(name, spec)
-        topic = Topic(name, len(self.topics) + 1, spec, log=log)
+            log = self.store.open(name, spec, topic_id)
+        topic = Topic(name, topic_id, spec, log=log)
         if log is not None:
             topic.next_id = log.next_id
             topic.next_dispatch = max(log.acked_watermark + 1, log.first_id)

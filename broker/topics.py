@@ -13,6 +13,9 @@ from enum import StrEnum
 DEFAULT_SEGMENT_BYTES = 64 << 20
 #: Smaller segments only make sense in tests (rolling and retention over a few records).
 MIN_SEGMENT_BYTES = 1024
+#: Topic ids are small integers, never reused while the broker runs and recorded with persistent topics, so
+#: those keep theirs across restarts; the sexp dialect carries them as u32.
+MAX_TOPIC_ID = 2**32 - 1
 
 
 class Delivery(StrEnum):

@@ -14,11 +14,20 @@ This module must not import the engine at run time (the engine imports it).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from broker.engine import Message
     from broker.topics import TopicSpec
+
+
+class StoredTopic(NamedTuple):
+    """A persistent topic found in the store: its exact name, its settings, and its stable topic id (None
+    until the engine has given it one)."""
+
+    name: bytes
+    spec: TopicSpec
+    topic_id: int | None = None
 
 
 class StoreError(Exception):
@@ -99,12 +108,13 @@ class TopicLog(Protocol):
 class Store(Protocol):
     """Opens the logs of persistent topics under one data directory."""
 
-    def existing(self) -> list[tuple[bytes, TopicSpec]]:
-        """Topics found on disk with the spec stored with them, sorted by name."""
+    def existing(self) -> list[StoredTopic]:
+        """Topics found on disk with the spec and topic id stored with them, sorted by name."""
         ...
 
-    def open(self, topic: bytes, spec: TopicSpec) -> TopicLog:
-        """Create or open and recover a topic's log; the same object if already open."""
+    def open(self, topic: bytes, spec: TopicSpec, topic_id: int | None = None) -> TopicLog:
+        """Create or open and recover a topic's log, recording ``topic_id`` with it when one is given; the
+        same object if already open."""
         ...
 
     def close(self) -> None: ...

@@ -22,10 +22,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from broker.store import StoreError
+from broker.store import StoreError, StoredTopic
 from broker.store.log import SegmentLog
 from broker.store.segment import fsync_directory, write_all
-from broker.topics import Delivery, Persistence, Sync, TopicSpec
+from broker.topics import MAX_TOPIC_ID, Delivery, Persistence, Sync, TopicSpec
 
 META_FILE = "topic.json"
 META_FORMAT = 1
@@ -102,17 +102,20 @@ def spec_from_json(value: Any) -> TopicSpec:
     )
 
 
-def encode_meta(topic: bytes, spec: TopicSpec) -> bytes:
+def encode_meta(topic: bytes, spec: TopicSpec, topic_id: int | None = None) -> bytes:
     meta: dict[str, Any] = {"format": META_FORMAT, "name_hex": topic.hex()}
     # name_hex alone is the truth; "name" is only there for people reading the file.
     with contextlib.suppress(UnicodeDecodeError):
         meta["name"] = topic.decode("utf-8")
+    if topic_id is not None:
+        meta["topic_id"] = topic_id
     meta["spec"] = spec_to_json(spec)
     return (json.dumps(meta, indent=2) + "\n").encode()
 
 
-def read_meta(directory: Path) -> tuple[bytes, TopicSpec]:
-    """The exact topic name and spec from a topic directory's meta file; StoreError if missing or garbled."""
+def read_meta(directory: Path) -> StoredTopic:
+    """The exact topic name, spec and topic id (None if not yet recorded) from a topic directory's meta file;
+    StoreError if missing or garbled."""
     path = directory / META_FILE
     try:
         meta = json.loads(path.read_bytes())
@@ -129,11 +132,15 @@ def read_meta(directory: Path) -> tuple[bytes, TopicSpec]:
         spec = spec_from_json(meta["spec"])
         if not spec.persistent:
             raise ValueError("the spec is not persistent")
+        # Absent in files written before topic ids were recorded: the engine gives one and it is written.
+        topic_id = meta.get("topic_id")
+        if topic_id is not None and (type(topic_id) is not int or not 1 <= topic_id <= MAX_TOPIC_ID):
+            raise ValueError(f"topic_id must be an integer from 1 to {MAX_TOPIC_ID}")
     except FileNotFoundError:
         raise StoreError(f"{path}: missing: {directory} is not a topic directory") from None
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise StoreError(f"{path}: unreadable topic meta file: {exc!r}") from None
-    return topic, spec
+    return StoredTopic(topic, spec, topic_id)
 
 
 def write_file_atomically(path: Path, data: bytes) -> None:
@@ -184,9 +191,9 @@ class FileStore:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
 
-    def existing(self) -> list[tuple[bytes, TopicSpec]]:
-        """Topics found on disk, with the spec their meta file records, sorted by name (none when the data
-        directory does not exist yet)."""
+    def existing(self) -> list[StoredTopic]:
+        """Topics found on disk, with the spec and topic id their meta file records, sorted by name (none when
+        the data directory does not exist yet)."""
         if not self.root.exists():
             return []
         self._claim()
@@ -196,7 +203,7 @@ class FileStore:
             self._release_if_idle()  # a refused start must not keep the directory locked
             raise
 
-    def _existing(self) -> list[tuple[bytes, TopicSpec]]:
+    def _existing(self) -> list[StoredTopic]:
         found = []
         try:
             entries = sorted(os.scandir(self.root), key=lambda entry: entry.name)
@@ -207,18 +214,20 @@ class FileStore:
             # "."); names it cannot produce and plain files are not ours.
             if not _TOPIC_DIRECTORY.fullmatch(entry.name) or not entry.is_dir():
                 continue
-            topic, spec = read_meta(Path(entry.path))
-            if directory_name(topic) != entry.name:
-                raise StoreError(f"{entry.path}: holds topic {topic!r}, belonging in {directory_name(topic)}")
-            found.append((topic, spec))
-        found.sort(key=lambda item: item[0])
+            stored = read_meta(Path(entry.path))
+            if directory_name(stored.name) != entry.name:
+                raise StoreError(f"{entry.path}: holds topic {stored.name!r}, belonging in "
+                                 f"{directory_name(stored.name)}")
+            found.append(stored)
+        found.sort(key=lambda item: item.name)
         return found
 
-    def open(self, topic: bytes, spec: TopicSpec) -> SegmentLog:
+    def open(self, topic: bytes, spec: TopicSpec, topic_id: int | None = None) -> SegmentLog:
         """The log of ``topic``: created if new, recovered if it exists. The same object on every call.
 
-        If the meta file records other settings than ``spec`` (the configuration changed), it is rewritten:
-        the configuration in force wins. Within one process the first open's spec stays.
+        If the meta file records other settings than ``spec`` (the configuration changed), or another
+        ``topic_id`` than a given one, it is rewritten: the configuration in force wins, and the engine owns
+        topic ids. Within one process the first open's spec stays.
         """
         opened = self._logs.get(topic)
         if opened is not None:
@@ -227,26 +236,28 @@ class FileStore:
             raise ValueError(f"topic {topic!r} is not persistent: it has no log")
         self._claim()
         try:
-            return self._open(topic, spec)
+            return self._open(topic, spec, topic_id)
         except BaseException:
             self._release_if_idle()
             raise
 
-    def _open(self, topic: bytes, spec: TopicSpec) -> SegmentLog:
+    def _open(self, topic: bytes, spec: TopicSpec, topic_id: int | None) -> SegmentLog:
         directory = self.root / directory_name(topic)
         if directory.is_dir():
-            stored_topic, stored_spec = read_meta(directory)
-            if stored_topic != topic:
-                raise StoreError(f"{directory}: holds topic {stored_topic!r}, not {topic!r}")
-            if stored_spec != spec:
-                write_file_atomically(directory / META_FILE, encode_meta(topic, spec))
+            stored = read_meta(directory)
+            if stored.name != topic:
+                raise StoreError(f"{directory}: holds topic {stored.name!r}, not {topic!r}")
+            if topic_id is None:
+                topic_id = stored.topic_id
+            if stored.spec != spec or stored.topic_id != topic_id:
+                write_file_atomically(directory / META_FILE, encode_meta(topic, spec, topic_id))
         else:
-            self._create_directory(directory, topic, spec)
+            self._create_directory(directory, topic, spec, topic_id)
         log = SegmentLog(topic, directory, spec, index_interval=self.index_interval)
         self._logs[topic] = log
         return log
 
-    def _create_directory(self, directory: Path, topic: bytes, spec: TopicSpec) -> None:
+    def _create_directory(self, directory: Path, topic: bytes, spec: TopicSpec, topic_id: int | None) -> None:
         """Build the topic directory under a hidden name, then rename it: it appears whole or not at all."""
         new = self.root / (NEW_PREFIX + directory.name)
         try:
@@ -255,7 +266,7 @@ class FileStore:
             new.mkdir()
             fd = os.open(new / META_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                write_all(fd, encode_meta(topic, spec), new / META_FILE)
+                write_all(fd, encode_meta(topic, spec, topic_id), new / META_FILE)
                 os.fsync(fd)
             finally:
                 os.close(fd)

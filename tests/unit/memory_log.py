@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from broker.engine import FIRST_MESSAGE_ID, Message
+from broker.store import StoredTopic
 from broker.topics import Sync, TopicSpec
 
 
@@ -153,19 +154,22 @@ class MemoryStore:
     def __init__(self, next_id: int = FIRST_MESSAGE_ID) -> None:
         self.logs: dict[bytes, MemoryLog] = {}
         self.specs: dict[bytes, TopicSpec] = {}
+        self.topic_ids: dict[bytes, int] = {}
         self.next_id = next_id  # where a new log's ids start (as if older segments had been deleted)
         self.closed = False
 
-    def existing(self) -> list[tuple[bytes, TopicSpec]]:
-        return sorted(self.specs.items())
+    def existing(self) -> list[StoredTopic]:
+        return [StoredTopic(name, spec, self.topic_ids.get(name)) for name, spec in sorted(self.specs.items())]
 
-    def open(self, topic: bytes, spec: TopicSpec) -> MemoryLog:
+    def open(self, topic: bytes, spec: TopicSpec, topic_id: int | None = None) -> MemoryLog:
         log = self.logs.get(topic)
         if log is None:
             log = self.logs[topic] = MemoryLog(spec, self.next_id)
         log.spec = spec
         log.closed = False
         self.specs[topic] = spec
+        if topic_id is not None:
+            self.topic_ids[topic] = topic_id
         return log
 
     def close(self) -> None:

@@ -720,14 +720,14 @@ def test_durability_label_follows_the_sync_level(spec: TopicSpec, label: bytes) 
 def test_declare_creates_a_topic_and_accepts_the_same_settings_again() -> None:
     engine, store = durable_engine()
     spec = TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.WEAK)
-    topic = engine.declare(b"orders", spec)
-    assert engine.topics[b"orders"] is topic
+    topic = engine.declare(b"log.orders", spec)
+    assert engine.topics[b"log.orders"] is topic
     assert topic.spec == spec
-    assert store.specs[b"orders"] == spec  # persistent: its log was opened
-    assert engine.declare(b"orders", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.WEAK)) is topic
+    assert store.specs[b"log.orders"] == spec  # persistent: its log was opened
+    assert engine.declare(b"log.orders", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.WEAK)) is topic
     with pytest.raises(EngineError, match="other settings"):
-        engine.declare(b"orders", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG))
-    assert engine.topics[b"orders"].spec == spec
+        engine.declare(b"log.orders", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG))
+    assert engine.topics[b"log.orders"].spec == spec
 
 
 def test_declare_against_a_topic_created_by_use_compares_with_its_defaults() -> None:
@@ -768,3 +768,17 @@ def test_retention_past_a_queues_position_counts_the_lost_messages_as_dropped() 
     engine.pump()
     assert ids(consumer) == [4, 5]
     assert engine.stats()["q.jobs"]["dropped"] == 3
+
+
+def test_topic_ids_of_persistent_topics_survive_a_restart_and_new_ones_never_collide() -> None:
+    engine, store = durable_engine()
+    engine.topic(b"scratch")  # transient: its id lasts as long as the broker runs
+    first = engine.topic(b"log.orders").topic_id
+    second = engine.topic(b"log.events").topic_id
+    assert len({engine.topic(name).topic_id for name in (b"scratch", b"log.orders", b"log.events")}) == 3
+    engine.close()
+    restarted, _ = durable_engine(store)
+    assert restarted.topics[b"log.orders"].topic_id == first
+    assert restarted.topics[b"log.events"].topic_id == second
+    newcomer = restarted.topic(b"scratch").topic_id
+    assert newcomer > max(first, second), "a new topic takes an id above every recorded one"

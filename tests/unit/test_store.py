@@ -20,13 +20,14 @@ from hypothesis import strategies as st
 
 from broker.engine import Message
 from broker.store import StoreError
-from broker.store.files import FileStore, directory_name
+from broker.store.files import FileStore, directory_name, spec_to_json
 from broker.store.log import MAX_OPEN_SEALED, SegmentLog
 from broker.topics import Delivery, Persistence, Sync, TopicSpec
 
 TOPIC = b"t"
 NOW = 1_700_000_000_000
 SMALL = TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG, segment_bytes=1024)
+SMALL_JSON = json.dumps(spec_to_json(SMALL)).encode()
 
 
 def spec(**changes: object) -> TopicSpec:
@@ -507,7 +508,7 @@ def test_topic_names_round_trip_through_existing(tmp_path: Path) -> None:
         assert len(entry) <= 200
         assert set(entry) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-%~")
     store = FileStore(root)
-    assert store.existing() == sorted(specs.items())
+    assert [(t.name, t.spec) for t in store.existing()] == sorted(specs.items())
     for name in NAMES:
         assert read_all(store.open(name, specs[name])) == [message(1, name, topic=name)]
     store.close()
@@ -550,7 +551,20 @@ def test_meta_file_contents(store: FileStore) -> None:
     }
     assert "name" not in json.loads((store.root / "%FF" / "topic.json").read_text())
     store.close()
-    assert FileStore(store.root).existing() == [(b"caf\xc3\xa9", topic_spec), (b"\xff", SMALL)]
+    assert FileStore(store.root).existing() == [(b"caf\xc3\xa9", topic_spec, None), (b"\xff", SMALL, None)]
+
+
+def test_the_topic_id_is_recorded_and_kept(store: FileStore) -> None:
+    store.open(TOPIC, SMALL, topic_id=7)
+    store.close()
+    assert json.loads((topic_dir(store.root) / "topic.json").read_text())["topic_id"] == 7
+    for given, recorded in ((None, 7), (9, 9)):  # no id given: the recorded one stays; the engine owns ids
+        again = FileStore(store.root)
+        again.open(TOPIC, SMALL, topic_id=given)
+        again.close()
+        found = FileStore(store.root)
+        assert found.existing() == [(TOPIC, SMALL, recorded)]
+        found.close()
 
 
 def test_opening_with_another_spec_rewrites_the_meta_file(store: FileStore) -> None:
@@ -558,14 +572,16 @@ def test_opening_with_another_spec_rewrites_the_meta_file(store: FileStore) -> N
     changed = spec(retention_seconds=60)
     log = reopen(store, changed)
     assert log.spec == changed
-    assert store.existing() == [(TOPIC, changed)]
+    assert store.existing() == [(TOPIC, changed, None)]
     assert log.next_id == 4
 
 
 @pytest.mark.parametrize(
     "content",
     [None, b"", b"{", b"[]", b'{"format": 2}', b'{"format": 1, "name_hex": "zz", "spec": {}}',
-     b'{"format": 1, "name_hex": "74", "spec": {"delivery": "broadcast"}}'],
+     b'{"format": 1, "name_hex": "74", "spec": {"delivery": "broadcast"}}',
+     b'{"format": 1, "name_hex": "74", "topic_id": 0, "spec": ' + SMALL_JSON + b"}",
+     b'{"format": 1, "name_hex": "74", "topic_id": "3", "spec": ' + SMALL_JSON + b"}"],
 )
 def test_a_missing_or_garbled_meta_file_is_an_error(store: FileStore, content: bytes | None) -> None:
     fill(store.open(TOPIC, SMALL), 2)
@@ -586,10 +602,10 @@ def test_existing_ignores_half_created_directories_and_files(store: FileStore) -
     (store.root / ".new-x").mkdir()  # a crash while creating topic "x"
     (store.root / "README").write_text("not a topic")
     (store.root / "lost+found").mkdir()  # the data directory is the root of its own file system
-    assert [name for name, _ in store.existing()] == [TOPIC]
+    assert [stored.name for stored in store.existing()] == [TOPIC]
     store.open(b"x", SMALL)  # and creating it again cleans up
     assert not (store.root / ".new-x").exists()
-    assert [name for name, _ in store.existing()] == [TOPIC, b"x"]
+    assert [stored.name for stored in store.existing()] == [TOPIC, b"x"]
 
 
 def test_open_returns_the_same_log_and_refuses_transient_topics(store: FileStore) -> None:
@@ -770,5 +786,5 @@ def test_a_second_store_on_a_data_directory_in_use_is_refused(tmp_path: Path) ->
     with pytest.raises(StoreError, match="another broker"):
         second.existing()
     first.close()
-    assert [name for name, _ in second.existing()] == [b"t"], "the lock goes with close()"
+    assert [stored.name for stored in second.existing()] == [b"t"], "the lock goes with close()"
     second.close()
