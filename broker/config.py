@@ -15,6 +15,10 @@ from typing import Any
 from broker.topics import DEFAULT_SPEC, Delivery, Persistence, Sync, TopicRule, TopicRules, TopicSpec
 
 DEFAULT_BIND = "tcp://*:61616"
+#: The sexp gateway's default address: loopback, the mc0 port plus one (the seed names no port).
+DEFAULT_SEXP = "127.0.0.1:61617"
+#: A gateway address that turns the gateway off.
+OFF = "off"
 #: Relative to the broker's working directory; created only when the first persistent topic is opened.
 DEFAULT_DATA_DIR = Path("mc0-data")
 
@@ -39,10 +43,16 @@ class BrokerConfig:
     data_dir: Path = DEFAULT_DATA_DIR  # where persistent topics keep their logs
     weak_sync_interval: float = 2.0  # seconds between fsyncs of weak topics ("flushed every few seconds")
     retention_interval: float = 1.0  # seconds between retention checks
+    sexp: str = DEFAULT_SEXP  # HOST:PORT of the sexp gateway, or "off"
+    sexp_ping_interval: float = 50.0  # seconds between Pings to each sexp client
 
     @property
     def allowlist_dir(self) -> Path:
         return self.keys_dir / "allowed"
+
+    def gateway_address(self, name: str) -> tuple[str, int] | None:
+        """Where gateway ``name`` listens, or None when it is off (the value was checked on load)."""
+        return listen_address(getattr(self, name), name)
 
     def topic_rules(self) -> TopicRules:
         return TopicRules(list(self.topics))
@@ -57,15 +67,31 @@ _BROKER_KEYS = {
     "bind": str, "keys_dir": str, "curve": bool, "allow_any_client": bool, "heartbeat_tick": (int, float),
     "pending_limit": int, "max_message_size": int, "send_hwm": int, "recv_hwm": int, "log_level": str,
     "data_dir": str, "weak_sync_interval": (int, float), "retention_interval": (int, float),
+    "sexp": str, "sexp_ping_interval": (int, float),
 }
+#: Keys holding a gateway's HOST:PORT (or "off").
+GATEWAYS = ("sexp",)
 
 #: Numbers that make no sense at zero or below: a zero tick would spin the loop, a zero limit drop everything,
 #: and a zero high-water mark means "unbounded" to ZeroMQ, which breaks the promise of bounded memory.
 _POSITIVE = frozenset({"heartbeat_tick", "pending_limit", "max_message_size", "send_hwm", "recv_hwm",
-                       "weak_sync_interval", "retention_interval"})
+                       "weak_sync_interval", "retention_interval", "sexp_ping_interval"})
 
 #: The level names the standard ``logging`` module knows (it refuses any other string).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def listen_address(text: str, where: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as a host and port, or None for ``off``. Port 0 picks a free
+    port."""
+    if text.strip().lower() == OFF:
+        return None
+    host, colon, port_text = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not colon or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(f"{where}: {text!r} is not HOST:PORT (or {OFF!r})")
+    return host, int(port_text)
 
 
 def _enum(kind: type, raw: Any, where: str) -> Any:
@@ -166,6 +192,8 @@ def load(path: Path | None, base: BrokerConfig = DEFAULTS) -> BrokerConfig:
             value = value.upper()
         if key in _POSITIVE and value <= 0:
             raise ConfigError(f"{path}: [broker].{key} must be greater than 0, not {value!r}")
+        if key in GATEWAYS:
+            listen_address(value, f"{path}: [broker].{key}")
         changes[key] = Path(value) if key in ("keys_dir", "data_dir") else value
     entries = data.get("topics", [])
     if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):

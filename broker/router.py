@@ -2,16 +2,16 @@
 mean, the engine decides where messages go, this module moves frames and keeps per-client session state.
 
 One turn of the loop: wait until the socket is readable (or a heartbeat tick is due), take up to
-``recv_budget`` commands without blocking, handle them all, then flush: the engine's group commit first
-(one write, and one fsync per strong topic, for everything the turn published), then replies (in arrival
-order), then every delivery the turn produced, batched per client. So an OK for a persistent PUT is only sent
-once its topic's sync level is met, and nothing is delivered before it is as durable as its topic promises.
-Batching per turn is what lets one Python process keep up with C brokers, and what makes one fsync cover many
-messages.
+``recv_budget`` commands without blocking, handle them all, then run the hub's flush (:mod:`broker.hub`): the
+engine's group commit first (one write, and one fsync per strong topic, for everything the turn published),
+then this door's replies (in arrival order, :meth:`RouterShell.answer`), then every delivery the turn
+produced, batched per client. So an OK for a persistent PUT is only sent once its topic's sync level is met,
+and nothing is delivered before it is as durable as its topic promises. Batching per turn is what lets one
+Python process keep up with C brokers, and what makes one fsync cover many messages.
 
 Sends use ``ROUTER_MANDATORY`` so that a message to a vanished peer raises instead of vanishing: the peer's
 session and subscriptions are then dropped. A peer whose pipe is full (``EAGAIN``) keeps its deliveries
-pending (bounded by the engine) and is retried after a short delay that backs off while the pipe stays full.
+pending (bounded by the engine): sessions are *polled* outlets, retried on the hub's backing-off timer.
 """
 
 from __future__ import annotations
@@ -20,17 +20,16 @@ import asyncio
 import errno
 import json
 import logging
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from broker.config import ConfigError, declared_spec
-from broker.engine import PUMP_BUDGET, Engine, EngineError, Message, Subscriber
+from broker.engine import EngineError, Message
+from broker.hub import Hub
 from broker.sessions import Session, Sessions, heartbeat_tick
-from broker.topics import Sync
 from protocol import ProtocolError, mc0
 
 log = logging.getLogger("mc0.router")
@@ -45,70 +44,55 @@ BATCH_MAX_BYTES = 1 << 20
 #: Weakest first: a batch over several topics promises what its weakest topic achieved.
 DURABILITY_RANK = {b"memory": 0, b"written": 1, b"fsync": 2}
 
-#: While a client's pipe is full, write again after this long, doubling (up to the heartbeat tick) while no
-#: write succeeds. A ROUTER always polls writable, so there is no POLLOUT to wait for instead.
-RETRY_FIRST = 0.001
-
 
 class RouterShell:
-    """Speaks mc0 on one ROUTER socket on behalf of the engine."""
+    """Speaks mc0 on one ROUTER socket on behalf of the engine: the door called ``mc0``."""
+
+    name = "mc0"
 
     def __init__(
         self,
-        engine: Engine,
+        hub: Hub,
         socket: zmq.asyncio.Socket,
         *,
         recv_budget: int = 8192,
         pending_limit: int = 100_000,
         tick: float = 0.1,
-        weak_sync_interval: float = 2.0,
-        retention_interval: float = 1.0,
-        stats: Callable[[], dict[str, Any]] | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
-        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
-        self.engine = engine
+        self.hub = hub
+        self.engine = hub.engine
         self.socket = socket
         # The same libzmq socket without the asyncio layer: non-blocking drains and sends cost no futures.
         self.raw = zmq.Socket.shadow(socket.underlying)
-        self.sessions = Sessions()
+        self.sessions = Sessions(self)
         self.recv_budget = recv_budget
         self.pending_limit = pending_limit
         self.base_tick = tick
         self.tick = tick
-        self.extra_stats = stats
-        self.monotonic = monotonic
-        self.wall_ms = wall_ms
+        self.monotonic = hub.monotonic
+        self.wall_ms = hub.wall_ms
         self.replies: list[tuple[Session, mc0.Frames]] = []
         self.stalled: set[Session] = set()  # clients with replies waiting for room in their pipe
-        self.retry = 0.0  # seconds until the next write attempt while some client's pipe is full; 0 = none
-        self.started = monotonic()
-        self.weak_sync_interval = weak_sync_interval
-        self.retention_interval = retention_interval
-        self.next_weak_sync = self.started + weak_sync_interval
-        self.next_retention = self.started + retention_interval
         self.counters = {"commands": 0, "errors": 0, "expired": 0, "unreachable": 0, "blocked": 0}
 
     # ----------------------------------------------------------------------------------------------- the loop
 
     async def run(self) -> None:
         next_tick = self.monotonic() + self.tick
+        flush = self.hub.flush
         while True:
             wait = next_tick - self.monotonic()
-            if self.retry:
-                wait = min(wait, self.retry)
-            # A pump that spent its whole budget left more in the logs for readers with room: turn again now.
-            timeout_ms = 0 if self.engine.has_log_work else max(0, int(wait * 1000))
-            ready = await self.socket.poll(timeout_ms, zmq.POLLIN)
+            ready = await self.socket.poll(max(0, int(wait * 1000)), zmq.POLLIN)
             now = self.monotonic()
             if ready:
                 self.receive(now)
-            self.flush(now)
+                # At once, not scheduled: a turn's answers and deliveries leave in the same loop iteration.
+                flush(now)
             if now >= next_tick:
                 self.heartbeat(now)
                 next_tick = now + self.tick
                 # An expired round-robin consumer's messages went to others: send them now, not a tick later.
-                self.flush(now)
+                flush(now)
             # Yield to the other tasks on the loop even when the socket never runs dry.
             await asyncio.sleep(0)
 
@@ -226,7 +210,7 @@ class RouterShell:
             case mc0.Stats(command_id):
                 if command_id is None:
                     raise ProtocolError("STATS needs an ID to answer to")
-                body = json.dumps(self.stats(), sort_keys=True).encode()
+                body = json.dumps(self.hub.stats(), sort_keys=True).encode()
                 self.reply(session, mc0.Ok(command_id, {b"CONTENT-TYPE": b"application/json"}, body))
             case mc0.Message() | mc0.Messages() | mc0.Ok() | mc0.Error():
                 verb = type(event).__name__.upper()
@@ -259,51 +243,10 @@ class RouterShell:
 
     # ------------------------------------------------------------------------------------------------- output
 
-    def flush(self, now: float) -> None:
-        """Commit the turn, send its replies in order, then every client's pending deliveries."""
-        engine = self.engine
-        engine.commit()  # before any reply or delivery leaves: acknowledgements must be honest
+    def answer(self, now: float) -> bool:
+        """The hub's second step, after the commit: this turn's replies. True if some wait for a full pipe."""
         self._send_replies(now)
-        blocked: list[Subscriber] = []
-        wrote = 0
-        budget = PUMP_BUDGET
-        # Writing out can make more deliveries ready in the same turn (a gone consumer's round-robin messages
-        # handed to the next one, a backlog moving into freed room, a log reader with room again): loop until
-        # nothing new is ready. Peers with a full pipe wait for the next turn and log reads are bounded by the
-        # turn's budget, so the loop always ends.
-        while True:
-            if budget > 0:
-                budget -= engine.pump(budget)
-            ready = engine.take_ready()
-            if not ready:
-                break
-            for subscriber in ready:
-                session = subscriber.owner
-                pending = subscriber.pending
-                if not pending:
-                    continue
-                subscriber.pending = []
-                sent = self._deliver(session, pending, now)
-                if sent < len(pending):
-                    subscriber.pending = pending[sent:] + subscriber.pending
-                    if self.sessions.by_identity.get(session.identity) is session:
-                        blocked.append(subscriber)
-                    else:
-                        engine.detach(subscriber)
-                subscriber.delivered += sent
-                wrote += sent
-                if sent:
-                    if subscriber.tracking:
-                        engine.written(subscriber, pending[:sent] if sent < len(pending) else pending)
-                    engine.room_available(subscriber)
-        for subscriber in blocked:
-            engine.requeue_ready(subscriber)
-        if not blocked and not self.stalled:
-            self.retry = 0.0
-        elif wrote:
-            self.retry = RETRY_FIRST
-        else:
-            self.retry = min(self.base_tick, self.retry * 2 or RETRY_FIRST)
+        return bool(self.stalled)
 
     def _send_replies(self, now: float) -> None:
         """Replies go out in order per client.
@@ -330,7 +273,7 @@ class RouterShell:
                 if len(session.stalled) > MAX_STALLED_REPLIES:
                     self.drop(session, f"{MAX_STALLED_REPLIES} replies unread")
 
-    def _deliver(self, session: Session, pending: list[Message], now: float) -> int:
+    def deliver(self, session: Session, pending: list[Message], now: float) -> int:
         """Write ``pending`` to one client; returns how many went out (the rest stay pending)."""
         head = [session.identity, b""] if session.delimiter else [session.identity]
         if session.batch:
@@ -385,13 +328,6 @@ class RouterShell:
     # ----------------------------------------------------------------------------------------------- liveness
 
     def heartbeat(self, now: float) -> None:
-        engine = self.engine
-        if now >= self.next_weak_sync:
-            engine.sync(Sync.WEAK)  # weak topics: written before delivery, fsynced every few seconds
-            self.next_weak_sync = now + self.weak_sync_interval
-        if now >= self.next_retention:
-            engine.enforce_retention(self.wall_ms())
-            self.next_retention = now + self.retention_interval
         noop, expired = self.sessions.due(now)
         for session in expired:
             self.counters["expired"] += 1
@@ -412,15 +348,7 @@ class RouterShell:
     # -------------------------------------------------------------------------------------------------- stats
 
     def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "uptime_seconds": round(self.monotonic() - self.started, 3),
-            "connections": {"mc0": len(self.sessions)},
-            "counters": dict(self.counters),
-            "topics": self.engine.stats(),
-        }
-        if self.extra_stats is not None:
-            out.update(self.extra_stats())
-        return out
+        return {"connections": len(self.sessions), **self.counters}
 
 
 def _command_id(body: list[bytes]) -> bytes | None:

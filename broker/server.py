@@ -1,5 +1,5 @@
-"""The broker process: one asyncio loop owning the engine, its store, the mc0 ROUTER and (later) the TCP
-gateways.
+"""The broker process: one asyncio loop owning the engine, its store, the hub that drives their turn, the
+mc0 ROUTER and the TCP gateways.
 
 No locks anywhere, because one thread touches the state. Every long-lived task runs under one
 ``asyncio.TaskGroup``, so a task that crashes stops the broker loudly instead of dying in silence; a store
@@ -23,6 +23,9 @@ import zmq.asyncio
 from broker import auth
 from broker.config import BrokerConfig
 from broker.engine import Engine
+from broker.gateways.sexp import SexpConnection, SexpOptions
+from broker.gateways.tcp import Gateway
+from broker.hub import Hub
 from broker.router import RouterShell
 from broker.store.files import FileStore
 from connector import keys
@@ -43,12 +46,35 @@ class Broker:
 
     config: BrokerConfig
     engine: Engine
+    hub: Hub
     router: RouterShell
     endpoint: str  # the resolved bind address, e.g. tcp://127.0.0.1:49152
+    gateways: dict[str, Gateway] = field(default_factory=dict)  # the ones turned on, by name
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def gateway_address(self, name: str) -> tuple[str, int]:
+        """Where gateway ``name`` really listens (a configured port 0 resolved)."""
+        address = self.gateways[name].address
+        assert address is not None
+        return address
 
     def stop(self) -> None:
         self.stop_event.set()
+
+
+def _gateways(config: BrokerConfig, hub: Hub) -> dict[str, Gateway]:
+    """The TCP gateways the configuration turns on (not listening yet)."""
+    gateways = {}
+    sexp = config.gateway_address("sexp")
+    if sexp is not None:
+        interval = config.sexp_ping_interval
+        # Ticks a few times per ping interval so Pings and expiry keep close to their times, at most 1/s.
+        gateways["sexp"] = Gateway(
+            "sexp", hub, SexpConnection, host=sexp[0], port=sexp[1], tick=min(1.0, interval / 4),
+            pending_limit=config.pending_limit,
+            options=SexpOptions(ping_interval=interval, max_line=4 * config.max_message_size + 1024),
+        )
+    return gateways
 
 
 def _router_socket(context: zmq.asyncio.Context, config: BrokerConfig) -> zmq.asyncio.Socket:
@@ -67,6 +93,10 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
     # Opening the store recovers every persistent topic (torn tails cut, ids continued) before any client
     # can connect; a corrupt sealed segment stops the start here, loudly.
     engine = Engine(config.topic_rules(), FileStore(config.data_dir))
+    hub = Hub(engine, weak_sync_interval=config.weak_sync_interval,
+              retention_interval=config.retention_interval, max_retry=config.heartbeat_tick)
+    hub.loop = asyncio.get_running_loop()
+    gateways = _gateways(config, hub)
     context = zmq.asyncio.Context()
     socket = _router_socket(context, config)
     authenticator = None
@@ -77,12 +107,15 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
             log.warning("CURVE is OFF: traffic on %s is plaintext and any client is admitted", config.bind)
         socket.bind(config.bind)
         endpoint = socket.last_endpoint.decode()
-        router = RouterShell(
-            engine, socket, pending_limit=config.pending_limit, tick=config.heartbeat_tick,
-            weak_sync_interval=config.weak_sync_interval, retention_interval=config.retention_interval,
-        )
-        broker = Broker(config, engine, router, endpoint)
+        router = RouterShell(hub, socket, pending_limit=config.pending_limit, tick=config.heartbeat_tick)
+        hub.add(router)
+        for gateway in gateways.values():
+            await gateway.start()
+            hub.add(gateway)
+        broker = Broker(config, engine, hub, router, endpoint, gateways)
         log.info("mc0 broker listening on %s (CURVE %s)", endpoint, "on" if config.curve else "OFF")
+        for name in gateways:
+            log.info("%s gateway listening on %s:%d", name, *broker.gateway_address(name))
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             # Always handled, so a SIGHUP meant for reloading never kills a broker that has nothing to reload.
@@ -95,13 +128,19 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
         if on_ready is not None:
             on_ready(broker)
         async with asyncio.TaskGroup() as group:
-            router_task = group.create_task(router.run(), name="mc0-router")
+            tasks = {group.create_task(router.run(), name="mc0-router"),
+                     group.create_task(hub.run(), name="hub")}
+            tasks |= {group.create_task(gateway.run(), name=f"{name}-gateway")
+                      for name, gateway in gateways.items()}
             stopper = group.create_task(broker.stop_event.wait(), name="stop")
-            await asyncio.wait({router_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            router_task.cancel()
-            stopper.cancel()
+            await asyncio.wait({*tasks, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (*tasks, stopper):
+                task.cancel()
         log.info("mc0 broker stopped")
     finally:
+        hub.close()
+        for gateway in gateways.values():
+            gateway.close()
         try:
             engine.close()  # every log written and fsynced, whatever its sync level
         finally:

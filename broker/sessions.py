@@ -4,14 +4,21 @@ A session exists for every ROUTER identity we have heard from (the reference bro
 the first command may be any verb). The rules come from the reference brokers: the broker sends NOOP to a
 client it has sent nothing to for 0.95 x TTL, and forgets a client it has heard nothing from for 1.05 x TTL.
 A client that gave no TTL never expires.
+
+A session is also the :class:`~broker.hub.Outlet` of its engine subscriber: the hub asks it to deliver, and it
+hands the writing to the router shell that owns it.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
 
-from broker.engine import Subscriber
+from broker.engine import Message, Subscriber
+
+if TYPE_CHECKING:
+    from broker.router import RouterShell
 
 #: Fractions of the client's TTL from the reference brokers (mc0d.rb and the C++ broker).
 NOOP_AFTER = 0.95
@@ -29,10 +36,14 @@ def heartbeat_tick(base: float, ttls: list[float]) -> float:
 
 @dataclass(slots=True, eq=False)
 class Session:
+    #: A ROUTER has no per-peer "writable again" signal: a full pipe is retried on the hub's timer.
+    polled: ClassVar[bool] = True
+
     identity: bytes
     subscriber: Subscriber
     last_heard: float  # seconds, monotonic
     last_sent: float
+    door: RouterShell | None = None
     ttl: float | None = None  # seconds
     delimiter: bool = True  # the client frames with the empty delimiter; replies do the same
     batch: bool = False  # extension "batch": deliveries go out as MESSAGES
@@ -45,11 +56,21 @@ class Session:
     def __hash__(self) -> int:
         return id(self)
 
+    @property
+    def attached(self) -> bool:
+        """Still the session of its identity (not dropped, and not replaced by a reconnect)."""
+        return self.door is not None and self.door.sessions.by_identity.get(self.identity) is self
+
+    def deliver(self, messages: list[Message], now: float) -> int:
+        assert self.door is not None
+        return self.door.deliver(self, messages, now)
+
 
 class Sessions:
     """Every known client by identity, and the heartbeat decisions over them."""
 
-    def __init__(self) -> None:
+    def __init__(self, door: RouterShell | None = None) -> None:
+        self.door = door
         self.by_identity: dict[bytes, Session] = {}
 
     def __len__(self) -> int:
@@ -58,7 +79,7 @@ class Sessions:
     def get_or_create(self, identity: bytes, now: float, subscriber_limit: int) -> Session:
         session = self.by_identity.get(identity)
         if session is None:
-            session = Session(identity, Subscriber(identity, subscriber_limit), now, now)
+            session = Session(identity, Subscriber(identity, subscriber_limit), now, now, self.door)
             session.subscriber.owner = session
             self.by_identity[identity] = session
         return session

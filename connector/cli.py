@@ -21,6 +21,7 @@ import zmq
 from connector.client import DEFAULT_ENDPOINT, Client
 from connector.core import REPLAY_WORDS, ConnectorError, Message
 from connector.keys import KeyFileError
+from connector.sexp_client import DEFAULT_PORT as SEXP_PORT
 
 #: Runs at least this long get a progress bar on stderr.
 PROGRESS_FROM = 10_000
@@ -80,20 +81,24 @@ def _connect(endpoint: str, keys_dir: Path, no_curve: bool, **options: Any) -> C
               help="Keys folder [default: keys].")
 @click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False),
               help="Where persistent topics keep their logs [default: mc0-data].")
+@click.option("--sexp", metavar="HOST:PORT|off",
+              help="sexp gateway address, or off [default: 127.0.0.1:61617].")
 @click.option("--no-curve", is_flag=True, help="Plaintext, any client admitted: development only.")
 @click.option("--allow-any-client", is_flag=True, help="CURVE encryption without the client allow-list.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               help="Logging level [default: INFO].")
 def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, data_dir: Path | None,
-           no_curve: bool, allow_any_client: bool, log_level: str | None) -> None:
+           sexp: str | None, no_curve: bool, allow_any_client: bool, log_level: str | None) -> None:
     """Run the broker until SIGINT or SIGTERM."""
     from broker import config as broker_config
     from broker import server
 
     config = broker_config.load(config_file).replace(
         bind=bind, keys_dir=keys_dir, data_dir=data_dir, log_level=log_level.upper() if log_level else None,
-        curve=False if no_curve else None, allow_any_client=True if allow_any_client else None,
+        curve=False if no_curve else None, allow_any_client=True if allow_any_client else None, sexp=sexp,
     )
+    for name in broker_config.GATEWAYS:
+        config.gateway_address(name)  # a malformed address is a one-line error before anything starts
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not config.curve:
         click.secho("WARNING: CURVE is off. Traffic is plaintext and any client may connect.", fg="red",
@@ -113,6 +118,9 @@ def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, da
 
     def ready(running: server.Broker) -> None:
         click.echo(f"mc0 broker listening on {running.endpoint}", err=True)
+        for name in running.gateways:
+            host, port = running.gateway_address(name)
+            click.echo(f"{name} gateway listening on {host}:{port}", err=True)
 
     server.run(config, ready)
 
@@ -245,6 +253,89 @@ def sub(topics: tuple[str, ...], endpoint: str, keys_dir: Path, no_curve: bool, 
                 received += 1
         except KeyboardInterrupt:
             pass
+
+
+# -------------------------------------------------------------------------------------------- sexp dialect
+
+
+class _Address(click.ParamType):
+    """``--broker`` of a TCP dialect: HOST:PORT."""
+
+    name = "HOST:PORT"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, int]:
+        if isinstance(value, tuple):
+            return value
+        host, colon, port = str(value).rpartition(":")
+        if not colon or not host or not port.isdigit() or int(port) > 65535:
+            self.fail(f"{value!r} is not HOST:PORT", param, ctx)
+        return host.strip("[]"), int(port)
+
+
+def _sexp_options(func: Any) -> Any:
+    return click.option("--broker", "address", type=_Address(), default=f"127.0.0.1:{SEXP_PORT}",
+                        show_default=True, help="The broker's sexp gateway.")(func)
+
+
+@main.group()
+def sexp() -> None:
+    """Publish and subscribe through the sexp dialect (seed 000)."""
+
+
+@sexp.command("sub")
+@click.argument("topics", nargs=-1, required=True)
+@_sexp_options
+@click.option("--replay", type=_Replay(), metavar="beginning|current|ID", default="current",
+              show_default=True, help="Where to start: From_beginning, From_current or (From_message ID).")
+@click.option("--count", "-n", type=click.IntRange(min=1), help="Exit after N messages.")
+@click.option("--timeout", type=click.FloatRange(min=0),
+              help="Exit after this many seconds without a message.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per message, with ids.")
+def sexp_sub(topics: tuple[str, ...], address: tuple[str, int], replay: str | int, count: int | None,
+             timeout: float | None, as_json: bool) -> None:
+    """Print the messages published to TOPICS, received over the sexp dialect."""
+    from connector.sexp_client import SexpClient
+
+    out = click.get_text_stream("stdout")
+    with SexpClient(*address, client_id="mc0-cli") as client:
+        for topic in topics:
+            client.subscribe(topic, replay=replay)
+        received = 0
+        try:
+            while count is None or received < count:
+                message = client.receive(timeout=timeout if timeout is not None else 365 * 86400.0)
+                if message is None:
+                    break
+                if as_json:
+                    out.write(json.dumps({"topic": message.topic.decode("utf-8", "replace"),
+                                          "topic_id": message.topic_id, "id": message.id,
+                                          "body": message.body.decode("utf-8", "replace")}) + "\n")
+                else:
+                    out.write(message.body.decode("utf-8", "replace") + "\n")
+                out.flush()
+                received += 1
+        except KeyboardInterrupt:
+            pass
+
+
+@sexp.command("pub")
+@click.argument("topic")
+@click.argument("message", required=False)
+@_sexp_options
+def sexp_pub(topic: str, message: str | None, address: tuple[str, int]) -> None:
+    """Publish MESSAGE (or each line of stdin) to TOPIC with the sexp dialect's Publish extension."""
+    from connector.sexp_client import SexpClient
+
+    with SexpClient(*address, client_id="mc0-cli") as client:
+        bodies = _stdin_lines() if message is None else iter([message.encode()])
+        sent = 0
+        for body in bodies:
+            client.publish(topic, body)
+            sent += 1
+        # Publish has no acknowledgement in this dialect; closing waits until the broker has read it all.
+    click.echo(f"published {sent} message(s) to {topic}", err=True)
 
 
 # ----------------------------------------------------------------------------------------- declare, topics

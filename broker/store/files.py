@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from broker.store import StoreError, StoredTopic
+from broker.store import StoredTopic, StoreError
 from broker.store.log import SegmentLog
 from broker.store.segment import fsync_directory, write_all
 from broker.topics import MAX_TOPIC_ID, Delivery, Persistence, Sync, TopicSpec

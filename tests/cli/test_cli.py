@@ -587,7 +587,7 @@ def test_real_broker_pub_and_sub_processes(tmp_path: Path) -> None:
     env.pop("MC0_KEYS", None)
     env.pop("MC0_BROKER", None)
     broker = subprocess.Popen(
-        [*mc0_command(), "broker", "--bind", endpoint, "--keys", str(keys)],
+        [*mc0_command(), "broker", "--bind", endpoint, "--sexp", "127.0.0.1:0", "--keys", str(keys)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
         cwd=tmp_path,
     )
@@ -641,7 +641,7 @@ def test_real_broker_refuses_a_busy_port_in_one_line(tmp_path: Path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         result = subprocess.run(
-            [*mc0_command(), "broker", "--bind", f"tcp://127.0.0.1:{port}", "--no-curve"],
+            [*mc0_command(), "broker", "--bind", f"tcp://127.0.0.1:{port}", "--sexp", "off", "--no-curve"],
             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15, cwd=tmp_path,
         )
     assert result.returncode != 0
@@ -665,7 +665,7 @@ def test_sighup_admits_a_client_added_to_the_allow_list(tmp_path: Path) -> None:
     )
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     broker = subprocess.Popen(
-        [*mc0_command(), "broker", "--bind", endpoint, "--keys", str(keys)],
+        [*mc0_command(), "broker", "--bind", endpoint, "--sexp", "127.0.0.1:0", "--keys", str(keys)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=tmp_path,
     )

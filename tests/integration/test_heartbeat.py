@@ -101,7 +101,7 @@ def test_silent_client_is_dropped_with_its_subscriptions(fast_broker: Broker, de
     stats = publisher.stats()
     assert stats["topics"]["hb"]["subscribers"] == 0
     assert stats["topics"]["hb2"]["subscribers"] == 0
-    assert stats["counters"]["expired"] == 1
+    assert stats["doors"]["mc0"]["expired"] == 1
     assert stats["connections"]["mc0"] == 1
     # At most a heartbeat reached it before the drop; nothing that was published.
     assert all(reply.verb == b"NOOP" for reply in silent.drain(0.05))
@@ -144,7 +144,7 @@ def test_client_without_ttl_is_never_dropped(fast_broker: Broker, dealer: Dealer
     forever.expect_silence(1.0)  # and no NOOP either: without TTL there is no heartbeat
     stats = publisher.stats()
     assert stats["topics"]["hb"]["subscribers"] == 1
-    assert stats["counters"]["expired"] == 1
+    assert stats["doors"]["mc0"]["expired"] == 1
     publisher.put("hb", "for the patient one")
     assert forever.recv().body == b"for the patient one"
     forever.expect_silence()
@@ -161,7 +161,7 @@ def test_client_that_keeps_sending_noop_stays(fast_broker: Broker, dealer: Deale
     assert set(verbs) == {b"NOOP"}
     assert 2 <= len(verbs) <= 4, verbs
     stats = publisher.stats()
-    assert stats["counters"]["expired"] == 0
+    assert stats["doors"]["mc0"]["expired"] == 0
     assert stats["topics"]["hb"]["subscribers"] == 1
     publisher.put("hb", "still subscribed")
     assert lively.recv_skipping_noop().body == b"still subscribed"
@@ -176,4 +176,4 @@ def test_noop_with_id_is_answered_and_counts_as_traffic(fast_broker: Broker, dea
         assert reply.frames == [b"OK", b"ID", reply.header("ID")]
         time.sleep(0.1)
     peer.expect_silence(0.2)
-    assert peer.stats()["counters"]["expired"] == 0
+    assert peer.stats()["doors"]["mc0"]["expired"] == 0

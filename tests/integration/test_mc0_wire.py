@@ -348,7 +348,7 @@ def test_slow_subscriber_gets_everything_soon_after_it_reads_again(
     for n in range(count):
         publisher.put("slow", b"%d" % n)
     publisher.ok("NOOP")  # every PUT has been handled
-    assert publisher.stats()["counters"]["blocked"] >= 1, "the pipe was meant to fill up"
+    assert publisher.stats()["doors"]["mc0"]["blocked"] >= 1, "the pipe was meant to fill up"
     started = time.monotonic()
     got = [int(subscriber.recv(timeout=1.0).body or b"-1") for _ in range(count)]
     assert got == list(range(count))
@@ -610,7 +610,7 @@ def wait_for_unreachable(publisher: Peer, topic: str, deadline: float = 3.0) -> 
     while True:
         publisher.ok("PUT", "TOPIC", topic, "", "probe")
         stats = publisher.stats()
-        if stats["counters"]["unreachable"] >= 1 or time.monotonic() > end:
+        if stats["doors"]["mc0"]["unreachable"] >= 1 or time.monotonic() > end:
             return stats
         time.sleep(0.05)
 
@@ -628,7 +628,7 @@ def test_vanished_subscriber_is_cleaned_up_on_delivery(broker: Broker, dealer: D
     vanishing.close()  # no DISCONNECT
     time.sleep(0.2)
     stats = wait_for_unreachable(publisher, "t")
-    assert stats["counters"]["unreachable"] == 1
+    assert stats["doors"]["mc0"]["unreachable"] == 1
     assert stats["topics"]["t"]["subscribers"] == 1
     assert stats["topics"]["u"]["subscribers"] == 0, "all its subscriptions go, not only the one delivered"
     assert stats["connections"]["mc0"] == 2
@@ -656,7 +656,7 @@ def test_vanished_round_robin_consumer_loses_no_message(
     assert got == [b"job-%d" % n for n in range(1, 4)]
     staying.expect_silence()
     stats = publisher.stats()
-    assert stats["counters"]["unreachable"] == 1
+    assert stats["doors"]["mc0"]["unreachable"] == 1
     assert stats["topics"]["jobs.q"]["subscribers"] == 1
     assert stats["topics"]["jobs.q"]["messages_out"] == 4
 
@@ -673,7 +673,7 @@ def test_reply_to_a_client_with_a_full_pipe_waits_instead_of_vanishing(
     for n in range(3000):  # 3 MB: more than the pipe and the kernel's socket buffers hold
         publisher.put("full", b"%d" % n + b"." * 1000)
     publisher.ok("NOOP")  # every PUT has been handled, so the subscriber's pipe is full now
-    assert publisher.stats()["counters"]["blocked"] >= 1, "the pipe was meant to fill up"
+    assert publisher.stats()["doors"]["mc0"]["blocked"] >= 1, "the pipe was meant to fill up"
     subscriber.send("NOOP", "ID", "after-the-flood")
     time.sleep(0.2)  # the broker answers while the pipe is still full
     bodies: list[bytes] = []

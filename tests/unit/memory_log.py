@@ -159,7 +159,8 @@ class MemoryStore:
         self.closed = False
 
     def existing(self) -> list[StoredTopic]:
-        return [StoredTopic(name, spec, self.topic_ids.get(name)) for name, spec in sorted(self.specs.items())]
+        return [StoredTopic(name, spec, self.topic_ids.get(name))
+                for name, spec in sorted(self.specs.items())]
 
     def open(self, topic: bytes, spec: TopicSpec, topic_id: int | None = None) -> MemoryLog:
         log = self.logs.get(topic)

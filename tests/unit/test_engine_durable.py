@@ -720,14 +720,14 @@ def test_durability_label_follows_the_sync_level(spec: TopicSpec, label: bytes) 
 def test_declare_creates_a_topic_and_accepts_the_same_settings_again() -> None:
     engine, store = durable_engine()
     spec = TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.WEAK)
-    topic = engine.declare(b"log.orders", spec)
-    assert engine.topics[b"log.orders"] is topic
+    topic = engine.declare(b"orders", spec)
+    assert engine.topics[b"orders"] is topic
     assert topic.spec == spec
-    assert store.specs[b"log.orders"] == spec  # persistent: its log was opened
-    assert engine.declare(b"log.orders", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.WEAK)) is topic
+    assert store.specs[b"orders"] == spec  # persistent: its log was opened
+    assert engine.declare(b"orders", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.WEAK)) is topic
     with pytest.raises(EngineError, match="other settings"):
-        engine.declare(b"log.orders", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG))
-    assert engine.topics[b"log.orders"].spec == spec
+        engine.declare(b"orders", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG))
+    assert engine.topics[b"orders"].spec == spec
 
 
 def test_declare_against_a_topic_created_by_use_compares_with_its_defaults() -> None:

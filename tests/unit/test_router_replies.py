@@ -14,6 +14,7 @@ import zmq.asyncio
 
 from broker import router as router_module
 from broker.engine import Engine
+from broker.hub import Hub
 from broker.router import RouterShell
 
 
@@ -34,7 +35,9 @@ class FullPipe:
 def shell() -> Iterator[tuple[RouterShell, FullPipe]]:
     context = zmq.asyncio.Context()
     socket = context.socket(zmq.ROUTER)
-    shell = RouterShell(Engine(), socket, monotonic=lambda: 0.0, wall_ms=lambda: 0)
+    hub = Hub(Engine(), monotonic=lambda: 0.0, wall_ms=lambda: 0)
+    shell = RouterShell(hub, socket)
+    hub.add(shell)
     pipe = FullPipe()
     shell.raw = pipe  # type: ignore[assignment]
     yield shell, pipe
@@ -51,12 +54,12 @@ def test_a_reply_that_meets_a_full_pipe_is_sent_later_in_order(shell: tuple[Rout
     pipe.full = True
     for n in (b"1", b"2", b"3"):
         router.handle(command(b"peer", b"NOOP", b"ID", n), 0.0, 0)
-    router.flush(0.0)
+    router.hub.flush(0.0)
     assert pipe.sent == []
-    assert router.retry > 0, "the loop must come back to retry"
+    assert router.hub.retry > 0, "the loop must come back to retry"
     pipe.full = False
     router.handle(command(b"peer", b"NOOP", b"ID", b"4"), 0.0, 0)
-    router.flush(0.0)
+    router.hub.flush(0.0)
     assert [frames[-1] for frames in pipe.sent] == [b"1", b"2", b"3", b"4"]
     assert router.stalled == set()
 
@@ -67,11 +70,11 @@ def test_a_client_that_never_reads_its_replies_is_dropped(
     router, pipe = shell
     monkeypatch.setattr(router_module, "MAX_STALLED_REPLIES", 5)
     router.handle(command(b"peer", b"SUB", b"ID", b"s", b"", b"t"), 0.0, 0)
-    router.flush(0.0)
+    router.hub.flush(0.0)
     assert router.engine.topics[b"t"].subscribers
     pipe.full = True
     for n in range(6):
         router.handle(command(b"peer", b"NOOP", b"ID", b"%d" % n), 0.0, 0)
-    router.flush(0.0)
+    router.hub.flush(0.0)
     assert b"peer" not in router.sessions.by_identity
     assert not router.engine.topics[b"t"].subscribers, "a dropped client keeps no subscription"

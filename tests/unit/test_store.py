@@ -558,9 +558,9 @@ def test_the_topic_id_is_recorded_and_kept(store: FileStore) -> None:
     store.open(TOPIC, SMALL, topic_id=7)
     store.close()
     assert json.loads((topic_dir(store.root) / "topic.json").read_text())["topic_id"] == 7
-    for given, recorded in ((None, 7), (9, 9)):  # no id given: the recorded one stays; the engine owns ids
+    for asked, recorded in ((None, 7), (9, 9)):  # no id asked: the recorded one stays; the engine owns ids
         again = FileStore(store.root)
-        again.open(TOPIC, SMALL, topic_id=given)
+        again.open(TOPIC, SMALL, topic_id=asked)
         again.close()
         found = FileStore(store.root)
         assert found.existing() == [(TOPIC, SMALL, recorded)]

@@ -1,0 +1,227 @@
+"""The TCP shell every byte-stream dialect shares: a listening server, its connections, flow control and a
+liveness tick. It knows asyncio and the hub; it knows no dialect.
+
+A :class:`Gateway` is one door of the broker (``sexp``, ``msgq``, ...): it listens on one address (plain TCP,
+or TLS when given an ``ssl.SSLContext``) and makes one :class:`Connection` per peer. A dialect subclasses
+:class:`Connection` with three methods: :meth:`~Connection.received` feeds bytes to its sans-IO codec and acts
+on the events, :meth:`~Connection.encode_delivery` turns an engine message into bytes, and
+:meth:`~Connection.tick` runs its liveness rules.
+
+Every connection registers one engine :class:`~broker.engine.Subscriber` and is that subscriber's outlet: the
+hub calls :meth:`Connection.deliver` after each commit. Flow control is asyncio's: once the transport holds
+``WRITE_HIGH_WATER`` bytes it calls ``pause_writing``; the connection then stops taking deliveries (they wait
+in the engine, bounded there: a persistent topic reads them from the log later, a transient one counts what it
+drops) and stops reading the peer, so a peer that does not read cannot make us buffer its answers either.
+``resume_writing`` wakes the subscriber through the hub. Memory per connection is therefore bounded by the
+codec's own limits plus about one write chunk over the high-water mark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from broker.engine import Message, Subscriber
+from broker.hub import Hub
+from protocol import ProtocolError
+
+log = logging.getLogger("mc0.gateway")
+
+#: Bytes a transport may hold before the connection pauses (asyncio's own default is 64 KiB; a little more
+#: keeps a fast reader's pipe full between two turns).
+WRITE_HIGH_WATER = 256 << 10
+#: Deliveries are encoded and handed to the transport in chunks of about this size: one write per chunk, and
+#: a paused transport is noticed after at most one chunk too many.
+WRITE_CHUNK = 64 << 10
+
+
+class Gateway:
+    """One listening door: its server socket, its connections and their periodic tick."""
+
+    def __init__(
+        self,
+        name: str,
+        hub: Hub,
+        connection: Callable[[Gateway], Connection],
+        *,
+        host: str,
+        port: int,
+        tick: float,
+        pending_limit: int = 100_000,
+        ssl_context: ssl.SSLContext | None = None,
+        options: Any = None,
+    ) -> None:
+        self.name = name
+        self.hub = hub
+        self.connection = connection
+        self.host = host
+        self.port = port
+        self.tick_interval = tick
+        self.pending_limit = pending_limit
+        self.ssl_context = ssl_context
+        self.options = options  # the dialect's own settings, read by its connections
+        self.connections: set[Connection] = set()
+        self.server: asyncio.Server | None = None
+        self.address: tuple[str, int] | None = None  # where it really listens (port 0 resolved)
+        self.counters = {"accepted": 0, "errors": 0, "closed": 0, "expired": 0}
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            self.server = await loop.create_server(
+                lambda: self.connection(self), self.host, self.port, ssl=self.ssl_context, reuse_address=True
+            )
+        except OSError as error:
+            where = f"{self.name} gateway on {self.host}:{self.port}"
+            raise OSError(error.errno, f"{where}: {error.strerror}") from None
+        host, port = self.server.sockets[0].getsockname()[:2]
+        self.address = (host, port)
+
+    async def run(self) -> None:
+        """Tick every connection until cancelled (pings, expiry, whatever the dialect's liveness needs)."""
+        monotonic = self.hub.monotonic
+        while True:
+            await asyncio.sleep(self.tick_interval)
+            now = monotonic()
+            for connection in list(self.connections):
+                connection.tick(now)
+            self.hub.schedule()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for connection in list(self.connections):
+            connection.abort()
+
+    # ---------------------------------------------------------------------------------- the hub's Door side
+
+    def answer(self, now: float) -> bool:
+        return False  # gateway connections answer as they read; nothing of theirs waits for the commit
+
+    def stats(self) -> dict[str, Any]:
+        where = f"{self.address[0]}:{self.address[1]}" if self.address else None
+        return {"connections": len(self.connections), "address": where, **self.counters}
+
+
+class Connection(asyncio.Protocol):
+    """One peer of a gateway; subclasses speak the dialect."""
+
+    #: The transport says when it drained (``resume_writing``): no retry timer needed.
+    polled = False
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.hub = gateway.hub
+        self.engine = gateway.hub.engine
+        self.subscriber = Subscriber(self, gateway.pending_limit)
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.writable = True
+        self.closing = False
+        self.last_heard = self.hub.monotonic()
+
+    # ------------------------------------------------------------------------------------ asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.gateway.connections.add(self)
+        self.gateway.counters["accepted"] += 1
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.last_heard = self.hub.monotonic()
+        try:
+            self.received(data)
+        except ProtocolError as error:
+            self.gateway.counters["errors"] += 1
+            self.close(f"protocol error: {error}")
+        # Not a flush now: every readable connection of this loop iteration is read first, then one commit
+        # covers them all.
+        self.hub.schedule()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.gateway.connections.discard(self)
+        self.gateway.counters["closed"] += 1
+        self.engine.detach(self.subscriber)  # its round-robin messages go to the others
+        self.hub.schedule()
+
+    def pause_writing(self) -> None:
+        self.writable = False
+        if self.transport is not None and not self.closing:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        if self.transport is not None and not self.closing:
+            self.transport.resume_reading()
+            # We were not reading: the peer's silence in that time is ours, not its.
+            self.last_heard = self.hub.monotonic()
+            self.hub.wake(self.subscriber)
+
+    # ---------------------------------------------------------------------------------- the hub's Outlet side
+
+    @property
+    def attached(self) -> bool:
+        return not self.closing
+
+    def deliver(self, messages: list[Message], now: float) -> int:
+        if not self.writable or self.closing or self.transport is None:
+            return 0
+        encode = self.encode_delivery
+        write = self.transport.write
+        chunk: list[bytes] = []
+        size = 0
+        sent = 0
+        for message in messages:
+            data = encode(message)
+            chunk.append(data)
+            size += len(data)
+            sent += 1
+            if size >= WRITE_CHUNK:
+                write(b"".join(chunk))
+                chunk = []
+                size = 0
+                if not self.writable:  # pause_writing ran inside write(): the rest waits for resume_writing
+                    return sent
+        if chunk:
+            write(b"".join(chunk))
+        return sent
+
+    # ------------------------------------------------------------------------------------- for the dialects
+
+    def write(self, data: bytes) -> None:
+        if not self.closing and self.transport is not None:
+            self.transport.write(data)
+
+    def close(self, why: str) -> None:
+        """Close after what was written so far has gone out."""
+        if self.closing:
+            return
+        self.closing = True
+        log.info("%s client %s closed: %s", self.gateway.name, self.peer, why)
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def received(self, data: bytes) -> None:
+        """Feed ``data`` to the codec and act on every complete event. A ProtocolError closes the peer."""
+        raise NotImplementedError
+
+    def encode_delivery(self, message: Message) -> bytes:
+        raise NotImplementedError
+
+    def tick(self, now: float) -> None:
+        """Called every gateway tick: pings, keepalives, expiry."""

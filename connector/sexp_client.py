@@ -1,0 +1,191 @@
+"""A small blocking client for the sexp door, so the dialect can be tried without writing one.
+
+    from connector.sexp_client import SexpClient
+    with SexpClient("127.0.0.1", 61617) as client:
+        client.subscribe("orders", replay="beginning")
+        client.publish("orders", b"hello")
+        print(client.receive(timeout=1))
+
+It speaks :mod:`protocol.sexp` over one TCP socket: the version handshake and ``Connect`` on open,
+``Subscribe``/``Unsubscribe`` waiting for the broker's ``Subscribed``/``Unsubscribed`` (or its Error),
+``Publish`` (our extension; fire-and-forget, as the dialect has no publish acknowledgement), and every Ping
+answered with an ``Ack`` while the caller waits in :meth:`SexpClient.receive`. Not thread-safe: one thread
+uses one client.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass
+from types import TracebackType
+
+from connector.core import ConnectorError
+from protocol import ProtocolError, sexp
+
+DEFAULT_PORT = 61617
+#: Bytes read per recv() call.
+READ_SIZE = 256 << 10
+
+
+@dataclass(frozen=True, slots=True)
+class SexpMessage:
+    """A delivery: the engine's message id, the topic (its name, from the Subscribed that announced its id),
+    and the body."""
+
+    topic: bytes
+    topic_id: int
+    id: int
+    body: bytes
+
+
+def _encode(text: str | bytes) -> bytes:
+    return text.encode() if isinstance(text, str) else text
+
+
+class SexpClient:
+    """One connection to a broker's sexp gateway."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, client_id: str | bytes = "mc0",
+                 timeout: float = 5.0, version: int = sexp.VERSION_ONE) -> None:
+        self.timeout = timeout
+        self.codec = sexp.ClientConnection()
+        self.topics: dict[int, bytes] = {}  # topic id -> name, from Subscribed frames
+        self.inbox: deque[SexpMessage] = deque()
+        self.pings = 0  # Pings answered
+        try:
+            self.sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as error:
+            raise ConnectorError(f"cannot connect to {host}:{port}: {error.strerror or error}") from None
+        try:
+            self._send(sexp.Version(version))
+            reply = self._wait(sexp.VersionReply, "the version reply")
+            if reply.number == sexp.REFUSED:
+                raise ConnectorError(f"the broker does not speak version {version}")
+            self._send(sexp.Connect(version, _encode(client_id)))
+        except BaseException:
+            self.sock.close()
+            raise
+
+    # ------------------------------------------------------------------------------------------ the commands
+
+    def subscribe(self, topic: str | bytes, replay: str | int = sexp.REPLAY_CURRENT) -> int:
+        """Subscribe from ``replay`` ("beginning", "current" or a message id); returns the topic's id."""
+        name = _encode(topic)
+        self._send(sexp.Subscribe(name, replay))
+        return self._wait_topic(sexp.Subscribed, name).topic_id
+
+    def unsubscribe(self, topic: str | bytes) -> None:
+        name = _encode(topic)
+        self._send(sexp.Unsubscribe(name))
+        self._wait_topic(sexp.Unsubscribed, name)
+
+    def publish(self, topic: str | bytes, body: str | bytes) -> None:
+        self._send(sexp.Publish(_encode(topic), _encode(body)))
+
+    def receive(self, timeout: float | None = None) -> SexpMessage | None:
+        """The next delivery, or None after ``timeout`` seconds (the client's default if not given).
+
+        An Error frame from the broker (a refused Publish, say) raises ConnectorError."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while not self.inbox:
+            if not self._read(deadline):
+                return None
+        return self.inbox.popleft()
+
+    def close(self) -> None:
+        """Close gracefully: say we are done sending, then wait (up to the timeout) for the broker to close.
+
+        The broker closes only after reading everything before our end of stream, so whatever was published
+        has reached it. (Closing at once could reset the connection and lose the last lines.)"""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + self.timeout
+            while (remaining := deadline - time.monotonic()) > 0:
+                self.sock.settimeout(remaining)
+                if not self.sock.recv(READ_SIZE):
+                    break
+        except OSError:
+            pass  # already gone: nothing more to wait for
+        finally:
+            self.sock.close()
+
+    def __enter__(self) -> SexpClient:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------------------------- the wire
+
+    def _send(self, event: object) -> None:
+        try:
+            self.sock.sendall(self.codec.send(event))  # type: ignore[arg-type]
+        except OSError as error:
+            raise ConnectorError(f"connection lost: {error.strerror or error}") from None
+
+    def _wait(self, kind: type, what: str) -> sexp.VersionReply:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            event = self._next(deadline)
+            if event is None:
+                raise ConnectorError(f"no {what} from the broker within {self.timeout:g} s")
+            if isinstance(event, kind):
+                return event  # type: ignore[return-value]
+
+    def _wait_topic(self, kind: type, name: bytes) -> sexp.Subscribed:
+        """The Subscribed/Unsubscribed for ``name``; an Error first means the broker refused."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            event = self._next(deadline, errors=False)
+            if event is None:
+                raise ConnectorError(f"no answer from the broker within {self.timeout:g} s")
+            if isinstance(event, sexp.Error):
+                raise ConnectorError(event.text)
+            if isinstance(event, kind) and event.topic == name:  # type: ignore[attr-defined]
+                return event  # type: ignore[return-value]
+
+    def _read(self, deadline: float) -> bool:
+        """Wait for one event and file it; False once the deadline passed."""
+        return self._next(deadline) is not None
+
+    def _next(self, deadline: float, *, errors: bool = True) -> object | None:
+        """The next event that is not a delivery or a Ping (those are filed and answered here); None at the
+        deadline. An Error raises ConnectorError unless ``errors`` is False."""
+        codec = self.codec
+        while True:
+            try:
+                event = codec.next_event()
+            except ProtocolError as error:
+                raise ConnectorError(f"the broker broke the protocol: {error}") from None
+            if event is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self.sock.settimeout(remaining)
+                try:
+                    data = self.sock.recv(READ_SIZE)
+                except TimeoutError:
+                    return None
+                except OSError as error:
+                    raise ConnectorError(f"connection lost: {error.strerror or error}") from None
+                if not data:
+                    raise ConnectorError("the broker closed the connection")
+                codec.receive_data(data)
+                continue
+            match event:
+                case sexp.Message(message_id, topic_id, body):
+                    self.inbox.append(SexpMessage(self.topics.get(topic_id, b""), topic_id, message_id, body))
+                    return event
+                case sexp.Ping(time=seconds):
+                    self.pings += 1
+                    self._send(sexp.Ack(seconds))
+                case sexp.Subscribed(topic_id, topic):
+                    self.topics[topic_id] = topic
+                    return event
+                case sexp.Error(text) if errors:
+                    raise ConnectorError(text)
+                case _:
+                    return event
