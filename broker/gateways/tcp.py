@@ -66,7 +66,8 @@ class Gateway:
         self.connections: set[Connection] = set()
         self.server: asyncio.Server | None = None
         self.address: tuple[str, int] | None = None  # where it really listens (port 0 resolved)
-        self.counters = {"accepted": 0, "errors": 0, "closed": 0, "expired": 0}
+        # paused: times a connection's transport was full (the peer reads slower than we write).
+        self.counters = {"accepted": 0, "errors": 0, "closed": 0, "expired": 0, "paused": 0}
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -156,6 +157,7 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable = False
+        self.gateway.counters["paused"] += 1
         if self.transport is not None and not self.closing:
             self.transport.pause_reading()
 

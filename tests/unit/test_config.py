@@ -177,6 +177,11 @@ def test_patterns_match_whole_names_and_any_bytes() -> None:
         ("[[topics]]\npattern = 'a'\nmax_backlog = '10'\n", "topics[0].max_backlog: must be an integer"),
         ("[[topics]]\npattern = 'a'\nmax_backlog = [1]\n", "topics[0].max_backlog: must be an integer"),
         ("[[topics]]\npattern = 'a'\nmax_backlog = 2.5\n", "topics[0].max_backlog: must be an integer"),
+        ("[broker]\nsexp = '61617'\n", "[broker].sexp: '61617' is not HOST:PORT (or 'off')"),
+        ("[broker]\nsexp = 'localhost:port'\n", "is not HOST:PORT"),
+        ("[broker]\nsexp = 'localhost:70000'\n", "is not HOST:PORT"),
+        ("[broker]\nsexp = ':61617'\n", "is not HOST:PORT"),
+        ("[broker]\nsexp_ping_interval = 0\n", "[broker].sexp_ping_interval must be greater than 0"),
         ("[broker\n", "mc0.toml"),
         ("[broker]\nbind = 'a'\nbind = 'b'\n", "mc0.toml"),
     ],
@@ -266,3 +271,18 @@ def test_data_dir_and_sync_interval_come_from_the_file(tmp_path: Path) -> None:
     path.write_text("[broker]\nweak_sync_interval = 0\n")
     with pytest.raises(ConfigError, match="greater than 0"):
         load(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "address"),
+    [("127.0.0.1:61617", ("127.0.0.1", 61617)), ("0.0.0.0:0", ("0.0.0.0", 0)), ("[::1]:9", ("::1", 9)),
+     ("localhost:1", ("localhost", 1)), ("off", None), ("OFF", None)],
+)
+def test_gateway_addresses(text: str, address: tuple[str, int] | None) -> None:
+    assert config.listen_address(text, "sexp") == address
+    assert BrokerConfig(sexp=text).gateway_address("sexp") == address
+
+
+def test_the_sexp_gateway_is_on_by_default_on_loopback() -> None:
+    assert DEFAULTS.gateway_address("sexp") == ("127.0.0.1", 61617)
+    assert DEFAULTS.sexp_ping_interval == 50.0
