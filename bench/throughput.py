@@ -93,7 +93,8 @@ def serve_mc0(port: int, mode: str, ready: Any) -> None:
     logging.basicConfig(level=logging.ERROR)
     delivery = Delivery.BROADCAST if mode == "broadcast" else Delivery.ROUND_ROBIN
     config = BrokerConfig(
-        bind=f"tcp://127.0.0.1:{port}", curve=False, topics=(TopicRule("*", TopicSpec(delivery=delivery)),)
+        bind=f"tcp://127.0.0.1:{port}", curve=False, topics=(TopicRule("*", TopicSpec(delivery=delivery)),),
+        sexp="off",
     )
     server.run(config, lambda _broker: ready.set())
 
