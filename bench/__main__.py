@@ -6,6 +6,9 @@ The target for the foundation: mc0 at least 1.0 times the libzmq proxy on 1 → 
 
 ``python -m bench durability [options]`` runs the durability benchmark instead (see ``bench/durability.py``):
 confirmed publishes per sync level against transient, and replay from the log against live delivery.
+
+``python -m bench gateways [options]`` measures the TCP doors: an mc0 publisher with its subscribers on a
+gateway, against the same publisher with mc0 subscribers, same run (see ``bench/gateways.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import durability
 
         return durability.main(argv[1:])
+    if argv[:1] == ["gateways"]:
+        from bench import gateways
+
+        return gateways.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      epilog="python -m bench durability --help: the durability benchmark")
     parser.add_argument("--messages", type=int, default=200_000, help="messages per throughput run")

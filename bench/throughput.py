@@ -83,7 +83,7 @@ def serve_py_forwarder(port: int, mode: str, ready: Any) -> None:
                 router.send_multipart([subscribers[turn], rest[0]])
 
 
-def serve_mc0(port: int, mode: str, ready: Any) -> None:
+def serve_mc0(port: int, mode: str, ready: Any, sexp: str = "off") -> None:
     import logging
 
     from broker import server
@@ -94,15 +94,21 @@ def serve_mc0(port: int, mode: str, ready: Any) -> None:
     delivery = Delivery.BROADCAST if mode == "broadcast" else Delivery.ROUND_ROBIN
     config = BrokerConfig(
         bind=f"tcp://127.0.0.1:{port}", curve=False, topics=(TopicRule("*", TopicSpec(delivery=delivery)),),
-        sexp="off",
+        sexp=sexp,
     )
     server.run(config, lambda _broker: ready.set())
+
+
+def serve_mc0_sexp(port: int, mode: str, ready: Any) -> None:
+    """mc0 with its sexp gateway on ``port + 1``."""
+    serve_mc0(port, mode, ready, sexp=f"127.0.0.1:{port + 1}")
 
 
 SERVERS: dict[str, Callable[[int, str, Any], None]] = {
     "zmq-proxy": serve_zmq_proxy,
     "py-forwarder": serve_py_forwarder,
     "mc0": serve_mc0,
+    "mc0-sexp": serve_mc0_sexp,  # an mc0 publisher, subscribers on the sexp door
 }
 
 
@@ -155,10 +161,24 @@ class Mc0Subscriber:
         return None if message is None else message.body
 
 
+class SexpSubscriber:
+    def __init__(self, port: int) -> None:
+        from connector.sexp_client import SexpClient
+
+        self.client = SexpClient("127.0.0.1", port + 1, client_id="bench")
+        self.client.subscribe(TOPIC)
+
+    def receive(self, timeout: float) -> bytes | None:
+        message = self.client.receive(timeout)
+        return None if message is None else message.body
+
+
 def subscriber_process(system: str, mode: str, port: int, expected: int, latency: bool, ready: Any,
                        results: Any) -> None:
     if system == "mc0":
         sub: Any = Mc0Subscriber(port)
+    elif system == "mc0-sexp":
+        sub = SexpSubscriber(port)
     elif mode == "round-robin":
         sub = RawPullSubscriber(system, port)
     else:
@@ -187,7 +207,7 @@ def publisher_process(system: str, mode: str, port: int, count: int, rate: float
     go.wait()
     interval = 1.0 / rate if rate else 0.0
     start = time.monotonic()
-    if system == "mc0":
+    if system.startswith("mc0"):
         from connector import Client
 
         with Client(f"tcp://127.0.0.1:{port}", curve=False) as client:
@@ -244,7 +264,7 @@ class Result:
 
 def run_case(system: str, mode: str, subscribers: int, messages: int, rate: float = 0.0) -> Result:
     spawn = mp.get_context("spawn")
-    port = free_port() if system != "zmq-proxy" else _free_pair()
+    port = _free_pair() if system in ("zmq-proxy", "mc0-sexp") else free_port()
     server_ready = spawn.Event()
     server = spawn.Process(target=SERVERS[system], args=(port, mode, server_ready), daemon=True)
     server.start()
@@ -289,7 +309,7 @@ def run_case(system: str, mode: str, subscribers: int, messages: int, rate: floa
 
 
 def _free_pair() -> int:
-    """A port p with p+1 free too (the proxy binds two)."""
+    """A port p with p+1 free too (the proxy, and mc0 with a gateway, bind two)."""
     for _ in range(50):
         port = free_port()
         try:

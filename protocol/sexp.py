@@ -554,6 +554,13 @@ def _topic_record(topic_id: object, topic: object, name: str) -> bytes:
     return dumps([[b"id", str(number).encode()], [b"topic", _require_bytes(topic, f"{name} topic")]])
 
 
+def message_frame(message_id: int, topic_id: int, body: bytes) -> bytes:
+    """The Message frame, without building an event or checking the values: the broker's delivery path,
+    once per message per subscriber. The caller guarantees a u64 id, a u32 topic id and a body that fits a
+    u32 frame (``ServerConnection.send(Message(...))`` checks all three, then comes here)."""
+    return _MESSAGE_HEADER.pack(13 + len(body), _MESSAGE, message_id, topic_id) + body
+
+
 def _server_frame(event: object) -> bytes:
     if isinstance(event, Message):
         body = _require_bytes(event.body, "Message body")
@@ -561,7 +568,7 @@ def _server_frame(event: object) -> bytes:
         _require_int(event.topic_id, 0, _U32_MAX, "Message topic id")
         if 13 + len(body) > _U32_MAX:
             raise ValueError("Message body is too large for a u32 frame length")
-        return _MESSAGE_HEADER.pack(13 + len(body), _MESSAGE, event.id, event.topic_id) + body
+        return message_frame(event.id, event.topic_id, body)
     if isinstance(event, Ping):
         return _frame(_PING, _U32.pack(_require_int(event.time, 0, _U32_MAX, "Ping time")))
     if isinstance(event, Error):
@@ -777,6 +784,12 @@ class ClientConnection:
             if len(buffer) < 4 + length:
                 return None
             kind = buffer[4]
+            if kind == _MESSAGE and length >= 13:
+                # The common frame, read in place: one copy of the body and no intermediate payload.
+                message_id, topic_id = _MESSAGE_FIXED.unpack_from(buffer, 5)
+                body = bytes(buffer[17 : 4 + length])
+                del buffer[: 4 + length]
+                return Message(message_id, topic_id, body)
             payload = bytes(buffer[5 : 4 + length])
             del buffer[: 4 + length]
             return _decode_frame(kind, payload)

@@ -1009,3 +1009,14 @@ def test_fuzz_client_raises_only_protocol_error(pieces: list[bytes], sizes: list
         again = open_client()
         again.receive_data(server.send(event))
         assert drain(again) == [event]
+
+
+def test_the_trusted_message_frame_is_what_send_writes() -> None:
+    server = sexp.ServerConnection()
+    server.receive_data(b"\x00" * 7 + b"\x01")
+    assert server.next_event() == sexp.Version(1)
+    server.send(sexp.VersionReply(1))
+    for message_id, topic_id, body in ((7, 3, b"hi"), (2**64 - 1, 2**32 - 1, b""), (1, 0, b"\x00" * 300)):
+        assert sexp.message_frame(message_id, topic_id, body) == server.send(
+            sexp.Message(message_id, topic_id, body))
+    assert sexp.message_frame(7, 3, b"hi") == bytes.fromhex("0000000f02000000000000000700000003") + b"hi"

@@ -1,0 +1,42 @@
+"""``python -m bench gateways``: what a TCP door costs next to the mc0 door, measured in the same run.
+
+One mc0 publisher (the connector's ``Client``) sends 100-byte messages to a broadcast topic; the subscribers
+read them either over mc0 (the connector) or over a gateway with that dialect's client from ``connector/``.
+The figure is deliveries per second at the subscribers, and its ratio against mc0 subscribers of the same
+broker build, 1 → 1 and 1 → 4 fan-out, median of ``--repeat`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+
+from bench.throughput import BODY_SIZE, median_case
+
+#: Gateway systems of bench.throughput, by door.
+DOORS = {"sexp": "mc0-sexp"}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench gateways", description=__doc__)
+    parser.add_argument("--messages", type=int, default=200_000, help="messages per run")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
+    args = parser.parse_args(argv)
+    print(f"python {platform.python_version()}, {args.messages:,} x {BODY_SIZE}-byte messages, "
+          f"median of {args.repeat}; an mc0 publisher in every case")
+    header = f"{'scenario':<22}{'mc0 subs':>14}" + "".join(f"{door + ' subs':>14}{door + '/mc0':>10}"
+                                                         for door in DOORS)
+    print(header)
+    print("-" * len(header))
+    scenarios = (("1 -> 1", 1, args.messages), ("1 -> 4 fan-out", 4, args.messages // 2))
+    for name, subscribers, messages in scenarios:
+        baseline = median_case("mc0", "broadcast", subscribers, messages, args.repeat)
+        line = f"{name + ' msg/s':<22}{baseline.rate:>14,.0f}"
+        for system in DOORS.values():
+            result = median_case(system, "broadcast", subscribers, messages, args.repeat)
+            lost = result.expected - result.delivered
+            line += f"{result.rate:>14,.0f}{result.rate / baseline.rate:>10.2f}"
+            if lost:
+                line += f"   lost: {lost}"
+        print(line)
+    return 0
