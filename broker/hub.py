@@ -20,11 +20,17 @@ transport says when it drained (``resume_writing``); such an outlet calls :meth:
 alone until it does.
 
 The hub also runs the periodic store work (fsync of weak topics, retention) and gathers the broker's stats.
+
+A scheduled flush runs as a plain loop callback, and a gateway's ``data_received`` too: an exception there
+would only be logged by asyncio, and the broker would go on with, say, a store that failed to fsync. So such
+errors go to :meth:`Hub.fail`, and the hub's task raises them: the broker's TaskGroup stops the broker loudly,
+as it does for an error in any of its tasks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -92,6 +98,8 @@ class Hub:
         # The loop that owns the engine. Without one (tests driving flush() by hand) nothing is scheduled.
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
+        self.failure: BaseException | None = None
+        self._failed = asyncio.Event()
         self._scheduled = False
         self._retry_timer: asyncio.TimerHandle | None = None
 
@@ -108,7 +116,16 @@ class Hub:
 
     def _scheduled_flush(self) -> None:
         self._scheduled = False
-        self.flush()
+        try:
+            self.flush()
+        except Exception as error:
+            self.fail(error)
+
+    def fail(self, error: BaseException) -> None:
+        """Stop the broker with ``error``, raised outside any task (see the module docstring)."""
+        if self.failure is None:
+            self.failure = error
+            self._failed.set()
 
     def wake(self, subscriber: Subscriber) -> None:
         """An outlet that was full has room again: write its pending deliveries soon."""
@@ -189,7 +206,11 @@ class Hub:
         next_retention = self.monotonic() + self.retention_interval
         try:
             while True:
-                await asyncio.sleep(max(0.0, min(next_weak_sync, next_retention) - self.monotonic()))
+                delay = max(0.0, min(next_weak_sync, next_retention) - self.monotonic())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._failed.wait(), delay)
+                if self.failure is not None:
+                    raise self.failure
                 now = self.monotonic()
                 if now >= next_weak_sync:
                     engine.sync(Sync.WEAK)  # weak: written before delivery, fsynced every few seconds

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from broker.engine import Message, Subscriber
 from broker.hub import Hub
@@ -127,7 +127,7 @@ class Connection(asyncio.Protocol):
     # ------------------------------------------------------------------------------------ asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # a stream server's transports are Transports
         self.transport = transport
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         peer = transport.get_extra_info("peername")
@@ -144,6 +144,10 @@ class Connection(asyncio.Protocol):
         except ProtocolError as error:
             self.gateway.counters["errors"] += 1
             self.close(f"protocol error: {error}")
+        except Exception as error:  # our failure, not the peer's (a store error): the broker stops
+            self.abort()
+            self.hub.fail(error)
+            return
         # Not a flush now: every readable connection of this loop iteration is read first, then one commit
         # covers them all.
         self.hub.schedule()
@@ -152,7 +156,10 @@ class Connection(asyncio.Protocol):
         self.closing = True
         self.gateway.connections.discard(self)
         self.gateway.counters["closed"] += 1
-        self.engine.detach(self.subscriber)  # its round-robin messages go to the others
+        try:
+            self.engine.detach(self.subscriber)  # its round-robin messages go to the others
+        except Exception as error:
+            self.hub.fail(error)
         self.hub.schedule()
 
     def pause_writing(self) -> None:
