@@ -17,6 +17,8 @@ from broker.topics import DEFAULT_SPEC, Delivery, Persistence, Sync, TopicRule, 
 DEFAULT_BIND = "tcp://*:61616"
 #: The sexp gateway's default address: loopback, the mc0 port plus one (the seed names no port).
 DEFAULT_SEXP = "127.0.0.1:61617"
+#: The msgq gateway's default address: loopback, the 2009 routing daemon's port.
+DEFAULT_MSGQ = "127.0.0.1:9912"
 #: A gateway address that turns the gateway off.
 OFF = "off"
 #: Relative to the broker's working directory; created only when the first persistent topic is opened.
@@ -45,6 +47,8 @@ class BrokerConfig:
     retention_interval: float = 1.0  # seconds between retention checks
     sexp: str = DEFAULT_SEXP  # HOST:PORT of the sexp gateway, or "off"
     sexp_ping_interval: float = 50.0  # seconds between Pings to each sexp client
+    msgq: str = DEFAULT_MSGQ  # HOST:PORT of the msgq gateway, or "off"
+    msgq_max_message: int = 64 * 1024  # bytes in one msgq message (the dialect's cap), both ways
 
     @property
     def allowlist_dir(self) -> Path:
@@ -67,15 +71,16 @@ _BROKER_KEYS = {
     "bind": str, "keys_dir": str, "curve": bool, "allow_any_client": bool, "heartbeat_tick": (int, float),
     "pending_limit": int, "max_message_size": int, "send_hwm": int, "recv_hwm": int, "log_level": str,
     "data_dir": str, "weak_sync_interval": (int, float), "retention_interval": (int, float),
-    "sexp": str, "sexp_ping_interval": (int, float),
+    "sexp": str, "sexp_ping_interval": (int, float), "msgq": str, "msgq_max_message": int,
 }
 #: Keys holding a gateway's HOST:PORT (or "off").
-GATEWAYS = ("sexp",)
+GATEWAYS = ("sexp", "msgq")
 
 #: Numbers that make no sense at zero or below: a zero tick would spin the loop, a zero limit drop everything,
 #: and a zero high-water mark means "unbounded" to ZeroMQ, which breaks the promise of bounded memory.
 _POSITIVE = frozenset({"heartbeat_tick", "pending_limit", "max_message_size", "send_hwm", "recv_hwm",
-                       "weak_sync_interval", "retention_interval", "sexp_ping_interval"})
+                       "weak_sync_interval", "retention_interval", "sexp_ping_interval",
+                       "msgq_max_message"})
 
 #: The level names the standard ``logging`` module knows (it refuses any other string).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -23,6 +23,7 @@ import zmq.asyncio
 from broker import auth
 from broker.config import BrokerConfig
 from broker.engine import Engine
+from broker.gateways.msgq import MsgqConnection, MsgqOptions
 from broker.gateways.sexp import SexpConnection, SexpOptions
 from broker.gateways.tcp import Gateway
 from broker.hub import Hub
@@ -73,6 +74,13 @@ def _gateways(config: BrokerConfig, hub: Hub) -> dict[str, Gateway]:
             "sexp", hub, SexpConnection, host=sexp[0], port=sexp[1], tick=min(1.0, interval / 4),
             pending_limit=config.pending_limit,
             options=SexpOptions(ping_interval=interval, max_line=4 * config.max_message_size + 1024),
+        )
+    msgq = config.gateway_address("msgq")
+    if msgq is not None:
+        # msgq has no liveness rule of its own (TCP tells us when a peer goes): the tick has nothing to do.
+        gateways["msgq"] = Gateway(
+            "msgq", hub, MsgqConnection, host=msgq[0], port=msgq[1], tick=1.0,
+            pending_limit=config.pending_limit, options=MsgqOptions(max_message=config.msgq_max_message),
         )
     return gateways
 

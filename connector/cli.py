@@ -21,6 +21,7 @@ import zmq
 from connector.client import DEFAULT_ENDPOINT, Client
 from connector.core import REPLAY_WORDS, ConnectorError, Message
 from connector.keys import KeyFileError
+from connector.msgq_client import DEFAULT_PORT as MSGQ_PORT
 from connector.sexp_client import DEFAULT_PORT as SEXP_PORT
 
 #: Runs at least this long get a progress bar on stderr.
@@ -83,12 +84,15 @@ def _connect(endpoint: str, keys_dir: Path, no_curve: bool, **options: Any) -> C
               help="Where persistent topics keep their logs [default: mc0-data].")
 @click.option("--sexp", metavar="HOST:PORT|off",
               help="sexp gateway address, or off [default: 127.0.0.1:61617].")
+@click.option("--msgq", metavar="HOST:PORT|off",
+              help="msgq gateway address, or off [default: 127.0.0.1:9912].")
 @click.option("--no-curve", is_flag=True, help="Plaintext, any client admitted: development only.")
 @click.option("--allow-any-client", is_flag=True, help="CURVE encryption without the client allow-list.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               help="Logging level [default: INFO].")
 def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, data_dir: Path | None,
-           sexp: str | None, no_curve: bool, allow_any_client: bool, log_level: str | None) -> None:
+           sexp: str | None, msgq: str | None, no_curve: bool, allow_any_client: bool,
+           log_level: str | None) -> None:
     """Run the broker until SIGINT or SIGTERM."""
     from broker import config as broker_config
     from broker import server
@@ -96,6 +100,7 @@ def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, da
     config = broker_config.load(config_file).replace(
         bind=bind, keys_dir=keys_dir, data_dir=data_dir, log_level=log_level.upper() if log_level else None,
         curve=False if no_curve else None, allow_any_client=True if allow_any_client else None, sexp=sexp,
+        msgq=msgq,
     )
     for name in broker_config.GATEWAYS:
         config.gateway_address(name)  # a malformed address is a one-line error before anything starts
@@ -336,6 +341,107 @@ def sexp_pub(topic: str, message: str | None, address: tuple[str, int]) -> None:
             sent += 1
         # Publish has no acknowledgement in this dialect; closing waits until the broker has read it all.
     click.echo(f"published {sent} message(s) to {topic}", err=True)
+
+
+# -------------------------------------------------------------------------------------------- msgq dialect
+
+
+def _msgq_options(func: Any) -> Any:
+    return click.option("--broker", "address", type=_Address(), default=f"127.0.0.1:{MSGQ_PORT}",
+                        show_default=True, help="The broker's msgq gateway.")(func)
+
+
+def _item_json(item: Any) -> Any:
+    """A msgq item as JSON: DATA as text, HASH as an object, LIST as an array, NULL as null."""
+    if isinstance(item, bytes):
+        return item.decode("utf-8", "replace")
+    if isinstance(item, dict):
+        return {key.decode("utf-8", "replace"): _item_json(value) for key, value in item.items()}
+    if isinstance(item, list):
+        return [_item_json(value) for value in item]
+    return None
+
+
+@main.group()
+def msgq() -> None:
+    """Send and subscribe through the msgq dialect (seed 003)."""
+
+
+@msgq.command("sub")
+@click.argument("groups", nargs=-1, required=True)
+@_msgq_options
+@click.option("--instance", default="*", show_default=True, help="Only this instance of the groups.")
+@click.option("--subtype", type=click.Choice(["normal", "meonly", "promisc"]), default="normal",
+              show_default=True,
+              help="normal: sends to everyone; meonly: sends to this connection; promisc: all.")
+@click.option("--replay", type=_Replay(), metavar="beginning|current|ID",
+              help="Start in the log of a persistent group (our subscribe extension).")
+@click.option("--count", "-n", type=click.IntRange(min=1), help="Exit after N messages.")
+@click.option("--timeout", type=click.FloatRange(min=0),
+              help="Exit after this many seconds without a message.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per send, with every routing field.")
+def msgq_sub(groups: tuple[str, ...], address: tuple[str, int], instance: str, subtype: str,
+             replay: str | int | None, count: int | None, timeout: float | None, as_json: bool) -> None:
+    """Print the messages sent to GROUPS, received over the msgq dialect."""
+    from connector.msgq_client import MsgqClient
+
+    out = click.get_text_stream("stdout")
+    with MsgqClient(*address) as client:
+        for group in groups:
+            client.subscribe(group, instance=instance, subtype=subtype, replay=replay)
+        received = 0
+        try:
+            while count is None or received < count:
+                send = client.receive(timeout=timeout if timeout is not None else 365 * 86400.0)
+                if send is None:
+                    break
+                if as_json:
+                    fields = {"from": send.sender, "to": send.to, "group": send.group,
+                              "instance": send.instance, "seq": send.seq, "repl": send.repl}
+                    shown = {name: _item_json(value) for name, value in fields.items()}
+                    shown["msg"] = _item_json(send.msg)
+                    shown.update({name.decode("utf-8", "replace"): _item_json(value)
+                                  for name, value in send.extra.items()})
+                    out.write(json.dumps(shown) + "\n")
+                else:
+                    out.write(json.dumps(_item_json(send.msg)) if not isinstance(send.msg, bytes)
+                              else send.msg.decode("utf-8", "replace"))
+                    out.write("\n")
+                out.flush()
+                received += 1
+        except KeyboardInterrupt:
+            pass
+
+
+@msgq.command("pub")
+@click.argument("group")
+@click.argument("message", required=False)
+@_msgq_options
+@click.option("--instance", default="*", show_default=True, help="The instance the message is for.")
+@click.option("--to", default="*", show_default=True, help="One connection's local name, or * for everyone.")
+def msgq_pub(group: str, message: str | None, address: tuple[str, int], instance: str, to: str) -> None:
+    """Send MESSAGE (or each line of stdin) to GROUP as a msgq send."""
+    from connector.msgq_client import MsgqClient
+
+    with MsgqClient(*address) as client:
+        bodies = _stdin_lines() if message is None else iter([message.encode()])
+        sent = 0
+        for body in bodies:
+            client.send(group, body, instance=instance, to=to)
+            sent += 1
+        client.stats()  # the reply comes after every send was taken
+    click.echo(f"sent {sent} message(s) to {group} as {client.lname.decode()}", err=True)
+
+
+@msgq.command("stats")
+@_msgq_options
+def msgq_stats(address: tuple[str, int]) -> None:
+    """Print the msgq gateway's stats reply."""
+    from connector.msgq_client import MsgqClient
+
+    with MsgqClient(*address) as client:
+        counters = client.stats()
+    click.echo(json.dumps(_item_json(counters), indent=2, sort_keys=True))
 
 
 # ----------------------------------------------------------------------------------------- declare, topics

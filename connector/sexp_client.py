@@ -15,18 +15,15 @@ uses one client.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections import deque
 from dataclasses import dataclass
-from types import TracebackType
 
 from connector.core import ConnectorError
+from connector.stream import StreamClient
 from protocol import ProtocolError, sexp
 
 DEFAULT_PORT = 61617
-#: Bytes read per recv() call.
-READ_SIZE = 256 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,20 +41,16 @@ def _encode(text: str | bytes) -> bytes:
     return text.encode() if isinstance(text, str) else text
 
 
-class SexpClient:
+class SexpClient(StreamClient):
     """One connection to a broker's sexp gateway."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, client_id: str | bytes = "mc0",
                  timeout: float = 5.0, version: int = sexp.VERSION_ONE) -> None:
-        self.timeout = timeout
+        super().__init__(host, port, timeout)
         self.codec = sexp.ClientConnection()
         self.topics: dict[int, bytes] = {}  # topic id -> name, from Subscribed frames
         self.inbox: deque[SexpMessage] = deque()
         self.pings = 0  # Pings answered
-        try:
-            self.sock = socket.create_connection((host, port), timeout=timeout)
-        except OSError as error:
-            raise ConnectorError(f"cannot connect to {host}:{port}: {error.strerror or error}") from None
         try:
             self._send(sexp.Version(version))
             reply = self._wait(sexp.VersionReply, "the version reply")
@@ -94,37 +87,10 @@ class SexpClient:
                 return None
         return self.inbox.popleft()
 
-    def close(self) -> None:
-        """Close gracefully: say we are done sending, then wait (up to the timeout) for the broker to close.
-
-        The broker closes only after reading everything before our end of stream, so whatever was published
-        has reached it. (Closing at once could reset the connection and lose the last lines.)"""
-        try:
-            self.sock.shutdown(socket.SHUT_WR)
-            deadline = time.monotonic() + self.timeout
-            while (remaining := deadline - time.monotonic()) > 0:
-                self.sock.settimeout(remaining)
-                if not self.sock.recv(READ_SIZE):
-                    break
-        except OSError:
-            pass  # already gone: nothing more to wait for
-        finally:
-            self.sock.close()
-
-    def __enter__(self) -> SexpClient:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        self.close()
-
     # ----------------------------------------------------------------------------------------------- the wire
 
     def _send(self, event: object) -> None:
-        try:
-            self.sock.sendall(self.codec.send(event))  # type: ignore[arg-type]
-        except OSError as error:
-            raise ConnectorError(f"connection lost: {error.strerror or error}") from None
+        self.send_bytes(self.codec.send(event))  # type: ignore[arg-type]
 
     def _wait(self, kind: type, what: str) -> sexp.VersionReply:
         deadline = time.monotonic() + self.timeout
@@ -161,19 +127,8 @@ class SexpClient:
             except ProtocolError as error:
                 raise ConnectorError(f"the broker broke the protocol: {error}") from None
             if event is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if not self.read_into(codec, deadline):
                     return None
-                self.sock.settimeout(remaining)
-                try:
-                    data = self.sock.recv(READ_SIZE)
-                except TimeoutError:
-                    return None
-                except OSError as error:
-                    raise ConnectorError(f"connection lost: {error.strerror or error}") from None
-                if not data:
-                    raise ConnectorError("the broker closed the connection")
-                codec.receive_data(data)
                 continue
             match event:
                 case sexp.Message(message_id, topic_id, body):

@@ -66,8 +66,10 @@ class Gateway:
         self.connections: set[Connection] = set()
         self.server: asyncio.Server | None = None
         self.address: tuple[str, int] | None = None  # where it really listens (port 0 resolved)
-        # paused: times a connection's transport was full (the peer reads slower than we write).
+        # paused: times a connection's transport was full (the peer reads slower than we write). A dialect
+        # adds its own counters by naming them in its connection class's ``counters``.
         self.counters = {"accepted": 0, "errors": 0, "closed": 0, "expired": 0, "paused": 0}
+        self.counters.update(dict.fromkeys(getattr(connection, "counters", ()), 0))
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

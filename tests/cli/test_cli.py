@@ -529,6 +529,9 @@ def test_version(runner: CliRunner) -> None:
 
 # ------------------------------------------------------------------------------------------- real processes
 
+#: Real broker processes here take no fixed gateway port (one would collide with another broker).
+NO_GATEWAY_PORTS = ("--sexp", "127.0.0.1:0", "--msgq", "127.0.0.1:0")
+
 
 def mc0_command() -> list[str]:
     script = shutil.which("mc0")
@@ -587,7 +590,7 @@ def test_real_broker_pub_and_sub_processes(tmp_path: Path) -> None:
     env.pop("MC0_KEYS", None)
     env.pop("MC0_BROKER", None)
     broker = subprocess.Popen(
-        [*mc0_command(), "broker", "--bind", endpoint, "--sexp", "127.0.0.1:0", "--keys", str(keys)],
+        [*mc0_command(), "broker", "--bind", endpoint, *NO_GATEWAY_PORTS, "--keys", str(keys)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
         cwd=tmp_path,
     )
@@ -641,7 +644,7 @@ def test_real_broker_refuses_a_busy_port_in_one_line(tmp_path: Path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         result = subprocess.run(
-            [*mc0_command(), "broker", "--bind", f"tcp://127.0.0.1:{port}", "--sexp", "off", "--no-curve"],
+            [*mc0_command(), "broker", "--bind", f"tcp://127.0.0.1:{port}", *NO_GATEWAY_PORTS, "--no-curve"],
             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15, cwd=tmp_path,
         )
     assert result.returncode != 0
@@ -665,7 +668,7 @@ def test_sighup_admits_a_client_added_to_the_allow_list(tmp_path: Path) -> None:
     )
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     broker = subprocess.Popen(
-        [*mc0_command(), "broker", "--bind", endpoint, "--sexp", "127.0.0.1:0", "--keys", str(keys)],
+        [*mc0_command(), "broker", "--bind", endpoint, *NO_GATEWAY_PORTS, "--keys", str(keys)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=tmp_path,
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import pytest
-from conftest import BrokerThread, free_endpoint, receive_all_async
+from conftest import FREE_GATEWAY_PORTS, BrokerThread, free_endpoint, receive_all_async
 
 from broker.config import BrokerConfig
 from connector import AsyncClient, Client, ConnectorError
@@ -384,7 +384,7 @@ def test_heartbeats_run_while_the_loop_is_busy_elsewhere(start_broker: BrokerFac
 
 def test_reconnect_after_a_broker_restart(restartable: list[BrokerThread]) -> None:
     def plain_broker(bind: str) -> BrokerThread:
-        runner = BrokerThread(BrokerConfig(bind=bind, curve=False, heartbeat_tick=0.01))
+        runner = BrokerThread(BrokerConfig(bind=bind, curve=False, heartbeat_tick=0.01, **FREE_GATEWAY_PORTS))
         restartable.append(runner)
         return runner
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import msgpack
 import pytest
 import zmq
-from conftest import ARRIVAL, BrokerThread, free_endpoint, receive_all
+from conftest import ARRIVAL, FREE_GATEWAY_PORTS, BrokerThread, free_endpoint, receive_all
 
 from broker.config import BrokerConfig
 from broker.server import Broker
@@ -45,7 +45,7 @@ def wait_for(condition: object, timeout: float = ARRIVAL, every: float = 0.02) -
 
 
 def plain_broker(bind: str, running: list[BrokerThread]) -> BrokerThread:
-    runner = BrokerThread(BrokerConfig(bind=bind, curve=False, heartbeat_tick=0.01))
+    runner = BrokerThread(BrokerConfig(bind=bind, curve=False, heartbeat_tick=0.01, **FREE_GATEWAY_PORTS))
     running.append(runner)
     return runner
 

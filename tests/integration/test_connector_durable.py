@@ -22,7 +22,16 @@ from typing import TYPE_CHECKING, TypeVar
 import msgpack
 import pytest
 import zmq
-from conftest import ARRIVAL, QUIET, BrokerThread, Reply, parse, receive_all, receive_all_async
+from conftest import (
+    ARRIVAL,
+    FREE_GATEWAY_PORTS,
+    QUIET,
+    BrokerThread,
+    Reply,
+    parse,
+    receive_all,
+    receive_all_async,
+)
 
 from broker.config import BrokerConfig
 from broker.topics import Delivery, Persistence, Sync, TopicRule, TopicSpec
@@ -71,7 +80,7 @@ def durable(start_broker: BrokerFactory, tmp_path: Path) -> Broker:
 def durable_broker(bind: str, data_dir: Path, running: list[BrokerThread]) -> BrokerThread:
     """A broker the test stops and starts itself, on ``bind`` with its logs in ``data_dir``."""
     runner = BrokerThread(BrokerConfig(bind=bind, curve=False, heartbeat_tick=0.01, topics=RULES,
-                                       data_dir=data_dir))
+                                       data_dir=data_dir, **FREE_GATEWAY_PORTS))
     running.append(runner)
     return runner
 

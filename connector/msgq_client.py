@@ -1,0 +1,108 @@
+"""A small blocking client for the msgq door, so the dialect can be tried without writing one.
+
+    from connector.msgq_client import MsgqClient
+    with MsgqClient("127.0.0.1", 9912) as client:
+        client.subscribe("weather", instance="*")
+        client.send("weather", b"sunny")            # other subscribers of the group get it, not us
+        print(client.receive(timeout=1))
+
+It speaks :mod:`protocol.msgq`: ``getlname`` on open (the dialect requires it first), ``subscribe`` and
+``unsubscribe`` (which have no reply, so the client follows each with a ``stats`` round trip: when it returns,
+the broker has acted on them), ``send`` with this connection's name as ``from`` and a sequence number of its
+own, and ``stats``. Not thread-safe: one thread uses one client.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+
+from connector.core import ConnectorError
+from connector.stream import StreamClient
+from protocol import ProtocolError, msgq
+
+DEFAULT_PORT = 9912
+
+
+def _encode(text: str | bytes) -> bytes:
+    return text.encode() if isinstance(text, str) else text
+
+
+class MsgqClient(StreamClient):
+    """One connection to a broker's msgq gateway; ``lname`` is the local name the broker gave it."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, timeout: float = 5.0,
+                 max_message: int = msgq.DEFAULT_MAX_MESSAGE) -> None:
+        super().__init__(host, port, timeout)
+        self.codec = msgq.Connection(max_message=max_message)
+        self.inbox: deque[msgq.Send] = deque()
+        self.sequence = itertools.count(1)
+        try:
+            self._send(msgq.GetLname())
+            reply = self._wait(msgq.LnameReply, "local name")
+            self.lname: bytes = reply.lname  # type: ignore[attr-defined]
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def subscribe(self, group: str | bytes, instance: str | bytes = "*", subtype: str = "normal",
+                  replay: str | int | None = None) -> None:
+        """Subscribe to ``group`` (``replay``: beginning, current or a message id, on a persistent group)."""
+        extra = {} if replay is None else {b"replay": str(replay).encode()}
+        self._send(msgq.Subscribe(_encode(group), _encode(instance), subtype, extra))
+        self.stats()
+
+    def unsubscribe(self, group: str | bytes, instance: str | bytes = "*") -> None:
+        self._send(msgq.Unsubscribe(_encode(group), _encode(instance)))
+        self.stats()
+
+    def send(self, group: str | bytes, msg: msgq.Item | str, *, instance: str | bytes = "*",
+             to: str | bytes = "*", repl: str | bytes | None = None) -> bytes:
+        """Send ``msg`` (any item; a str is sent as UTF-8 DATA) to a group; returns the ``seq`` used."""
+        seq = b"%d" % next(self.sequence)
+        item = msg.encode() if isinstance(msg, str) else msg
+        self._send(msgq.Send(self.lname, _encode(to), _encode(group), _encode(instance), seq, item,
+                             None if repl is None else _encode(repl)))
+        return seq
+
+    def stats(self) -> dict[bytes, msgq.Item]:
+        self._send(msgq.Stats())
+        return self._wait(msgq.StatsReply, "stats reply").counters  # type: ignore[attr-defined]
+
+    def receive(self, timeout: float | None = None) -> msgq.Send | None:
+        """The next send routed to this connection, or None after ``timeout`` seconds (the client's default
+        if not given). Its ``extra`` holds ``msgid``, the broker's message id."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while not self.inbox:
+            if self._next(deadline) is None:
+                return None
+        return self.inbox.popleft()
+
+    # ----------------------------------------------------------------------------------------------- the wire
+
+    def _send(self, event: msgq.Event) -> None:
+        self.send_bytes(self.codec.send(event))
+
+    def _wait(self, kind: type, what: str) -> msgq.Event:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            event = self._next(deadline)
+            if event is None:
+                raise ConnectorError(f"no {what} from the broker within {self.timeout:g} s")
+            if isinstance(event, kind):
+                return event
+
+    def _next(self, deadline: float) -> msgq.Event | None:
+        """The next event (a send is also filed in the inbox); None at the deadline."""
+        while True:
+            try:
+                event = self.codec.next_event()
+            except ProtocolError as error:
+                raise ConnectorError(f"the broker broke the protocol: {error}") from None
+            if event is not None:
+                if isinstance(event, msgq.Send):
+                    self.inbox.append(event)
+                return event
+            if not self.read_into(self.codec, deadline):
+                return None

@@ -1,0 +1,81 @@
+"""What the small clients of the TCP dialects share: one blocking socket, reads with a deadline into a
+sans-IO codec, and a graceful close.
+
+A dialect client (:mod:`connector.sexp_client`, :mod:`connector.msgq_client`) subclasses
+:class:`StreamClient` and only speaks its codec. Not thread-safe: one thread uses one client.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from types import TracebackType
+from typing import Protocol, Self
+
+from connector.core import ConnectorError
+
+#: Bytes read per recv() call.
+READ_SIZE = 256 << 10
+
+
+class _Codec(Protocol):
+    def receive_data(self, data: bytes) -> None: ...
+
+
+class StreamClient:
+    """One TCP connection to a broker gateway."""
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self.timeout = timeout
+        try:
+            self.sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as error:
+            raise ConnectorError(f"cannot connect to {host}:{port}: {error.strerror or error}") from None
+
+    def send_bytes(self, data: bytes) -> None:
+        try:
+            self.sock.sendall(data)
+        except OSError as error:
+            raise ConnectorError(f"connection lost: {error.strerror or error}") from None
+
+    def read_into(self, codec: _Codec, deadline: float) -> bool:
+        """Wait for bytes until ``deadline`` (a ``time.monotonic()`` value) and feed them to ``codec``;
+        False if none came in time. The broker closing the connection raises ConnectorError."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        self.sock.settimeout(remaining)
+        try:
+            data = self.sock.recv(READ_SIZE)
+        except TimeoutError:
+            return False
+        except OSError as error:
+            raise ConnectorError(f"connection lost: {error.strerror or error}") from None
+        if not data:
+            raise ConnectorError("the broker closed the connection")
+        codec.receive_data(data)
+        return True
+
+    def close(self) -> None:
+        """Close gracefully: say we are done sending, then wait (up to the timeout) for the broker to close.
+
+        The broker closes only after reading everything before our end of stream, so whatever was sent has
+        reached it. (Closing at once could reset the connection and lose the last messages.)"""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + self.timeout
+            while (remaining := deadline - time.monotonic()) > 0:
+                self.sock.settimeout(remaining)
+                if not self.sock.recv(READ_SIZE):
+                    break
+        except OSError:
+            pass  # already gone: nothing more to wait for
+        finally:
+            self.sock.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
