@@ -83,7 +83,7 @@ def serve_py_forwarder(port: int, mode: str, ready: Any) -> None:
                 router.send_multipart([subscribers[turn], rest[0]])
 
 
-def serve_mc0(port: int, mode: str, ready: Any, sexp: str = "off") -> None:
+def serve_mc0(port: int, mode: str, ready: Any, sexp: str = "off", msgq: str = "off") -> None:
     import logging
 
     from broker import server
@@ -94,7 +94,7 @@ def serve_mc0(port: int, mode: str, ready: Any, sexp: str = "off") -> None:
     delivery = Delivery.BROADCAST if mode == "broadcast" else Delivery.ROUND_ROBIN
     config = BrokerConfig(
         bind=f"tcp://127.0.0.1:{port}", curve=False, topics=(TopicRule("*", TopicSpec(delivery=delivery)),),
-        sexp=sexp, msgq="off",
+        sexp=sexp, msgq=msgq,
     )
     server.run(config, lambda _broker: ready.set())
 
@@ -104,11 +104,17 @@ def serve_mc0_sexp(port: int, mode: str, ready: Any) -> None:
     serve_mc0(port, mode, ready, sexp=f"127.0.0.1:{port + 1}")
 
 
+def serve_mc0_msgq(port: int, mode: str, ready: Any) -> None:
+    """mc0 with its msgq gateway on ``port + 1``."""
+    serve_mc0(port, mode, ready, msgq=f"127.0.0.1:{port + 1}")
+
+
 SERVERS: dict[str, Callable[[int, str, Any], None]] = {
     "zmq-proxy": serve_zmq_proxy,
     "py-forwarder": serve_py_forwarder,
     "mc0": serve_mc0,
     "mc0-sexp": serve_mc0_sexp,  # an mc0 publisher, subscribers on the sexp door
+    "mc0-msgq": serve_mc0_msgq,  # an mc0 publisher, subscribers on the msgq door
 }
 
 
@@ -173,12 +179,26 @@ class SexpSubscriber:
         return None if message is None else message.body
 
 
+class MsgqSubscriber:
+    def __init__(self, port: int) -> None:
+        from connector.msgq_client import MsgqClient
+
+        self.client = MsgqClient("127.0.0.1", port + 1)
+        self.client.subscribe(TOPIC)
+
+    def receive(self, timeout: float) -> bytes | None:
+        send = self.client.receive(timeout)
+        return None if send is None else send.msg  # type: ignore[return-value]
+
+
 def subscriber_process(system: str, mode: str, port: int, expected: int, latency: bool, ready: Any,
                        results: Any) -> None:
     if system == "mc0":
         sub: Any = Mc0Subscriber(port)
     elif system == "mc0-sexp":
         sub = SexpSubscriber(port)
+    elif system == "mc0-msgq":
+        sub = MsgqSubscriber(port)
     elif mode == "round-robin":
         sub = RawPullSubscriber(system, port)
     else:
@@ -264,7 +284,7 @@ class Result:
 
 def run_case(system: str, mode: str, subscribers: int, messages: int, rate: float = 0.0) -> Result:
     spawn = mp.get_context("spawn")
-    port = _free_pair() if system in ("zmq-proxy", "mc0-sexp") else free_port()
+    port = _free_pair() if system in ("zmq-proxy", "mc0-sexp", "mc0-msgq") else free_port()
     server_ready = spawn.Event()
     server = spawn.Process(target=SERVERS[system], args=(port, mode, server_ready), daemon=True)
     server.start()

@@ -78,6 +78,7 @@ _LENGTH_1 = 0x20
 _LENGTH_2 = 0x10
 _LENGTH_4 = 0x00
 _LENGTH_INVALID = 0x30
+_SHORT_DATA = DATA | _LENGTH_1
 _TYPE_NAMES = {DATA: "DATA", HASH: "HASH", LIST: "LIST"}
 
 _MAGIC_BYTES = struct.pack(">I", MAGIC)
@@ -232,6 +233,12 @@ def _read_entries(data: bytes, pos: int, end: int, depth: int, where: str) -> di
             raise ProtocolError(f"tag {_text(tag)!r} appears twice in one {where}")
         if pos >= end:
             raise ProtocolError(f"tag {_text(tag)!r} has no item: the {where} ends after it")
+        if data[pos] == _SHORT_DATA and pos + 1 < end and pos + 2 + data[pos + 1] <= end:
+            # The common field, short DATA, read inline: routing messages are mostly that.
+            stop = pos + 2 + data[pos + 1]
+            fields[tag] = data[pos + 2 : stop]
+            pos = stop
+            continue
         fields[tag], pos = _read_item(data, pos, end, depth, where)
     return fields
 
@@ -268,6 +275,37 @@ def decode_message(data: bytes) -> dict[bytes, Item]:
         (magic,) = _U32.unpack_from(data)
         raise ProtocolError(f"bad magic 0x{magic:08x} (expected 0x{MAGIC:08x}, 'Skan')")
     return _read_entries(data, 4, len(data), 1, "message")
+
+
+def _data_field(tag: bytes, value: bytes) -> bytes:
+    size = len(value)
+    if size <= 0xFF:
+        return b"%c%s%c%c%s" % (len(tag), tag, _SHORT_DATA, size, value)
+    return bytes((len(tag),)) + tag + _header(DATA, size) + value
+
+
+_SEND_TYPE = _data_field(b"type", b"send")
+
+
+def send_frame(sender: bytes, to: bytes, group: bytes, instance: bytes, seq: bytes, msg: Item,
+               repl: bytes | None, extra: dict[bytes, Item]) -> bytes:
+    """The stream bytes of a send (``u32 length`` included) without building an event: the broker's
+    delivery path, once per message per subscriber. Equal to ``Connection().send(Send(...))`` for the same
+    fields; the caller guarantees DATA routing fields, tags of 1..255 bytes, and no ``extra`` repeating a
+    modelled tag."""
+    parts = [_MAGIC_BYTES, _SEND_TYPE, _data_field(FROM, sender), _data_field(TO, to),
+             _data_field(GROUP, group), _data_field(INSTANCE, instance), _data_field(SEQ, seq)]
+    if type(msg) is bytes:
+        parts.append(_data_field(MSG, msg))
+    else:
+        parts.append(b"\x03msg" + encode_item(msg))
+    if repl is not None:
+        parts.append(_data_field(REPL, repl))
+    for tag, value in extra.items():
+        parts.append(_data_field(tag, value) if type(value) is bytes
+                     else bytes((len(tag),)) + tag + encode_item(value))
+    body = b"".join(parts)
+    return _U32.pack(len(body)) + body
 
 
 # ------------------------------------------------------------------------------------------------ events

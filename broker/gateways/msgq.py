@@ -205,12 +205,11 @@ class MsgqConnection(Connection):
             if name.startswith(b"X-") and len(name) <= 255:
                 extra[name] = value
         extra[ID_FIELD] = b"%d" % message.id
-        send = msgq.Send(
+        frame = msgq.send_frame(
             headers.get(FROM, OTHER_DOOR), headers.get(TO, msgq.WILDCARD), message.topic,
             headers.get(INSTANCE, msgq.WILDCARD), headers.get(SEQ, b"%d" % message.id), msg,
             headers.get(REPL), extra,
         )
-        frame = self.codec.send(send)
         if len(frame) - 4 > self.gateway.options.max_message:
             counters["delivered"] -= 1
             counters["oversize"] += 1

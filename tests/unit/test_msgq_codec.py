@@ -809,3 +809,14 @@ def test_fuzz_mutated_encodings(event: msgq.Event, data: st.DataObject) -> None:
         assert msgq.decode_message(msgq.encode_message(fields)) == fields
     else:
         assert str(error).isprintable()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.builds(msgq.Send, data_fields, data_fields, data_fields, data_fields, data_fields,
+              small_items | st.binary(min_size=250, max_size=300), st.none() | data_fields,
+              _extras(SEND_TAGS)),
+)
+def test_the_trusted_send_frame_is_what_send_writes(send: msgq.Send) -> None:
+    assert msgq.send_frame(send.sender, send.to, send.group, send.instance, send.seq, send.msg, send.repl,
+                           send.extra) == Connection().send(send)
