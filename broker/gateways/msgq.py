@@ -132,7 +132,10 @@ class MsgqConnection(Connection):
                 self.publish(group, msg, {FROM: sender, TO: to, INSTANCE: instance, SEQ: seq}, repl, extra)
             case msgq.Stats():
                 self.write(self.codec.send(msgq.StatsReply(self.stats())))
-            case _:
+            case msgq.Unknown(fields):
+                kind = fields.get(msgq.TYPE)
+                raise ProtocolError(f"unknown message type {kind!r}")
+            case _:  # a reply (getlname's, stats') is the router's to send
                 raise ProtocolError(f"a client does not send {type(event).__name__} messages")
 
     def publish(self, group: bytes, msg: msgq.Item, headers: dict[bytes, bytes], repl: bytes | None,

@@ -204,6 +204,20 @@ def test_getlname_must_come_first(broker: Broker) -> None:
     raw.close()
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [{b"type": b"frobnicate"}, {b"type": b"getlname", b"lname": b"me@there"}, {b"no": b"type"}],
+    ids=["unknown type", "a reply", "no type"],
+)
+def test_a_message_the_router_does_not_take_closes_the_connection(
+    broker: Broker, peer: Callable, fields: dict
+) -> None:
+    raw, _ = peer()
+    raw.send(fields)
+    assert raw.closed_within(WAIT)
+    assert broker.hub.stats()["doors"]["msgq"]["errors"] == 1
+
+
 def test_the_103_byte_example_goes_through_the_door_whole(peer: Callable) -> None:
     listener, _ = peer()
     listener.subscribe(b"example")
