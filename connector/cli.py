@@ -11,9 +11,9 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import zmq
@@ -218,6 +218,10 @@ class _Replay(click.ParamType):
         self.fail(f"{value!r} is not 'beginning', 'current' or a message id", param, ctx)
 
 
+def _as_text(message: Message) -> str:
+    return message.text
+
+
 def _as_json(message: Message) -> str:
     return json.dumps({
         "topic": message.topic, "id": message.id, "timestamp": message.timestamp, "headers": message.headers,
@@ -241,23 +245,34 @@ def sub(topics: tuple[str, ...], endpoint: str, keys_dir: Path, no_curve: bool, 
         timeout: float | None, as_json: bool, replay: str | int | None, credit: int | None,
         explicit_acks: bool) -> None:
     """Print the messages published to TOPICS, one per line."""
-    out = click.get_text_stream("stdout")
     with _connect(endpoint, keys_dir, no_curve) as client:
         client.subscribe(*topics, replay=replay, credit=credit, explicit_acks=explicit_acks)
-        received = 0
-        try:
-            while count is None or received < count:
-                message = client.receive(timeout=timeout)
-                if message is None:
-                    break
-                out.write((_as_json(message) if as_json else message.text) + "\n")
-                out.flush()
-                if explicit_acks:
-                    # Acked after it is printed: a message this process dies holding goes to another consumer.
-                    client.ack(message)
-                received += 1
-        except KeyboardInterrupt:
-            pass
+        # Acked after it is printed: a message this process dies holding goes to another consumer.
+        _print_each(lambda: client.receive(timeout=timeout), _as_json if as_json else _as_text, count,
+                    client.ack if explicit_acks else None)
+
+
+T = TypeVar("T")
+
+
+def _print_each(receive: Callable[[], T | None], render: Callable[[T], str], count: int | None,
+                after: Callable[[T], object] | None = None) -> None:
+    """Print ``render(item)`` for each item ``receive()`` gives until it gives None, ``count`` items were
+    printed, or Ctrl-C; ``after(item)`` runs once the line is out."""
+    out = click.get_text_stream("stdout")
+    printed = 0
+    try:
+        while count is None or printed < count:
+            item = receive()
+            if item is None:
+                break
+            out.write(render(item) + "\n")
+            out.flush()
+            if after is not None:
+                after(item)
+            printed += 1
+    except KeyboardInterrupt:
+        pass
 
 
 # -------------------------------------------------------------------------------------------- sexp dialect
@@ -301,28 +316,19 @@ def sexp() -> None:
 def sexp_sub(topics: tuple[str, ...], address: tuple[str, int], replay: str | int, count: int | None,
              timeout: float | None, as_json: bool) -> None:
     """Print the messages published to TOPICS, received over the sexp dialect."""
-    from connector.sexp_client import SexpClient
+    from connector.sexp_client import SexpClient, SexpMessage
 
-    out = click.get_text_stream("stdout")
+    def render(message: SexpMessage) -> str:
+        if as_json:
+            return json.dumps({"topic": message.topic.decode("utf-8", "replace"),
+                               "topic_id": message.topic_id, "id": message.id,
+                               "body": message.body.decode("utf-8", "replace")})
+        return message.body.decode("utf-8", "replace")
+
     with SexpClient(*address, client_id="mc0-cli") as client:
         for topic in topics:
             client.subscribe(topic, replay=replay)
-        received = 0
-        try:
-            while count is None or received < count:
-                message = client.receive(timeout=timeout if timeout is not None else 365 * 86400.0)
-                if message is None:
-                    break
-                if as_json:
-                    out.write(json.dumps({"topic": message.topic.decode("utf-8", "replace"),
-                                          "topic_id": message.topic_id, "id": message.id,
-                                          "body": message.body.decode("utf-8", "replace")}) + "\n")
-                else:
-                    out.write(message.body.decode("utf-8", "replace") + "\n")
-                out.flush()
-                received += 1
-        except KeyboardInterrupt:
-            pass
+        _print_each(lambda: client.receive(timeout=timeout), render, count)
 
 
 @sexp.command("pub")
@@ -385,32 +391,22 @@ def msgq_sub(groups: tuple[str, ...], address: tuple[str, int], instance: str, s
     """Print the messages sent to GROUPS, received over the msgq dialect."""
     from connector.msgq_client import MsgqClient
 
-    out = click.get_text_stream("stdout")
+    def render(send: Any) -> str:
+        if as_json:
+            fields = {"from": send.sender, "to": send.to, "group": send.group, "instance": send.instance,
+                      "seq": send.seq, "repl": send.repl, "msg": send.msg}
+            shown = {name: _item_json(value) for name, value in fields.items()}
+            shown.update({name.decode("utf-8", "replace"): _item_json(value)
+                          for name, value in send.extra.items()})
+            return json.dumps(shown)
+        if isinstance(send.msg, bytes):
+            return send.msg.decode("utf-8", "replace")
+        return json.dumps(_item_json(send.msg))
+
     with MsgqClient(*address) as client:
         for group in groups:
             client.subscribe(group, instance=instance, subtype=subtype, replay=replay)
-        received = 0
-        try:
-            while count is None or received < count:
-                send = client.receive(timeout=timeout if timeout is not None else 365 * 86400.0)
-                if send is None:
-                    break
-                if as_json:
-                    fields = {"from": send.sender, "to": send.to, "group": send.group,
-                              "instance": send.instance, "seq": send.seq, "repl": send.repl}
-                    shown = {name: _item_json(value) for name, value in fields.items()}
-                    shown["msg"] = _item_json(send.msg)
-                    shown.update({name.decode("utf-8", "replace"): _item_json(value)
-                                  for name, value in send.extra.items()})
-                    out.write(json.dumps(shown) + "\n")
-                else:
-                    out.write(json.dumps(_item_json(send.msg)) if not isinstance(send.msg, bytes)
-                              else send.msg.decode("utf-8", "replace"))
-                    out.write("\n")
-                out.flush()
-                received += 1
-        except KeyboardInterrupt:
-            pass
+        _print_each(lambda: client.receive(timeout=timeout), render, count)
 
 
 @msgq.command("pub")

@@ -19,7 +19,7 @@ import time
 from collections import deque
 
 from connector.core import ConnectorError
-from connector.stream import StreamClient
+from connector.stream import StreamClient, deadline_after
 from protocol import ProtocolError, msgq
 
 DEFAULT_PORT = 9912
@@ -71,9 +71,9 @@ class MsgqClient(StreamClient):
         return self._wait(msgq.StatsReply, "stats reply").counters  # type: ignore[attr-defined]
 
     def receive(self, timeout: float | None = None) -> msgq.Send | None:
-        """The next send routed to this connection, or None after ``timeout`` seconds (the client's default
-        if not given). Its ``extra`` holds ``msgid``, the broker's message id."""
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        """The next send routed to this connection, or None after ``timeout`` seconds (None waits until one
+        comes). Its ``extra`` holds ``msgid``, the broker's message id."""
+        deadline = deadline_after(timeout)
         while not self.inbox:
             if self._next(deadline) is None:
                 return None
@@ -93,7 +93,7 @@ class MsgqClient(StreamClient):
             if isinstance(event, kind):
                 return event
 
-    def _next(self, deadline: float) -> msgq.Event | None:
+    def _next(self, deadline: float | None) -> msgq.Event | None:
         """The next event (a send is also filed in the inbox); None at the deadline."""
         while True:
             try:

@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from connector.core import ConnectorError
-from connector.stream import StreamClient
+from connector.stream import StreamClient, deadline_after
 from protocol import ProtocolError, sexp
 
 DEFAULT_PORT = 61617
@@ -78,10 +78,10 @@ class SexpClient(StreamClient):
         self._send(sexp.Publish(_encode(topic), _encode(body)))
 
     def receive(self, timeout: float | None = None) -> SexpMessage | None:
-        """The next delivery, or None after ``timeout`` seconds (the client's default if not given).
+        """The next delivery, or None after ``timeout`` seconds (None waits until one comes).
 
         An Error frame from the broker (a refused Publish, say) raises ConnectorError."""
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        deadline = deadline_after(timeout)
         while not self.inbox:
             if not self._read(deadline):
                 return None
@@ -113,11 +113,11 @@ class SexpClient(StreamClient):
             if isinstance(event, kind) and event.topic == name:  # type: ignore[attr-defined]
                 return event  # type: ignore[return-value]
 
-    def _read(self, deadline: float) -> bool:
+    def _read(self, deadline: float | None) -> bool:
         """Wait for one event and file it; False once the deadline passed."""
         return self._next(deadline) is not None
 
-    def _next(self, deadline: float, *, errors: bool = True) -> object | None:
+    def _next(self, deadline: float | None, *, errors: bool = True) -> object | None:
         """The next event that is not a delivery or a Ping (those are filed and answered here); None at the
         deadline. An Error raises ConnectorError unless ``errors`` is False."""
         codec = self.codec

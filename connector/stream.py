@@ -22,8 +22,14 @@ class _Codec(Protocol):
     def receive_data(self, data: bytes) -> None: ...
 
 
+def deadline_after(timeout: float | None) -> float | None:
+    """The ``time.monotonic()`` deadline ``timeout`` seconds from now; None (wait forever) for None."""
+    return None if timeout is None else time.monotonic() + timeout
+
+
 class StreamClient:
-    """One TCP connection to a broker gateway."""
+    """One TCP connection to a broker gateway. ``timeout`` bounds connecting and each wait for a reply;
+    receiving a delivery waits as long as its caller says."""
 
     def __init__(self, host: str, port: int, timeout: float) -> None:
         self.timeout = timeout
@@ -38,13 +44,17 @@ class StreamClient:
         except OSError as error:
             raise ConnectorError(f"connection lost: {error.strerror or error}") from None
 
-    def read_into(self, codec: _Codec, deadline: float) -> bool:
-        """Wait for bytes until ``deadline`` (a ``time.monotonic()`` value) and feed them to ``codec``;
-        False if none came in time. The broker closing the connection raises ConnectorError."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        self.sock.settimeout(remaining)
+    def read_into(self, codec: _Codec, deadline: float | None) -> bool:
+        """Wait for bytes until ``deadline`` (a ``time.monotonic()`` value; None waits as long as it takes)
+        and feed them to ``codec``; False if none came in time. The broker closing the connection raises
+        ConnectorError."""
+        if deadline is None:
+            self.sock.settimeout(None)
+        else:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self.sock.settimeout(remaining)
         try:
             data = self.sock.recv(READ_SIZE)
         except TimeoutError:

@@ -91,15 +91,6 @@ class MsgqConnection(Connection):
         self.lname: bytes | None = None
         self.groups: dict[bytes, set[tuple[bytes, str]]] = {}  # group -> {(instance, subtype)}
 
-    def received(self, data: bytes) -> None:
-        codec = self.codec
-        codec.receive_data(data)
-        while not self.closing:
-            event = codec.next_event()
-            if event is None:
-                return
-            self.handle(event)
-
     def handle(self, event: msgq.Event) -> None:
         if isinstance(event, msgq.GetLname):
             if self.lname is None:

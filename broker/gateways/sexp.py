@@ -46,15 +46,6 @@ class SexpConnection(Connection):
         self.client_id: bytes | None = None
         self.next_ping = self.last_heard + self.options.ping_interval
 
-    def received(self, data: bytes) -> None:
-        codec = self.codec
-        codec.receive_data(data)
-        while not self.closing:
-            event = codec.next_event()
-            if event is None:
-                return
-            self.handle(event)
-
     def handle(self, event: object) -> None:
         codec = self.codec
         match event:

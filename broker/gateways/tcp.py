@@ -3,9 +3,9 @@ liveness tick. It knows asyncio and the hub; it knows no dialect.
 
 A :class:`Gateway` is one door of the broker (``sexp``, ``msgq``, ...): it listens on one address (plain TCP,
 or TLS when given an ``ssl.SSLContext``) and makes one :class:`Connection` per peer. A dialect subclasses
-:class:`Connection` with three methods: :meth:`~Connection.received` feeds bytes to its sans-IO codec and acts
-on the events, :meth:`~Connection.encode_delivery` turns an engine message into bytes, and
-:meth:`~Connection.tick` runs its liveness rules.
+:class:`Connection`: it sets ``codec`` (its sans-IO codec from :mod:`protocol`), acts on each event in
+:meth:`~Connection.handle`, turns an engine message into bytes in :meth:`~Connection.encode_delivery`, and
+runs its liveness rules, if it has any, in :meth:`~Connection.tick`.
 
 Every connection registers one engine :class:`~broker.engine.Subscriber` and is that subscriber's outlet: the
 hub calls :meth:`Connection.deliver` after each commit. Flow control is asyncio's: once the transport holds
@@ -22,7 +22,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from broker.engine import Message, Subscriber
 from broker.hub import Hub
@@ -109,8 +109,18 @@ class Gateway:
         return {"connections": len(self.connections), "address": where, **self.counters}
 
 
+class _Codec(Protocol):
+    """The byte-stream codec shape every dialect module in ``protocol/`` has."""
+
+    def receive_data(self, data: bytes) -> None: ...
+
+    def next_event(self) -> Any: ...
+
+
 class Connection(asyncio.Protocol):
-    """One peer of a gateway; subclasses speak the dialect."""
+    """One peer of a gateway; subclasses speak the dialect through ``codec``."""
+
+    codec: _Codec
 
     #: The transport says when it drained (``resume_writing``): no retry timer needed.
     polled = False
@@ -228,7 +238,18 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
     def received(self, data: bytes) -> None:
-        """Feed ``data`` to the codec and act on every complete event. A ProtocolError closes the peer."""
+        """Feed ``data`` to the dialect's ``codec`` and :meth:`handle` every complete event, until the codec
+        needs more or the connection is closing. A ProtocolError closes the peer."""
+        codec = self.codec
+        codec.receive_data(data)
+        while not self.closing:
+            event = codec.next_event()
+            if event is None:
+                return
+            self.handle(event)
+
+    def handle(self, event: Any) -> None:
+        """Act on one event of the dialect's codec."""
         raise NotImplementedError
 
     def encode_delivery(self, message: Message) -> bytes:
