@@ -15,11 +15,9 @@ own, and ``stats``. Not thread-safe: one thread uses one client.
 from __future__ import annotations
 
 import itertools
-import time
-from collections import deque
 
 from connector.core import ConnectorError
-from connector.stream import StreamClient, deadline_after
+from connector.stream import StreamClient
 from protocol import ProtocolError, msgq
 
 DEFAULT_PORT = 9912
@@ -36,11 +34,10 @@ class MsgqClient(StreamClient):
                  max_message: int = msgq.DEFAULT_MAX_MESSAGE) -> None:
         super().__init__(host, port, timeout)
         self.codec = msgq.Connection(max_message=max_message)
-        self.inbox: deque[msgq.Send] = deque()
         self.sequence = itertools.count(1)
         try:
-            self._send(msgq.GetLname())
-            reply = self._wait(msgq.LnameReply, "local name")
+            self.send_event(msgq.GetLname())
+            reply = self.wait_for(msgq.LnameReply, "local name")
             self.lname: bytes = reply.lname  # type: ignore[attr-defined]
         except BaseException:
             self.sock.close()
@@ -50,11 +47,11 @@ class MsgqClient(StreamClient):
                   replay: str | int | None = None) -> None:
         """Subscribe to ``group`` (``replay``: beginning, current or a message id, on a persistent group)."""
         extra = {} if replay is None else {b"replay": str(replay).encode()}
-        self._send(msgq.Subscribe(_encode(group), _encode(instance), subtype, extra))
+        self.send_event(msgq.Subscribe(_encode(group), _encode(instance), subtype, extra))
         self.stats()
 
     def unsubscribe(self, group: str | bytes, instance: str | bytes = "*") -> None:
-        self._send(msgq.Unsubscribe(_encode(group), _encode(instance)))
+        self.send_event(msgq.Unsubscribe(_encode(group), _encode(instance)))
         self.stats()
 
     def send(self, group: str | bytes, msg: msgq.Item | str, *, instance: str | bytes = "*",
@@ -62,38 +59,20 @@ class MsgqClient(StreamClient):
         """Send ``msg`` (any item; a str is sent as UTF-8 DATA) to a group; returns the ``seq`` used."""
         seq = b"%d" % next(self.sequence)
         item = msg.encode() if isinstance(msg, str) else msg
-        self._send(msgq.Send(self.lname, _encode(to), _encode(group), _encode(instance), seq, item,
+        self.send_event(msgq.Send(self.lname, _encode(to), _encode(group), _encode(instance), seq, item,
                              None if repl is None else _encode(repl)))
         return seq
 
     def stats(self) -> dict[bytes, msgq.Item]:
-        self._send(msgq.Stats())
-        return self._wait(msgq.StatsReply, "stats reply").counters  # type: ignore[attr-defined]
+        self.send_event(msgq.Stats())
+        return self.wait_for(msgq.StatsReply, "stats reply").counters  # type: ignore[attr-defined]
 
     def receive(self, timeout: float | None = None) -> msgq.Send | None:
         """The next send routed to this connection, or None after ``timeout`` seconds (None waits until one
         comes). Its ``extra`` holds ``msgid``, the broker's message id."""
-        deadline = deadline_after(timeout)
-        while not self.inbox:
-            if self._next(deadline) is None:
-                return None
-        return self.inbox.popleft()
+        return super().receive(timeout)
 
-    # ----------------------------------------------------------------------------------------------- the wire
-
-    def _send(self, event: msgq.Event) -> None:
-        self.send_bytes(self.codec.send(event))
-
-    def _wait(self, kind: type, what: str) -> msgq.Event:
-        deadline = time.monotonic() + self.timeout
-        while True:
-            event = self._next(deadline)
-            if event is None:
-                raise ConnectorError(f"no {what} from the broker within {self.timeout:g} s")
-            if isinstance(event, kind):
-                return event
-
-    def _next(self, deadline: float | None) -> msgq.Event | None:
+    def next_event(self, deadline: float | None) -> msgq.Event | None:
         """The next event (a send is also filed in the inbox); None at the deadline."""
         while True:
             try:

@@ -16,11 +16,10 @@ uses one client.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from connector.core import ConnectorError
-from connector.stream import StreamClient, deadline_after
+from connector.stream import StreamClient
 from protocol import ProtocolError, sexp
 
 DEFAULT_PORT = 61617
@@ -49,14 +48,13 @@ class SexpClient(StreamClient):
         super().__init__(host, port, timeout)
         self.codec = sexp.ClientConnection()
         self.topics: dict[int, bytes] = {}  # topic id -> name, from Subscribed frames
-        self.inbox: deque[SexpMessage] = deque()
         self.pings = 0  # Pings answered
         try:
-            self._send(sexp.Version(version))
-            reply = self._wait(sexp.VersionReply, "the version reply")
+            self.send_event(sexp.Version(version))
+            reply = self.wait_for(sexp.VersionReply, "version reply")
             if reply.number == sexp.REFUSED:
                 raise ConnectorError(f"the broker does not speak version {version}")
-            self._send(sexp.Connect(version, _encode(client_id)))
+            self.send_event(sexp.Connect(version, _encode(client_id)))
         except BaseException:
             self.sock.close()
             raise
@@ -66,46 +64,28 @@ class SexpClient(StreamClient):
     def subscribe(self, topic: str | bytes, replay: str | int = sexp.REPLAY_CURRENT) -> int:
         """Subscribe from ``replay`` ("beginning", "current" or a message id); returns the topic's id."""
         name = _encode(topic)
-        self._send(sexp.Subscribe(name, replay))
+        self.send_event(sexp.Subscribe(name, replay))
         return self._wait_topic(sexp.Subscribed, name).topic_id
 
     def unsubscribe(self, topic: str | bytes) -> None:
         name = _encode(topic)
-        self._send(sexp.Unsubscribe(name))
+        self.send_event(sexp.Unsubscribe(name))
         self._wait_topic(sexp.Unsubscribed, name)
 
     def publish(self, topic: str | bytes, body: str | bytes) -> None:
-        self._send(sexp.Publish(_encode(topic), _encode(body)))
+        self.send_event(sexp.Publish(_encode(topic), _encode(body)))
 
     def receive(self, timeout: float | None = None) -> SexpMessage | None:
         """The next delivery, or None after ``timeout`` seconds (None waits until one comes).
 
         An Error frame from the broker (a refused Publish, say) raises ConnectorError."""
-        deadline = deadline_after(timeout)
-        while not self.inbox:
-            if not self._read(deadline):
-                return None
-        return self.inbox.popleft()
-
-    # ----------------------------------------------------------------------------------------------- the wire
-
-    def _send(self, event: object) -> None:
-        self.send_bytes(self.codec.send(event))  # type: ignore[arg-type]
-
-    def _wait(self, kind: type, what: str) -> sexp.VersionReply:
-        deadline = time.monotonic() + self.timeout
-        while True:
-            event = self._next(deadline)
-            if event is None:
-                raise ConnectorError(f"no {what} from the broker within {self.timeout:g} s")
-            if isinstance(event, kind):
-                return event  # type: ignore[return-value]
+        return super().receive(timeout)
 
     def _wait_topic(self, kind: type, name: bytes) -> sexp.Subscribed:
         """The Subscribed/Unsubscribed for ``name``; an Error first means the broker refused."""
         deadline = time.monotonic() + self.timeout
         while True:
-            event = self._next(deadline, errors=False)
+            event = self.next_event(deadline, errors=False)
             if event is None:
                 raise ConnectorError(f"no answer from the broker within {self.timeout:g} s")
             if isinstance(event, sexp.Error):
@@ -113,11 +93,7 @@ class SexpClient(StreamClient):
             if isinstance(event, kind) and event.topic == name:  # type: ignore[attr-defined]
                 return event  # type: ignore[return-value]
 
-    def _read(self, deadline: float | None) -> bool:
-        """Wait for one event and file it; False once the deadline passed."""
-        return self._next(deadline) is not None
-
-    def _next(self, deadline: float | None, *, errors: bool = True) -> object | None:
+    def next_event(self, deadline: float | None, *, errors: bool = True) -> object | None:
         """The next event that is not a delivery or a Ping (those are filed and answered here); None at the
         deadline. An Error raises ConnectorError unless ``errors`` is False."""
         codec = self.codec
@@ -136,7 +112,7 @@ class SexpClient(StreamClient):
                     return event
                 case sexp.Ping(time=seconds):
                     self.pings += 1
-                    self._send(sexp.Ack(seconds))
+                    self.send_event(sexp.Ack(seconds))
                 case sexp.Subscribed(topic_id, topic):
                     self.topics[topic_id] = topic
                     return event

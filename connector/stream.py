@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import socket
 import time
+from collections import deque
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Any, Protocol, Self, TypeVar
 
 from connector.core import ConnectorError
+
+E = TypeVar("E")
 
 #: Bytes read per recv() call.
 READ_SIZE = 256 << 10
@@ -33,10 +36,39 @@ class StreamClient:
 
     def __init__(self, host: str, port: int, timeout: float) -> None:
         self.timeout = timeout
+        self.inbox: deque[Any] = deque()  # deliveries, filed by next_event()
         try:
             self.sock = socket.create_connection((host, port), timeout=timeout)
         except OSError as error:
             raise ConnectorError(f"cannot connect to {host}:{port}: {error.strerror or error}") from None
+
+    codec: Any  # the dialect's sans-IO client codec, set by the subclass
+
+    def receive(self, timeout: float | None = None) -> Any:
+        """The next delivery, or None after ``timeout`` seconds (None waits until one comes)."""
+        deadline = deadline_after(timeout)
+        while not self.inbox:
+            if self.next_event(deadline) is None:
+                return None
+        return self.inbox.popleft()
+
+    def send_event(self, event: Any) -> None:
+        self.send_bytes(self.codec.send(event))
+
+    def wait_for(self, kind: type[E], what: str) -> E:
+        """The next event of type ``kind`` (others are filed or skipped by :meth:`next_event`), waiting at
+        most the client's timeout."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            event = self.next_event(deadline)
+            if event is None:
+                raise ConnectorError(f"no {what} from the broker within {self.timeout:g} s")
+            if isinstance(event, kind):
+                return event
+
+    def next_event(self, deadline: float | None) -> Any:
+        """The dialect's next event, reading as needed until ``deadline``; None once it passed."""
+        raise NotImplementedError
 
     def send_bytes(self, data: bytes) -> None:
         try:
