@@ -14,7 +14,7 @@ import platform
 from bench.throughput import BODY_SIZE, median_case
 
 #: Gateway systems of bench.throughput, by door.
-DOORS = {"sexp": "mc0-sexp", "msgq": "mc0-msgq"}
+DOORS = {"sexp": "mc0-sexp", "msgq": "mc0-msgq", "rstreams": "mc0-rstreams"}
 
 
 def main(argv: list[str]) -> int:

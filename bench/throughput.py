@@ -83,7 +83,8 @@ def serve_py_forwarder(port: int, mode: str, ready: Any) -> None:
                 router.send_multipart([subscribers[turn], rest[0]])
 
 
-def serve_mc0(port: int, mode: str, ready: Any, sexp: str = "off", msgq: str = "off") -> None:
+def serve_mc0(port: int, mode: str, ready: Any, sexp: str = "off", msgq: str = "off",
+              rstreams: str = "off") -> None:
     import logging
 
     from broker import server
@@ -94,7 +95,7 @@ def serve_mc0(port: int, mode: str, ready: Any, sexp: str = "off", msgq: str = "
     delivery = Delivery.BROADCAST if mode == "broadcast" else Delivery.ROUND_ROBIN
     config = BrokerConfig(
         bind=f"tcp://127.0.0.1:{port}", curve=False, topics=(TopicRule("*", TopicSpec(delivery=delivery)),),
-        sexp=sexp, msgq=msgq,
+        sexp=sexp, msgq=msgq, rstreams=rstreams,
     )
     server.run(config, lambda _broker: ready.set())
 
@@ -109,12 +110,21 @@ def serve_mc0_msgq(port: int, mode: str, ready: Any) -> None:
     serve_mc0(port, mode, ready, msgq=f"127.0.0.1:{port + 1}")
 
 
+def serve_mc0_rstreams(port: int, mode: str, ready: Any) -> None:
+    """mc0 with its reactive-streams gateway on ``port + 1``."""
+    serve_mc0(port, mode, ready, rstreams=f"127.0.0.1:{port + 1}")
+
+
+#: Systems that bind a gateway on port + 1 next to mc0.
+GATEWAY_SYSTEMS = ("mc0-sexp", "mc0-msgq", "mc0-rstreams")
+
 SERVERS: dict[str, Callable[[int, str, Any], None]] = {
     "zmq-proxy": serve_zmq_proxy,
     "py-forwarder": serve_py_forwarder,
     "mc0": serve_mc0,
     "mc0-sexp": serve_mc0_sexp,  # an mc0 publisher, subscribers on the sexp door
     "mc0-msgq": serve_mc0_msgq,  # an mc0 publisher, subscribers on the msgq door
+    "mc0-rstreams": serve_mc0_rstreams,  # an mc0 publisher, subscribers on the reactive-streams door
 }
 
 
@@ -191,6 +201,28 @@ class MsgqSubscriber:
         return None if send is None else send.msg  # type: ignore[return-value]
 
 
+class RStreamsSubscriber:
+    """Requests 10,000 elements at a time, and 10,000 more each time 10,000 have arrived."""
+
+    WINDOW = 10_000
+
+    def __init__(self, port: int) -> None:
+        from connector.rstreams_client import RStreamsClient
+
+        self.client = RStreamsClient("127.0.0.1", port + 1)
+        self.stream = self.client.subscribe(TOPIC.decode(), demand=self.WINDOW)
+        self.arrived = 0
+
+    def receive(self, timeout: float) -> bytes | None:
+        element = self.client.receive(timeout)
+        if element is None:
+            return None
+        self.arrived += 1
+        if self.arrived % self.WINDOW == 0:
+            self.client.request(self.stream, self.WINDOW)
+        return element.data
+
+
 def subscriber_process(system: str, mode: str, port: int, expected: int, latency: bool, ready: Any,
                        results: Any) -> None:
     if system == "mc0":
@@ -199,6 +231,8 @@ def subscriber_process(system: str, mode: str, port: int, expected: int, latency
         sub = SexpSubscriber(port)
     elif system == "mc0-msgq":
         sub = MsgqSubscriber(port)
+    elif system == "mc0-rstreams":
+        sub = RStreamsSubscriber(port)
     elif mode == "round-robin":
         sub = RawPullSubscriber(system, port)
     else:
@@ -284,7 +318,7 @@ class Result:
 
 def run_case(system: str, mode: str, subscribers: int, messages: int, rate: float = 0.0) -> Result:
     spawn = mp.get_context("spawn")
-    port = _free_pair() if system in ("zmq-proxy", "mc0-sexp", "mc0-msgq") else free_port()
+    port = _free_pair() if system in ("zmq-proxy", *GATEWAY_SYSTEMS) else free_port()
     server_ready = spawn.Event()
     server = spawn.Process(target=SERVERS[system], args=(port, mode, server_ready), daemon=True)
     server.start()

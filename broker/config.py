@@ -19,6 +19,8 @@ DEFAULT_BIND = "tcp://*:61616"
 DEFAULT_SEXP = "127.0.0.1:61617"
 #: The msgq gateway's default address: loopback, the 2009 routing daemon's port.
 DEFAULT_MSGQ = "127.0.0.1:9912"
+#: The reactive-streams gateway's default address: loopback, the mc0 port plus two (the draft names none).
+DEFAULT_RSTREAMS = "127.0.0.1:61618"
 #: A gateway address that turns the gateway off.
 OFF = "off"
 #: Relative to the broker's working directory; created only when the first persistent topic is opened.
@@ -49,6 +51,8 @@ class BrokerConfig:
     sexp_ping_interval: float = 50.0  # seconds between Pings to each sexp client
     msgq: str = DEFAULT_MSGQ  # HOST:PORT of the msgq gateway, or "off"
     msgq_max_message: int = 64 * 1024  # bytes in one msgq message (the dialect's cap), both ways
+    rstreams: str = DEFAULT_RSTREAMS  # HOST:PORT of the reactive-streams gateway, or "off"
+    rstreams_part_size: int = 64 * 1024  # elements larger than this are sent split into parts
 
     @property
     def allowlist_dir(self) -> Path:
@@ -72,15 +76,16 @@ _BROKER_KEYS = {
     "pending_limit": int, "max_message_size": int, "send_hwm": int, "recv_hwm": int, "log_level": str,
     "data_dir": str, "weak_sync_interval": (int, float), "retention_interval": (int, float),
     "sexp": str, "sexp_ping_interval": (int, float), "msgq": str, "msgq_max_message": int,
+    "rstreams": str, "rstreams_part_size": int,
 }
 #: Keys holding a gateway's HOST:PORT (or "off").
-GATEWAYS = ("sexp", "msgq")
+GATEWAYS = ("sexp", "msgq", "rstreams")
 
 #: Numbers that make no sense at zero or below: a zero tick would spin the loop, a zero limit drop everything,
 #: and a zero high-water mark means "unbounded" to ZeroMQ, which breaks the promise of bounded memory.
 _POSITIVE = frozenset({"heartbeat_tick", "pending_limit", "max_message_size", "send_hwm", "recv_hwm",
                        "weak_sync_interval", "retention_interval", "sexp_ping_interval",
-                       "msgq_max_message"})
+                       "msgq_max_message", "rstreams_part_size"})
 
 #: The level names the standard ``logging`` module knows (it refuses any other string).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

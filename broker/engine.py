@@ -116,10 +116,14 @@ class Subscription:
     def set_options(self, credit: int | None, explicit: bool) -> None:
         self.explicit = explicit
         self.credit = DEFAULT_EXPLICIT_CREDIT if explicit and credit is None else credit
+        self.update_tracked()
+
+    def update_tracked(self) -> None:
         # Counted only when tracked: plain subscriptions (the common case) cost nothing per message. A
         # persistent queue tracks even auto-ack consumers: what they were written is acked in its log.
         topic = self.topic
-        self.tracked = self.credit is not None or explicit or (topic.round_robin and topic.log is not None)
+        persistent_queue = topic.round_robin and topic.log is not None
+        self.tracked = self.credit is not None or self.explicit or persistent_queue
 
     @property
     def room(self) -> int:
@@ -328,6 +332,19 @@ class Engine:
         if topic.round_robin:
             self._refill(topic)
         return topic
+
+    def set_credit(self, subscriber: Subscriber, name: bytes, credit: int | None) -> None:
+        """Give a subscription a new credit (None: unlimited), keeping what it has in flight: the way a door
+        with demand (reactive streams) opens and closes the tap while the subscription runs. More room lets
+        its queue hand it messages on the next pump."""
+        subscription = subscriber.topics[name]
+        was_tracked = subscription.tracked
+        subscription.credit = credit
+        subscription.update_tracked()
+        subscriber.tracking += subscription.tracked - was_tracked
+        if not subscription.tracked:
+            subscription.outstanding = 0  # nothing counts it down any more
+        self.room_available(subscriber)
 
     def check_subscribe(self, name: bytes, replay: str | int | None) -> None:
         """Raise what :meth:`subscribe` would raise, before anything changes: a SUB is refused whole, and a

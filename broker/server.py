@@ -24,6 +24,7 @@ from broker import auth
 from broker.config import BrokerConfig
 from broker.engine import Engine
 from broker.gateways.msgq import MsgqConnection, MsgqOptions
+from broker.gateways.rstreams import RStreamsConnection, RStreamsOptions
 from broker.gateways.sexp import SexpConnection, SexpOptions
 from broker.gateways.tcp import Gateway
 from broker.hub import Hub
@@ -81,6 +82,14 @@ def _gateways(config: BrokerConfig, hub: Hub) -> dict[str, Gateway]:
         gateways["msgq"] = Gateway(
             "msgq", hub, MsgqConnection, host=msgq[0], port=msgq[1], tick=1.0,
             pending_limit=config.pending_limit, options=MsgqOptions(max_message=config.msgq_max_message),
+        )
+    rstreams = config.gateway_address("rstreams")
+    if rstreams is not None:
+        gateways["rstreams"] = Gateway(
+            "rstreams", hub, RStreamsConnection, host=rstreams[0], port=rstreams[1], tick=1.0,
+            pending_limit=config.pending_limit,
+            options=RStreamsOptions(max_message=config.max_message_size, part_size=config.rstreams_part_size,
+                                    buffer=config.pending_limit),
         )
     return gateways
 

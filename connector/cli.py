@@ -22,6 +22,7 @@ from connector.client import DEFAULT_ENDPOINT, Client
 from connector.core import REPLAY_WORDS, ConnectorError, Message
 from connector.keys import KeyFileError
 from connector.msgq_client import DEFAULT_PORT as MSGQ_PORT
+from connector.rstreams_client import DEFAULT_PORT as RSTREAMS_PORT
 from connector.sexp_client import DEFAULT_PORT as SEXP_PORT
 
 #: Runs at least this long get a progress bar on stderr.
@@ -86,13 +87,15 @@ def _connect(endpoint: str, keys_dir: Path, no_curve: bool, **options: Any) -> C
               help="sexp gateway address, or off [default: 127.0.0.1:61617].")
 @click.option("--msgq", metavar="HOST:PORT|off",
               help="msgq gateway address, or off [default: 127.0.0.1:9912].")
+@click.option("--rstreams", metavar="HOST:PORT|off",
+              help="reactive-streams gateway address, or off [default: 127.0.0.1:61618].")
 @click.option("--no-curve", is_flag=True, help="Plaintext, any client admitted: development only.")
 @click.option("--allow-any-client", is_flag=True, help="CURVE encryption without the client allow-list.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               help="Logging level [default: INFO].")
 def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, data_dir: Path | None,
-           sexp: str | None, msgq: str | None, no_curve: bool, allow_any_client: bool,
-           log_level: str | None) -> None:
+           sexp: str | None, msgq: str | None, rstreams: str | None, no_curve: bool,
+           allow_any_client: bool, log_level: str | None) -> None:
     """Run the broker until SIGINT or SIGTERM."""
     from broker import config as broker_config
     from broker import server
@@ -100,7 +103,7 @@ def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, da
     config = broker_config.load(config_file).replace(
         bind=bind, keys_dir=keys_dir, data_dir=data_dir, log_level=log_level.upper() if log_level else None,
         curve=False if no_curve else None, allow_any_client=True if allow_any_client else None, sexp=sexp,
-        msgq=msgq,
+        msgq=msgq, rstreams=rstreams,
     )
     for name in broker_config.GATEWAYS:
         config.gateway_address(name)  # a malformed address is a one-line error before anything starts
@@ -438,6 +441,72 @@ def msgq_stats(address: tuple[str, int]) -> None:
     with MsgqClient(*address) as client:
         counters = client.stats()
     click.echo(json.dumps(_item_json(counters), indent=2, sort_keys=True))
+
+
+# ----------------------------------------------------------------------------------- reactive-streams dialect
+
+
+def _rstreams_options(func: Any) -> Any:
+    return click.option("--broker", "address", type=_Address(), default=f"127.0.0.1:{RSTREAMS_PORT}",
+                        show_default=True, help="The broker's reactive-streams gateway.")(func)
+
+
+@main.group()
+def rstreams() -> None:
+    """Subscribe with demand, and publish, through the reactive-streams dialect (seed 001)."""
+
+
+@rstreams.command("sub")
+@click.argument("topic")
+@_rstreams_options
+@click.option("--demand", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Elements requested at a time: N first, N more each time N have arrived.")
+@click.option("--replay", type=_Replay(), metavar="beginning|current|ID",
+              help="Start in the log of a persistent topic.")
+@click.option("--count", "-n", type=click.IntRange(min=1), help="Exit after N elements.")
+@click.option("--timeout", type=click.FloatRange(min=0),
+              help="Exit after this many seconds without an element.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per element, with its message id.")
+def rstreams_sub(topic: str, address: tuple[str, int], demand: int, replay: str | int | None,
+                 count: int | None, timeout: float | None, as_json: bool) -> None:
+    """Print the elements of TOPIC, requesting them DEMAND at a time."""
+    from connector.rstreams_client import Element, RStreamsClient
+
+    with RStreamsClient(*address) as client:
+        stream = client.subscribe(topic, demand=demand, replay=replay, ids=True)
+        arrived = 0
+
+        def render(element: Element) -> str:
+            if as_json:
+                return json.dumps({"topic": element.topic.decode("utf-8", "replace"), "id": element.id,
+                                   "data": element.data.decode("utf-8", "replace")})
+            return element.data.decode("utf-8", "replace")
+
+        def more(_: Element) -> None:
+            nonlocal arrived
+            arrived += 1
+            if arrived % demand == 0:
+                client.request(stream, demand)
+
+        _print_each(lambda: client.receive(timeout=timeout), render, count, more)
+
+
+@rstreams.command("pub")
+@click.argument("topic")
+@click.argument("message", required=False)
+@_rstreams_options
+def rstreams_pub(topic: str, message: str | None, address: tuple[str, int]) -> None:
+    """Publish MESSAGE (or each line of stdin) to TOPIC by offering a publisher; every element waits for
+    the broker's demand."""
+    from connector.rstreams_client import RStreamsClient
+
+    with RStreamsClient(*address) as client:
+        client.offer(topic)
+        sent = 0
+        for body in (_stdin_lines() if message is None else iter([message.encode()])):
+            client.publish(topic, body)
+            sent += 1
+    click.echo(f"published {sent} element(s) to {topic}", err=True)
 
 
 # ----------------------------------------------------------------------------------------- declare, topics

@@ -64,6 +64,7 @@ class Gateway:
         self.ssl_context = ssl_context
         self.options = options  # the dialect's own settings, read by its connections
         self.connections: set[Connection] = set()
+        self.committing: set[Connection] = set()  # want committed() after the next commit
         self.server: asyncio.Server | None = None
         self.address: tuple[str, int] | None = None  # where it really listens (port 0 resolved)
         # paused: times a connection's transport was full (the peer reads slower than we write). A dialect
@@ -102,7 +103,14 @@ class Gateway:
     # ---------------------------------------------------------------------------------- the hub's Door side
 
     def answer(self, now: float) -> bool:
-        return False  # gateway connections answer as they read; nothing of theirs waits for the commit
+        """After the commit: the connections that asked to hear of it (an ack that promises durability, more
+        demand for a producer once what it sent is stored)."""
+        if self.committing:
+            waiting, self.committing = self.committing, set()
+            for connection in waiting:
+                if not connection.closing:
+                    connection.committed(now)
+        return False
 
     def stats(self) -> dict[str, Any]:
         where = f"{self.address[0]}:{self.address[1]}" if self.address else None
@@ -168,8 +176,10 @@ class Connection(asyncio.Protocol):
         self.closing = True
         self.gateway.connections.discard(self)
         self.gateway.counters["closed"] += 1
+        self.gateway.committing.discard(self)
         try:
-            self.engine.detach(self.subscriber)  # its round-robin messages go to the others
+            for subscriber in self.subscribers():
+                self.engine.detach(subscriber)  # its round-robin messages go to the others
         except Exception as error:
             self.hub.fail(error)
         self.hub.schedule()
@@ -186,7 +196,8 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
             # We were not reading: the peer's silence in that time is ours, not its.
             self.last_heard = self.hub.monotonic()
-            self.hub.wake(self.subscriber)
+            for subscriber in self.subscribers():
+                self.hub.wake(subscriber)
 
     # ---------------------------------------------------------------------------------- the hub's Outlet side
 
@@ -251,6 +262,19 @@ class Connection(asyncio.Protocol):
     def handle(self, event: Any) -> None:
         """Act on one event of the dialect's codec."""
         raise NotImplementedError
+
+    def subscribers(self) -> list[Subscriber]:
+        """The engine subscribers this connection owns: one, or (a dialect with streams) one per stream."""
+        return [self.subscriber]
+
+    def after_commit(self) -> None:
+        """Have :meth:`committed` called after the hub's next commit."""
+        self.gateway.committing.add(self)
+        self.hub.schedule()
+
+    def committed(self, now: float) -> None:
+        """Called after a commit once :meth:`after_commit` asked: what this connection handed to the engine
+        before asking is now as durable as its topic promises."""
 
     def encode_delivery(self, message: Message) -> bytes:
         raise NotImplementedError

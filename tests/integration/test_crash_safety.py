@@ -29,7 +29,7 @@ def write_config(tmp_path: Path, port: int, sync: str) -> Path:
     path = tmp_path / "mc0.toml"
     path.write_text(
         f'[broker]\nbind = "tcp://127.0.0.1:{port}"\ncurve = false\ndata_dir = "{tmp_path / "data"}"\n'
-        f'log_level = "warning"\nsexp = "127.0.0.1:0"\nmsgq = "off"\n\n'
+        f'log_level = "warning"\nsexp = "127.0.0.1:0"\nmsgq = "off"\nrstreams = "off"\n\n'
         f'[[topics]]\npattern = "crash.*"\npersistence = "persistent"\nsync = "{sync}"\n'
         "segment_bytes = 65536\n",  # several segments: recovery crosses sealed ones
         encoding="utf-8",

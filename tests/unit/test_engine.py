@@ -675,3 +675,22 @@ def test_a_batch_naming_a_refused_topic_publishes_nothing() -> None:
         engine.publish_batch([(b"plain", b"first", {}), (b"p.refused", b"second", {})], NOW)
     assert listener.pending == []
     assert engine.topics[b"plain"].messages_in == 0
+
+
+def test_set_credit_opens_and_closes_a_queue_consumer_while_it_runs() -> None:
+    engine = Engine(TopicRules([TopicRule("q", TopicSpec(delivery=Delivery.ROUND_ROBIN))]))
+    subscriber = Subscriber("demand", limit=1000)
+    engine.subscribe(subscriber, b"q", credit=0)
+    for n in range(5):
+        engine.publish(b"q", b"%d" % n, {}, 0)
+    assert subscriber.pending == [], "no credit, nothing handed out: the queue keeps them"
+    engine.set_credit(subscriber, b"q", 2)
+    engine.take_ready()
+    assert [m.body for m in subscriber.pending] == [b"0", b"1"]
+    written, subscriber.pending = subscriber.pending, []
+    engine.set_credit(subscriber, b"q", 0)  # the two written used the demand up
+    engine.written(subscriber, written)
+    engine.room_available(subscriber)
+    assert subscriber.pending == []
+    engine.set_credit(subscriber, b"q", None)
+    assert [m.body for m in subscriber.pending] == [b"2", b"3", b"4"]
