@@ -115,7 +115,7 @@ def _enum(kind: type, raw: Any, where: str) -> Any:
 #: Topic settings a rule (or a DECLARE) may give, with their types. A bool is never an acceptable int.
 _SETTINGS: dict[str, type | tuple[type, ...]] = {
     "delivery": str, "persistence": str, "sync": str, "max_backlog": int, "retention_bytes": int,
-    "retention_seconds": (int, float), "segment_bytes": int,
+    "retention_seconds": (int, float), "segment_bytes": int, "element_size": int,
 }
 
 
@@ -141,6 +141,7 @@ def topic_spec(settings: dict[str, Any], where: str) -> TopicSpec:
             retention_bytes=settings.get("retention_bytes"),
             retention_seconds=settings.get("retention_seconds"),
             segment_bytes=settings.get("segment_bytes", DEFAULT_SPEC.segment_bytes),
+            element_size=settings.get("element_size", 0),
         )
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from None

@@ -169,9 +169,11 @@ class Topic:
     messages_out: int = 0
     dropped: int = 0
     round_robin: bool = field(init=False)  # derived from spec once: publish() asks on every message
+    element_size: int = field(init=False)  # likewise; 0 = bodies of any size
 
     def __post_init__(self) -> None:
         self.round_robin = self.spec.delivery is Delivery.ROUND_ROBIN
+        self.element_size = self.spec.element_size
 
     @property
     def subscribers(self) -> list[Subscriber]:
@@ -493,6 +495,8 @@ class Engine:
     def publish(self, name: bytes, body: bytes, headers: dict[bytes, bytes], timestamp: int) -> Message:
         """Accept one message: give it the topic's next id and hand it to the subscribers it is for."""
         topic = self.topics.get(name) or self.topic(name)
+        if topic.element_size and len(body) != topic.element_size:
+            raise EngineError(_wrong_size(topic, body))
         message = Message(name, topic.next_id, body, headers, timestamp)
         topic.next_id += 1
         topic.messages_in += 1
@@ -547,12 +551,19 @@ class Engine:
     ) -> Message | None:
         """Accept ``(topic, body, headers)`` entries in order, as :meth:`publish` does; returns the last.
 
-        All or nothing: every topic the batch names is resolved first, so a refused topic (EngineError)
-        refuses the whole batch before any of it is published.
+        All or nothing: every topic the batch names is resolved, and every body of a fixed-size topic
+        checked, first, so a refused topic or size (EngineError) refuses the whole batch before any of it is
+        published.
         """
+        topics = self.topics
+        fixed = False
         for name in {item[0] for item in items}:
-            if name not in self.topics:
-                self.topic(name)
+            fixed = bool((topics.get(name) or self.topic(name)).element_size) or fixed
+        if fixed:
+            for name, body, _ in items:
+                size = topics[name].element_size
+                if size and len(body) != size:
+                    raise EngineError(_wrong_size(topics[name], body))
         last = None
         publish = self.publish
         for name, body, headers in items:
@@ -808,6 +819,10 @@ def _check_replay(name: bytes, spec: TopicSpec, replay: str | int | None) -> Non
                           "replay applies to broadcast topics")
     if not spec.persistent:
         raise EngineError(f"topic {_shown(name)} is transient: there is no log to replay")
+
+
+def _wrong_size(topic: Topic, body: bytes) -> str:
+    return f"topic {_shown(topic.name)} takes bodies of exactly {topic.element_size} bytes, not {len(body)}"
 
 
 def _shown(name: bytes) -> str:

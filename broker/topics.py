@@ -44,6 +44,9 @@ class TopicSpec:
     retention_bytes: int | None = None
     retention_seconds: float | None = None
     segment_bytes: int = DEFAULT_SEGMENT_BYTES  # the active segment is sealed once it reaches this size
+    # A fixed body size in bytes (0 = any): every message must have it, and reactive-streams subscribers get
+    # the topic's elements packed (onNextPacked).
+    element_size: int = 0
 
     def __post_init__(self) -> None:
         if self.persistence is Persistence.TRANSIENT and self.sync is not None:
@@ -62,6 +65,8 @@ class TopicSpec:
                 raise ValueError(f"{name} must be greater than 0")
         if self.segment_bytes < MIN_SEGMENT_BYTES:
             raise ValueError(f"segment_bytes must be at least {MIN_SEGMENT_BYTES}")
+        if self.element_size < 0:
+            raise ValueError("element_size must not be negative")
 
     @property
     def persistent(self) -> bool:
@@ -73,6 +78,8 @@ class TopicSpec:
             out["sync"] = self.sync.value
         if self.delivery is Delivery.ROUND_ROBIN and not self.persistent:
             out["max_backlog"] = self.max_backlog
+        if self.element_size:
+            out["element_size"] = self.element_size
         if self.persistent:
             out["segment_bytes"] = self.segment_bytes
             if self.retention_bytes is not None:

@@ -88,6 +88,7 @@ class TopicSettings(TypedDict, total=False):
     retention_bytes: int | None  # persistent: delete the oldest segments beyond this many bytes
     retention_seconds: float | None  # persistent: delete segments older than this
     segment_bytes: int | None  # persistent: seal a segment file once it reaches this size
+    element_size: int | None  # every message exactly this many bytes (reactive streams pack them)
 
 
 def topics_of(stats: Mapping[str, Any]) -> dict[str, Any]:

@@ -529,6 +529,8 @@ def rstreams_pub(topic: str, message: str | None, address: tuple[str, int]) -> N
               help="Persistent topics: seal a segment file at N bytes.")
 @click.option("--max-backlog", type=click.IntRange(min=0), metavar="N",
               help="Transient round-robin topics: messages held while no consumer has room.")
+@click.option("--element-size", type=click.IntRange(min=1), metavar="N",
+              help="Every message exactly N bytes (reactive-streams subscribers get them packed).")
 def declare(topic: str, endpoint: str, keys_dir: Path, no_curve: bool, **settings: Any) -> None:
     """Create TOPIC with these settings (the same settings again are fine, others are refused)."""
     given = {name: value for name, value in settings.items() if value is not None}

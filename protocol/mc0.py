@@ -61,6 +61,7 @@ DECLARE_SETTINGS = {
     b"RETENTION-BYTES": "retention_bytes",
     b"RETENTION-SECONDS": "retention_seconds",
     b"SEGMENT-BYTES": "segment_bytes",
+    b"ELEMENT-SIZE": "element_size",
 }
 
 #: Headers the broker writes on a delivered MESSAGE; publishers may not set them.

@@ -57,6 +57,7 @@ class Stream:
         self.demand = demand
         self.subscriber = Subscriber(self, buffer)
         self.queue = False  # a round-robin topic: demand is the engine's credit
+        self.element_size = 0  # a fixed-size topic's elements (with the id prefix, if asked): sent packed
         self.open = True
 
     @property
@@ -193,9 +194,11 @@ class RStreamsConnection(Connection):
             self.write(self.codec.send(rstreams.OnError(stream_id, str(error))))
             return
         stream.queue = queue
+        fixed = engine.topics[topic].element_size
+        stream.element_size = fixed + 8 * ids if fixed else 0
         self.streams[stream_id] = stream
         self.gateway.counters["streams"] += 1
-        self.write(self.codec.send(rstreams.OnSubscribe(stream_id, 0)))
+        self.write(self.codec.send(rstreams.OnSubscribe(stream_id, stream.element_size)))
 
     def request(self, stream_id: int, demand: int) -> None:
         stream = self.streams.get(stream_id)
@@ -273,18 +276,9 @@ class RStreamsConnection(Connection):
         count = min(len(messages), stream.demand.outstanding)
         if count == 0:
             return 0
-        codec = self.codec
-        part_size = self.options.part_size
-        out: list[bytes] = []
-        for message in messages[:count]:
-            element = message.id.to_bytes(8, "big") + message.body if stream.ids else message.body
-            if len(element) <= part_size:
-                out.append(codec.send(rstreams.OnNext(stream.id, element)))
-                continue
-            element_id = next(self.element_ids)
-            parts = rstreams.split(element, part_size)
-            out.extend(codec.send(rstreams.OnNextPart(stream.id, element_id, part)) for part in parts[:-1])
-            out.append(codec.send(rstreams.OnNextLastPart(stream.id, element_id, parts[-1])))
+        elements = [message.id.to_bytes(8, "big") + message.body if stream.ids else message.body
+                    for message in messages[:count]]
+        out = self._packed(stream, elements) if stream.element_size else self._variable(stream, elements)
         self.write(b"".join(out))
         stream.demand.take(count)
         if stream.queue:
@@ -292,6 +286,31 @@ class RStreamsConnection(Connection):
             self.engine.set_credit(stream.subscriber, stream.topic, self._credit(stream))
         self.gateway.counters["elements_out"] += count
         return count
+
+    def _packed(self, stream: Stream, elements: list[bytes]) -> list[bytes]:
+        """A fixed-size stream's elements, as many per onNextPacked as the size limit allows."""
+        per_message = max(1, (self.options.max_message - 32) // stream.element_size)
+        out = []
+        for start in range(0, len(elements), per_message):
+            chunk = elements[start : start + per_message]
+            out.append(self.codec.send(rstreams.OnNext(stream.id, chunk[0]) if len(chunk) == 1
+                                       else rstreams.OnNextPacked(stream.id, tuple(chunk))))
+        return out
+
+    def _variable(self, stream: Stream, elements: list[bytes]) -> list[bytes]:
+        """Variable-size elements: onNext each, or parts above ``part_size``."""
+        codec = self.codec
+        part_size = self.options.part_size
+        out = []
+        for element in elements:
+            if len(element) <= part_size:
+                out.append(codec.send(rstreams.OnNext(stream.id, element)))
+                continue
+            element_id = next(self.element_ids)
+            parts = rstreams.split(element, part_size)
+            out.extend(codec.send(rstreams.OnNextPart(stream.id, element_id, part)) for part in parts[:-1])
+            out.append(codec.send(rstreams.OnNextLastPart(stream.id, element_id, parts[-1])))
+        return out
 
     def encode_delivery(self, message: Message) -> bytes:
         raise AssertionError("streams deliver through their own outlets")

@@ -48,6 +48,7 @@ _SPEC_FIELDS = (
     "retention_bytes",
     "retention_seconds",
     "segment_bytes",
+    "element_size",
 )
 
 
@@ -74,14 +75,17 @@ def spec_to_json(spec: TopicSpec) -> dict[str, Any]:
         "retention_bytes": spec.retention_bytes,
         "retention_seconds": spec.retention_seconds,
         "segment_bytes": spec.segment_bytes,
+        "element_size": spec.element_size,
     }
 
 
 def spec_from_json(value: Any) -> TopicSpec:
     """The inverse of :func:`spec_to_json`; ValueError (or TypeError) for anything it would not write."""
+    # element_size came later: a meta file written before it has none, and means 0.
+    value = {"element_size": 0, **value} if isinstance(value, dict) else value
     if not isinstance(value, dict) or set(value) != set(_SPEC_FIELDS):
         raise ValueError(f"spec must be an object with exactly {', '.join(_SPEC_FIELDS)}")
-    for name in ("max_backlog", "segment_bytes"):
+    for name in ("max_backlog", "segment_bytes", "element_size"):
         if not isinstance(value[name], int) or isinstance(value[name], bool):
             raise ValueError(f"{name} must be an integer")
     if value["retention_bytes"] is not None and (
@@ -99,6 +103,7 @@ def spec_from_json(value: Any) -> TopicSpec:
         retention_bytes=value["retention_bytes"],
         retention_seconds=value["retention_seconds"],
         segment_bytes=value["segment_bytes"],
+        element_size=value["element_size"],
     )
 
 

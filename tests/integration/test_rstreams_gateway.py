@@ -473,3 +473,22 @@ def test_an_offered_publisher_may_send_fixed_size_elements_packed(
         client.subscribe("log.packed", replay="beginning")
         bodies = [message.body for message in [client.receive(timeout=WAIT) for _ in range(4)] if message]
     assert bodies == [b"aaaa", b"bbbb", b"cccc", b"dddd"]
+
+
+def test_a_fixed_size_topic_is_sent_packed(start_broker: Callable[..., Broker]) -> None:
+    broker = start_broker(topics=(TopicRule("ticks", TopicSpec(element_size=4)),))
+    peer = Raw(broker.gateway_address("rstreams"))
+    assert peer.subscribe("ticks", 1, 0) == (ON_SUBSCRIBE, 1, 4)
+    with Client(broker.endpoint, curve=False, timeout=WAIT) as client:
+        for n in range(5):
+            client.publish("ticks", b"t%03d" % n)
+        client.publish("ticks", b"last", confirm=True)
+    peer.request(1, 5)
+    assert peer._fill(1, time.monotonic() + WAIT)
+    code, peer.buffer = peer.buffer[0], peer.buffer[1:]
+    assert code == ON_NEXT_PACKED
+    deadline = time.monotonic() + WAIT
+    assert (peer._varint(deadline), peer._varint(deadline)) == (1, 5)
+    assert peer._fill(20, deadline)
+    assert peer.buffer[:20] == b"t000t001t002t003t004", "count x element size bytes, no length prefixes"
+    peer.close()

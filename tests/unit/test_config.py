@@ -182,6 +182,8 @@ def test_patterns_match_whole_names_and_any_bytes() -> None:
         ("[broker]\nsexp = 'localhost:70000'\n", "is not HOST:PORT"),
         ("[broker]\nsexp = ':61617'\n", "is not HOST:PORT"),
         ("[broker]\nsexp_ping_interval = 0\n", "[broker].sexp_ping_interval must be greater than 0"),
+        ("[[topics]]\npattern = 'a'\nelement_size = -1\n", "topics[0]: element_size must not be negative"),
+        ("[[topics]]\npattern = 'a'\nelement_size = '8'\n", "topics[0].element_size: must be an integer"),
         ("[broker\n", "mc0.toml"),
         ("[broker]\nbind = 'a'\nbind = 'b'\n", "mc0.toml"),
     ],
@@ -286,3 +288,10 @@ def test_gateway_addresses(text: str, address: tuple[str, int] | None) -> None:
 def test_the_sexp_gateway_is_on_by_default_on_loopback() -> None:
     assert DEFAULTS.gateway_address("sexp") == ("127.0.0.1", 61617)
     assert DEFAULTS.sexp_ping_interval == 50.0
+
+
+def test_element_size_from_a_rule_and_a_declare() -> None:
+    rule = parse_topic_rule({"pattern": "ticks", "element_size": 8}, "t")
+    assert rule.spec.element_size == 8
+    assert declared_spec({"element_size": "16"}).element_size == 16
+    assert rule.spec.describe()["element_size"] == 8

@@ -694,3 +694,16 @@ def test_set_credit_opens_and_closes_a_queue_consumer_while_it_runs() -> None:
     assert subscriber.pending == []
     engine.set_credit(subscriber, b"q", None)
     assert [m.body for m in subscriber.pending] == [b"2", b"3", b"4"]
+
+
+def test_a_fixed_size_topic_refuses_other_sizes_and_a_batch_is_refused_whole() -> None:
+    engine = Engine(TopicRules([TopicRule("ticks", TopicSpec(element_size=8))]))
+    subscriber = Subscriber("s")
+    engine.subscribe(subscriber, b"ticks")
+    engine.publish(b"ticks", b"12345678", {}, 0)
+    with pytest.raises(EngineError, match="exactly 8 bytes, not 3"):
+        engine.publish(b"ticks", b"123", {}, 0)
+    with pytest.raises(EngineError, match="exactly 8 bytes"):
+        engine.publish_batch([(b"other", b"x", {}), (b"ticks", b"87654321", {}), (b"ticks", b"9", {})], 0)
+    assert [m.body for m in subscriber.pending] == [b"12345678"], "nothing of the refused batch went out"
+    assert engine.topics[b"ticks"].next_id == 2

@@ -547,6 +547,7 @@ def test_meta_file_contents(store: FileStore) -> None:
             "retention_bytes": 5 << 20,
             "retention_seconds": 1.5,
             "segment_bytes": 1024,
+            "element_size": 0,
         },
     }
     assert "name" not in json.loads((store.root / "%FF" / "topic.json").read_text())
