@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     print(f"python {platform.python_version()}, {args.messages:,} x {BODY_SIZE}-byte messages, "
           f"median of {args.repeat}; an mc0 publisher in every case")
-    header = f"{'scenario':<22}{'mc0 subs':>14}" + "".join(f"{door + ' subs':>14}{door + '/mc0':>10}"
+    header = f"{'scenario':<22}{'mc0 subs':>14}" + "".join(f"{door + ' subs':>16}{door + '/mc0':>14}"
                                                          for door in DOORS)
     print(header)
     print("-" * len(header))
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
         for system in DOORS.values():
             result = median_case(system, "broadcast", subscribers, messages, args.repeat)
             lost = result.expected - result.delivered
-            line += f"{result.rate:>14,.0f}{result.rate / baseline.rate:>10.2f}"
+            line += f"{result.rate:>16,.0f}{result.rate / baseline.rate:>14.2f}"
             if lost:
                 line += f"   lost: {lost}"
         print(line)

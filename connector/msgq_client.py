@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import itertools
 
-from connector.core import ConnectorError
 from connector.stream import StreamClient
-from protocol import ProtocolError, msgq
+from protocol import msgq
 
 DEFAULT_PORT = 9912
 
@@ -74,14 +73,7 @@ class MsgqClient(StreamClient):
 
     def next_event(self, deadline: float | None) -> msgq.Event | None:
         """The next event (a send is also filed in the inbox); None at the deadline."""
-        while True:
-            try:
-                event = self.codec.next_event()
-            except ProtocolError as error:
-                raise ConnectorError(f"the broker broke the protocol: {error}") from None
-            if event is not None:
-                if isinstance(event, msgq.Send):
-                    self.inbox.append(event)
-                return event
-            if not self.read_into(self.codec, deadline):
-                return None
+        event = self.decoded(deadline)
+        if isinstance(event, msgq.Send):
+            self.inbox.append(event)
+        return event

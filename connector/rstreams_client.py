@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from connector.core import ConnectorError
 from connector.stream import StreamClient
-from protocol import ProtocolError, rstreams
+from protocol import rstreams
 
 DEFAULT_PORT = 61618
 
@@ -146,16 +146,10 @@ class RStreamsClient(StreamClient):
     def next_event(self, deadline: float | None) -> object | None:
         """The next event; elements are filed in the inbox and the broker's subscriptions and requests to our
         publishers are recorded. None once the deadline passed."""
-        codec = self.codec
         while True:
-            try:
-                event = codec.next_event()
-            except ProtocolError as error:
-                raise ConnectorError(f"the broker broke the protocol: {error}") from None
+            event = self.decoded(deadline)
             if event is None:
-                if not self.read_into(codec, deadline):
-                    return None
-                continue
+                return None
             match event:
                 case rstreams.OnNext(stream, data):
                     self._file(stream, data)

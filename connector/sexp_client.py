@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from connector.core import ConnectorError
 from connector.stream import StreamClient
-from protocol import ProtocolError, sexp
+from protocol import sexp
 
 DEFAULT_PORT = 61617
 
@@ -96,16 +96,10 @@ class SexpClient(StreamClient):
     def next_event(self, deadline: float | None, *, errors: bool = True) -> object | None:
         """The next event that is not a delivery or a Ping (those are filed and answered here); None at the
         deadline. An Error raises ConnectorError unless ``errors`` is False."""
-        codec = self.codec
         while True:
-            try:
-                event = codec.next_event()
-            except ProtocolError as error:
-                raise ConnectorError(f"the broker broke the protocol: {error}") from None
+            event = self.decoded(deadline)
             if event is None:
-                if not self.read_into(codec, deadline):
-                    return None
-                continue
+                return None
             match event:
                 case sexp.Message(message_id, topic_id, body):
                     self.inbox.append(SexpMessage(self.topics.get(topic_id, b""), topic_id, message_id, body))

@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
 from connector.core import ConnectorError
+from protocol import ProtocolError
 
 E = TypeVar("E")
 
@@ -67,8 +68,22 @@ class StreamClient:
                 return event
 
     def next_event(self, deadline: float | None) -> Any:
-        """The dialect's next event, reading as needed until ``deadline``; None once it passed."""
+        """The dialect's next event after the client has acted on it (filed a delivery, answered a ping),
+        reading as needed until ``deadline``; None once it passed."""
         raise NotImplementedError
+
+    def decoded(self, deadline: float | None) -> Any:
+        """The codec's next event, reading from the socket as needed; None once ``deadline`` passed."""
+        codec = self.codec
+        while True:
+            try:
+                event = codec.next_event()
+            except ProtocolError as error:
+                raise ConnectorError(f"the broker broke the protocol: {error}") from None
+            if event is not None:
+                return event
+            if not self.read_into(codec, deadline):
+                return None
 
     def send_bytes(self, data: bytes) -> None:
         try:

@@ -415,6 +415,48 @@ def dealer(zmq_context: zmq.Context) -> Iterator[DealerFactory]:
         peer.close()
 
 
+# ------------------------------------------------------------------------------------- raw gateway peers
+
+
+class RawStream:
+    """A plain TCP socket to a gateway, for tests that write and read a dialect's bytes with code of their own
+    (never the codec under test). Subclasses parse; this keeps the bytes and the deadlines."""
+
+    def __init__(self, address: tuple[str, int], timeout: float = RECV_TIMEOUT) -> None:
+        self.sock = socket.create_connection(address, timeout=timeout)
+        self.buffer = b""
+
+    def _fill(self, size: int, deadline: float) -> bool:
+        """Read until ``size`` bytes are buffered; False if the deadline came first. EOFError when closed."""
+        while len(self.buffer) < size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self.sock.settimeout(remaining)
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                return False
+            if not data:
+                raise EOFError("the broker closed the connection")
+            self.buffer += data
+        return True
+
+    def closed_within(self, seconds: float) -> bool:
+        """True if the broker closes the connection within ``seconds`` (what it sends first is dropped)."""
+        deadline = time.monotonic() + seconds
+        try:
+            while time.monotonic() < deadline:
+                self._fill(len(self.buffer) + 1, deadline)
+                self.buffer = b""
+        except (EOFError, ConnectionResetError):
+            return True
+        return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 # ---------------------------------------------------------------------------------------- shared helpers
 
 #: Seconds a test waits for messages that should arrive at once; generous for a loaded 2-core machine.

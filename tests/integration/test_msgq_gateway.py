@@ -9,13 +9,13 @@ codec under test; :mod:`connector.msgq_client` is used where a test is about the
 
 from __future__ import annotations
 
-import socket
 import struct
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 from click.testing import CliRunner
+from conftest import RawStream
 
 from broker.server import Broker
 from broker.topics import Delivery, Persistence, TopicRule, TopicSpec
@@ -85,10 +85,9 @@ def decode(message: bytes) -> dict:
     return entries(message[4:])
 
 
-class Raw:
+class Raw(RawStream):
     def __init__(self, address: tuple[str, int]) -> None:
-        self.sock = socket.create_connection(address, timeout=WAIT)
-        self.buffer = b""
+        super().__init__(address, WAIT)
         self.held: list[dict] = []  # sends that arrived while waiting for a stats reply
 
     def send(self, fields: dict) -> None:
@@ -101,31 +100,13 @@ class Raw:
 
     def from_wire(self, timeout: float = WAIT) -> dict | None:
         deadline = time.monotonic() + timeout
-        while True:
-            if len(self.buffer) >= 4:
-                (length,) = struct.unpack(">I", self.buffer[:4])
-                if len(self.buffer) >= 4 + length:
-                    message, self.buffer = self.buffer[4 : 4 + length], self.buffer[4 + length :]
-                    return decode(message)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            self.sock.settimeout(remaining)
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                return None
-            if not data:
-                raise EOFError("closed")
-            self.buffer += data
-
-    def closed_within(self, seconds: float) -> bool:
-        try:
-            while self.receive(seconds) is not None:
-                pass
-        except (EOFError, ConnectionResetError):
-            return True
-        return False
+        if not self._fill(4, deadline):
+            return None
+        (length,) = struct.unpack(">I", self.buffer[:4])
+        if not self._fill(4 + length, deadline):
+            return None
+        message, self.buffer = self.buffer[4 : 4 + length], self.buffer[4 + length :]
+        return decode(message)
 
     def lname(self) -> bytes:
         self.send({b"type": b"getlname"})
@@ -149,8 +130,6 @@ class Raw:
                    **{k.encode(): v for k, v in extra.items()}})
         self.barrier()
 
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.fixture

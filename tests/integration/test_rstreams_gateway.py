@@ -10,12 +10,12 @@ under test; :mod:`connector.rstreams_client` is used where a test is about the d
 from __future__ import annotations
 
 import random
-import socket
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 from click.testing import CliRunner
+from conftest import RawStream
 
 from broker.server import Broker
 from broker.topics import Delivery, Persistence, TopicRule, TopicSpec
@@ -49,35 +49,18 @@ def string(text: str | bytes) -> bytes:
     return varint(len(raw)) + raw
 
 
-class Raw:
+class Raw(RawStream):
     """Writes messages from their fields and reads them back as ``(code, fields...)`` tuples."""
 
     def __init__(self, address: tuple[str, int], hello: bool = True,
                  extensions: tuple[int, ...] = (1,)) -> None:
-        self.sock = socket.create_connection(address, timeout=WAIT)
-        self.buffer = b""
-        self.sizes: dict[int, int] = {}
+        super().__init__(address, WAIT)
         if hello:
             self.send(CLIENT_HELLO, b"\x00" + varint(len(extensions)) + b"".join(map(varint, extensions)))
             assert self.read() == (SERVER_HELLO, 0, (1,))
 
     def send(self, code: int, payload: bytes = b"") -> None:
         self.sock.sendall(bytes([code]) + payload)
-
-    def _fill(self, size: int, deadline: float) -> bool:
-        while len(self.buffer) < size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self.sock.settimeout(remaining)
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                return False
-            if not data:
-                raise EOFError("closed")
-            self.buffer += data
-        return True
 
     def _varint(self, deadline: float) -> int:
         value = shift = 0
@@ -136,17 +119,6 @@ class Raw:
 
     def request(self, stream: int, demand: int) -> None:
         self.send(REQUEST, varint(stream) + varint(demand))
-
-    def closed_within(self, seconds: float) -> bool:
-        try:
-            while self.read(seconds) is not None:
-                pass
-        except (EOFError, ConnectionResetError):
-            return True
-        return False
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.fixture

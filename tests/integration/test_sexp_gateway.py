@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from click.testing import CliRunner
+from conftest import RawStream
 
 from broker.server import Broker
 from broker.topics import Delivery, Persistence, TopicRule, TopicSpec
@@ -34,33 +35,14 @@ QUEUE = TopicSpec(delivery=Delivery.ROUND_ROBIN)
 RULES = (TopicRule("log.*", LOG), TopicRule("q.*", QUEUE))
 
 
-class Raw:
+class Raw(RawStream):
     """A sexp client in a few lines: sends bytes, reads ``(type, payload)`` frames with a timeout."""
-
-    def __init__(self, address: tuple[str, int]) -> None:
-        self.sock = socket.create_connection(address, timeout=WAIT)
-        self.buffer = b""
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
     def line(self, text: str) -> None:
         self.send(text.encode() + b"\n")
-
-    def _fill(self, size: int, deadline: float) -> bool:
-        while len(self.buffer) < size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self.sock.settimeout(remaining)
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                return False
-            if not data:
-                raise EOFError("the broker closed the connection")
-            self.buffer += data
-        return True
 
     def exactly(self, size: int, timeout: float = WAIT) -> bytes:
         assert self._fill(size, time.monotonic() + timeout), f"{size} bytes did not arrive"
@@ -85,19 +67,6 @@ class Raw:
                 return False
             self.buffer = self.buffer[4 + length:]
         return True
-
-    def closed_within(self, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        try:
-            while time.monotonic() < deadline:
-                self._fill(len(self.buffer) + 1, deadline)
-                self.buffer = b""
-        except (EOFError, ConnectionResetError):
-            return True
-        return False
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def message(payload: bytes) -> tuple[int, int, bytes]:
