@@ -387,7 +387,9 @@ def test_more_elements_than_requested_is_a_protocol_error(raw: Callable[..., Raw
     assert producer.closed_within(WAIT)
 
 
-def test_offer_needs_the_extension_in_the_client_hello(broker: Broker) -> None:
+def test_an_offer_is_taken_once_the_broker_listed_the_extension(broker: Broker) -> None:
+    """The draft: a new message type may be sent once the other side's hello confirmed the extension; the
+    client listing it too is not required."""
     peer = Raw(broker.gateway_address("rstreams"), extensions=())
     peer.send(OFFER, string("t"))
     reply = peer.read()
