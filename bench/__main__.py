@@ -9,6 +9,9 @@ confirmed publishes per sync level against transient, and replay from the log ag
 
 ``python -m bench gateways [options]`` measures the TCP doors: an mc0 publisher with its subscribers on a
 gateway, against the same publisher with mc0 subscribers, same run (see ``bench/gateways.py``).
+
+``python -m bench lumberjack [options]``: events/s shipped over Lumberjack into a strong topic in batches of
+2,048, next to the same events published over mc0, same run (see ``bench/lumberjack.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import gateways
 
         return gateways.main(argv[1:])
+    if argv[:1] == ["lumberjack"]:
+        from bench import lumberjack
+
+        return lumberjack.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      epilog="python -m bench durability --help: the durability benchmark")
     parser.add_argument("--messages", type=int, default=200_000, help="messages per throughput run")

@@ -79,7 +79,8 @@ def serve_durable(port: int, data_dir: str, ready: Any) -> None:
         TopicRule(REPLAY_TOPIC.decode(), TopicSpec(persistence=persistent, sync=Sync.WEAK)),
     )
     config = BrokerConfig(bind=f"tcp://127.0.0.1:{port}", curve=False, topics=rules, data_dir=Path(data_dir),
-                          sexp="off", msgq="off", rstreams="off")
+                          sexp="off", msgq="off", rstreams="off",
+                          lumberjack="off")
     server.run(config, lambda _broker: ready.set())
 
 

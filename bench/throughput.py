@@ -95,7 +95,7 @@ def serve_mc0(port: int, mode: str, ready: Any, sexp: str = "off", msgq: str = "
     delivery = Delivery.BROADCAST if mode == "broadcast" else Delivery.ROUND_ROBIN
     config = BrokerConfig(
         bind=f"tcp://127.0.0.1:{port}", curve=False, topics=(TopicRule("*", TopicSpec(delivery=delivery)),),
-        sexp=sexp, msgq=msgq, rstreams=rstreams,
+        sexp=sexp, msgq=msgq, rstreams=rstreams, lumberjack="off",
     )
     server.run(config, lambda _broker: ready.set())
 

@@ -21,6 +21,8 @@ DEFAULT_SEXP = "127.0.0.1:61617"
 DEFAULT_MSGQ = "127.0.0.1:9912"
 #: The reactive-streams gateway's default address: loopback, the mc0 port plus two (the draft names none).
 DEFAULT_RSTREAMS = "127.0.0.1:61618"
+#: The Lumberjack gateway's default address: loopback, the Beats port.
+DEFAULT_LUMBERJACK = "127.0.0.1:5044"
 #: A gateway address that turns the gateway off.
 OFF = "off"
 #: Relative to the broker's working directory; created only when the first persistent topic is opened.
@@ -53,6 +55,12 @@ class BrokerConfig:
     msgq_max_message: int = 64 * 1024  # bytes in one msgq message (the dialect's cap), both ways
     rstreams: str = DEFAULT_RSTREAMS  # HOST:PORT of the reactive-streams gateway, or "off"
     rstreams_part_size: int = 64 * 1024  # elements larger than this are sent split into parts
+    lumberjack: str = DEFAULT_LUMBERJACK  # HOST:PORT of the Lumberjack gateway, or "off"
+    lumberjack_topic: str = "logs"  # the topic events go to
+    lumberjack_topic_field: str = ""  # a field path ("fields.topic"): its string value names the topic
+    lumberjack_tls_cert: str = ""  # PEM certificate (chain) and key: TLS on the Lumberjack port when set
+    lumberjack_tls_key: str = ""
+    lumberjack_tls_client_ca: str = ""  # PEM CA bundle: clients must present a certificate it signed
 
     @property
     def allowlist_dir(self) -> Path:
@@ -76,10 +84,12 @@ _BROKER_KEYS = {
     "pending_limit": int, "max_message_size": int, "send_hwm": int, "recv_hwm": int, "log_level": str,
     "data_dir": str, "weak_sync_interval": (int, float), "retention_interval": (int, float),
     "sexp": str, "sexp_ping_interval": (int, float), "msgq": str, "msgq_max_message": int,
-    "rstreams": str, "rstreams_part_size": int,
+    "rstreams": str, "rstreams_part_size": int, "lumberjack": str, "lumberjack_topic": str,
+    "lumberjack_topic_field": str, "lumberjack_tls_cert": str, "lumberjack_tls_key": str,
+    "lumberjack_tls_client_ca": str,
 }
 #: Keys holding a gateway's HOST:PORT (or "off").
-GATEWAYS = ("sexp", "msgq", "rstreams")
+GATEWAYS = ("sexp", "msgq", "rstreams", "lumberjack")
 
 #: Numbers that make no sense at zero or below: a zero tick would spin the loop, a zero limit drop everything,
 #: and a zero high-water mark means "unbounded" to ZeroMQ, which breaks the promise of bounded memory.

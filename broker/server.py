@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +22,9 @@ import zmq
 import zmq.asyncio
 
 from broker import auth
-from broker.config import BrokerConfig
+from broker.config import BrokerConfig, ConfigError
 from broker.engine import Engine
+from broker.gateways.lumberjack import LumberjackConnection, LumberjackOptions, field_path
 from broker.gateways.msgq import MsgqConnection, MsgqOptions
 from broker.gateways.rstreams import RStreamsConnection, RStreamsOptions
 from broker.gateways.sexp import SexpConnection, SexpOptions
@@ -91,7 +93,36 @@ def _gateways(config: BrokerConfig, hub: Hub) -> dict[str, Gateway]:
             options=RStreamsOptions(max_message=config.max_message_size, part_size=config.rstreams_part_size,
                                     buffer=config.pending_limit),
         )
+    shipping = config.gateway_address("lumberjack")
+    if shipping is not None:
+        if not config.lumberjack_topic:
+            raise ConfigError("lumberjack_topic must name a topic")
+        # Ticks every second: v2 keepalives are due at most every 5 s while a batch waits.
+        gateways["lumberjack"] = Gateway(
+            "lumberjack", hub, LumberjackConnection, host=shipping[0], port=shipping[1], tick=1.0,
+            pending_limit=config.pending_limit, ssl_context=_lumberjack_tls(config),
+            options=LumberjackOptions(topic=config.lumberjack_topic.encode(),
+                                      topic_field=field_path(config.lumberjack_topic_field),
+                                      max_frame=config.max_message_size),
+        )
     return gateways
+
+
+def _lumberjack_tls(config: BrokerConfig) -> ssl.SSLContext | None:
+    """TLS for the Lumberjack port when a certificate is configured; client certificates when a CA is."""
+    if not config.lumberjack_tls_cert:
+        if config.lumberjack_tls_key or config.lumberjack_tls_client_ca:
+            raise ConfigError("lumberjack TLS needs lumberjack_tls_cert (and lumberjack_tls_key)")
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.lumberjack_tls_cert, config.lumberjack_tls_key or None)
+        if config.lumberjack_tls_client_ca:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(config.lumberjack_tls_client_ca)
+    except (OSError, ssl.SSLError) as error:
+        raise ConfigError(f"lumberjack TLS: {error}") from None
+    return context
 
 
 def _router_socket(context: zmq.asyncio.Context, config: BrokerConfig) -> zmq.asyncio.Socket:

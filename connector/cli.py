@@ -21,6 +21,7 @@ import zmq
 from connector.client import DEFAULT_ENDPOINT, Client
 from connector.core import REPLAY_WORDS, ConnectorError, Message
 from connector.keys import KeyFileError
+from connector.lumberjack_client import DEFAULT_PORT as LUMBERJACK_PORT
 from connector.msgq_client import DEFAULT_PORT as MSGQ_PORT
 from connector.rstreams_client import DEFAULT_PORT as RSTREAMS_PORT
 from connector.sexp_client import DEFAULT_PORT as SEXP_PORT
@@ -89,13 +90,15 @@ def _connect(endpoint: str, keys_dir: Path, no_curve: bool, **options: Any) -> C
               help="msgq gateway address, or off [default: 127.0.0.1:9912].")
 @click.option("--rstreams", metavar="HOST:PORT|off",
               help="reactive-streams gateway address, or off [default: 127.0.0.1:61618].")
+@click.option("--lumberjack", metavar="HOST:PORT|off",
+              help="Lumberjack gateway address, or off [default: 127.0.0.1:5044].")
 @click.option("--no-curve", is_flag=True, help="Plaintext, any client admitted: development only.")
 @click.option("--allow-any-client", is_flag=True, help="CURVE encryption without the client allow-list.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               help="Logging level [default: INFO].")
 def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, data_dir: Path | None,
-           sexp: str | None, msgq: str | None, rstreams: str | None, no_curve: bool,
-           allow_any_client: bool, log_level: str | None) -> None:
+           sexp: str | None, msgq: str | None, rstreams: str | None, lumberjack: str | None,
+           no_curve: bool, allow_any_client: bool, log_level: str | None) -> None:
     """Run the broker until SIGINT or SIGTERM."""
     from broker import config as broker_config
     from broker import server
@@ -103,7 +106,7 @@ def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, da
     config = broker_config.load(config_file).replace(
         bind=bind, keys_dir=keys_dir, data_dir=data_dir, log_level=log_level.upper() if log_level else None,
         curve=False if no_curve else None, allow_any_client=True if allow_any_client else None, sexp=sexp,
-        msgq=msgq, rstreams=rstreams,
+        msgq=msgq, rstreams=rstreams, lumberjack=lumberjack,
     )
     for name in broker_config.GATEWAYS:
         config.gateway_address(name)  # a malformed address is a one-line error before anything starts
@@ -507,6 +510,57 @@ def rstreams_pub(topic: str, message: str | None, address: tuple[str, int]) -> N
             client.publish(topic, body)
             sent += 1
     click.echo(f"published {sent} element(s) to {topic}", err=True)
+
+
+# ------------------------------------------------------------------------------------------------ lumberjack
+
+
+@main.group()
+def lumberjack() -> None:
+    """Ship log lines into the broker over Lumberjack, the Beats protocol (seed 004)."""
+
+
+@lumberjack.command("ship")
+@click.argument("source", type=click.File("rb"), default="-")
+@click.option("--broker", "address", type=_Address(), default=f"127.0.0.1:{LUMBERJACK_PORT}",
+              show_default=True, help="The broker's Lumberjack gateway.")
+@click.option("--batch", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="Events per window; each batch waits for the broker's ack.")
+@click.option("--field", "-f", "field_pairs", multiple=True, metavar="K=V",
+              help="A field added to every event (repeatable), e.g. -f host=web1.")
+@click.option("--protocol", "version", type=click.Choice(["1", "2"]), default="2", show_default=True,
+              help="1: string maps (logstash-forwarder); 2: JSON (Beats).")
+@click.option("--no-compress", is_flag=True, help="Plain frames instead of one compressed frame per batch.")
+@click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False),
+              help="Verify the broker against this CA.")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Client certificate (PEM).")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="Client certificate key (PEM).")
+def lumberjack_ship(source: Any, address: tuple[str, int], batch: int, field_pairs: tuple[str, ...],
+                    version: str, no_compress: bool, tls_ca: str | None, tls_cert: str | None,
+                    tls_key: str | None) -> None:
+    """Ship each line of SOURCE (a file, or - for stdin) as an event {"message": line, ...fields}."""
+    import ssl
+
+    from connector.lumberjack_client import LumberjackClient
+
+    extra = {key: value for key, value in (pair.partition("=")[::2] for pair in field_pairs)}
+    tls = None
+    if tls_ca or tls_cert:
+        tls = ssl.create_default_context(cafile=tls_ca)
+        if tls_cert:
+            tls.load_cert_chain(tls_cert, tls_key)
+    shipped = 0
+    with LumberjackClient(*address, version=int(version), tls=tls) as client:
+        events: list[dict[str, Any]] = []
+        for line in source:
+            events.append({"message": line.rstrip(b"\r\n").decode("utf-8", "replace"), **extra})
+            if len(events) == batch:
+                client.send_batch(events, compress=not no_compress)
+                shipped += len(events)
+                events = []
+        client.send_batch(events, compress=not no_compress)
+        shipped += len(events)
+    click.echo(f"shipped {shipped} event(s), every one acknowledged", err=True)
 
 
 # ----------------------------------------------------------------------------------------- declare, topics

@@ -8,6 +8,7 @@ A dialect client (:mod:`connector.sexp_client`, :mod:`connector.msgq_client`) su
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 from collections import deque
 from types import TracebackType
@@ -35,13 +36,22 @@ class StreamClient:
     """One TCP connection to a broker gateway. ``timeout`` bounds connecting and each wait for a reply;
     receiving a delivery waits as long as its caller says."""
 
-    def __init__(self, host: str, port: int, timeout: float) -> None:
+    def __init__(self, host: str, port: int, timeout: float, *, tls: ssl.SSLContext | None = None,
+                 server_hostname: str | None = None) -> None:
         self.timeout = timeout
         self.inbox: deque[Any] = deque()  # deliveries, filed by next_event()
         try:
-            self.sock = socket.create_connection((host, port), timeout=timeout)
+            sock = socket.create_connection((host, port), timeout=timeout)
         except OSError as error:
             raise ConnectorError(f"cannot connect to {host}:{port}: {error.strerror or error}") from None
+        if tls is None:
+            self.sock = sock
+            return
+        try:
+            self.sock = tls.wrap_socket(sock, server_hostname=server_hostname or host)
+        except (OSError, ssl.SSLError) as error:
+            sock.close()
+            raise ConnectorError(f"TLS with {host}:{port} failed: {error}") from None
 
     codec: Any  # the dialect's sans-IO client codec, set by the subclass
 

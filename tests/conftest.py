@@ -40,7 +40,7 @@ LOOPBACK = "tcp://127.0.0.1:*"
 GATEWAY_LOOPBACK = "127.0.0.1:0"
 #: BrokerConfig settings that keep a test broker's gateways off the fixed default ports (two brokers, or a
 #: broker running on the machine, would collide there).
-FREE_GATEWAY_PORTS = {name: GATEWAY_LOOPBACK for name in ("sexp", "msgq", "rstreams")}
+FREE_GATEWAY_PORTS = {name: GATEWAY_LOOPBACK for name in ("sexp", "msgq", "rstreams", "lumberjack")}
 #: How long a receive waits for something that should arrive (generous: a loaded CI machine is slow).
 RECV_TIMEOUT = 2.0
 #: How long we listen to be sure that nothing more arrives.
@@ -116,8 +116,8 @@ def start_broker(tmp_path: Path) -> Iterator[BrokerFactory]:
     with CURVE on, missing keys are created there the way the broker does on first run), ``heartbeat_tick``,
     ``topics`` (a tuple of :class:`TopicRule`), ``data_dir`` (default ``tmp_path/data``, shared by every
     broker of the test, so a second broker restarts on the first one's logs), ``bind`` (default a free
-    loopback port), ``sexp``, ``msgq`` and ``rstreams`` (default a free loopback port each; ``"off"`` turns a
-    gateway off), and any other :class:`BrokerConfig` field.
+    loopback port), ``sexp``, ``msgq``, ``rstreams`` and ``lumberjack`` (default a free loopback port each;
+    ``"off"`` turns a gateway off), and any other :class:`BrokerConfig` field.
     """
     running: list[BrokerThread] = []
 
@@ -133,6 +133,7 @@ def start_broker(tmp_path: Path) -> Iterator[BrokerFactory]:
         sexp: str = GATEWAY_LOOPBACK,
         msgq: str = GATEWAY_LOOPBACK,
         rstreams: str = GATEWAY_LOOPBACK,
+        lumberjack: str = GATEWAY_LOOPBACK,
         **overrides: Any,
     ) -> Broker:
         config = BrokerConfig(
@@ -140,6 +141,7 @@ def start_broker(tmp_path: Path) -> Iterator[BrokerFactory]:
             sexp=sexp,
             msgq=msgq,
             rstreams=rstreams,
+            lumberjack=lumberjack,
             data_dir=data_dir if data_dir is not None else tmp_path / "data",
             keys_dir=keys_dir if keys_dir is not None else tmp_path / "keys",
             curve=curve,

@@ -6,7 +6,9 @@ in the store's unit tests; a process exit alone cannot show it).
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import pytest
 import zmq
 from conftest import free_port
 
+from connector.lumberjack_client import LumberjackClient
 from protocol import mc0
 
 START_TIMEOUT = 20.0
@@ -25,11 +28,12 @@ START_TIMEOUT = 20.0
 WINDOW = 200
 
 
-def write_config(tmp_path: Path, port: int, sync: str) -> Path:
+def write_config(tmp_path: Path, port: int, sync: str, lumberjack: str = "off") -> Path:
     path = tmp_path / "mc0.toml"
     path.write_text(
         f'[broker]\nbind = "tcp://127.0.0.1:{port}"\ncurve = false\ndata_dir = "{tmp_path / "data"}"\n'
-        f'log_level = "warning"\nsexp = "127.0.0.1:0"\nmsgq = "off"\nrstreams = "off"\n\n'
+        f'log_level = "warning"\nsexp = "127.0.0.1:0"\nmsgq = "off"\nrstreams = "off"\n'
+        f'lumberjack = "{lumberjack}"\nlumberjack_topic = "crash.logs"\n\n'
         f'[[topics]]\npattern = "crash.*"\npersistence = "persistent"\nsync = "{sync}"\n'
         "segment_bytes = 65536\n",  # several segments: recovery crosses sealed ones
         encoding="utf-8",
@@ -215,3 +219,35 @@ def test_sigterm_stops_cleanly_with_every_weak_message_stored(
     broker.start()
     stored = broker.read_all(b"crash.weak")
     assert [body for _, body in stored] == [b"w%d" % n for n in range(500)] + [b"last"]
+
+
+def test_a_killed_broker_never_acked_a_lumberjack_event_it_did_not_store(tmp_path: Path) -> None:
+    """Lumberjack acks promise storage: ship batches to a strong topic, SIGKILL the broker while a batch is in
+    flight, restart, and find every acknowledged event stored exactly once, in order."""
+    port, shipping = free_port(), free_port()
+    config = write_config(tmp_path, port, "strong", lumberjack=f"127.0.0.1:{shipping}")
+    context = zmq.Context()
+    process = spawn(config)
+    try:
+        wait_until_serving(context, port, process)
+        acked = 0
+        batches = random.randint(3, 12)
+        with LumberjackClient("127.0.0.1", shipping, timeout=10.0) as client:
+            for _ in range(batches):
+                client.send_batch([{"n": acked + i} for i in range(200)])
+                acked += 200
+            # One more batch, unacknowledged: the kill lands while it is read, stored or answered.
+            numbered = [(i + 1, {"n": acked + i}) for i in range(200)]
+            codec = client.codec
+            client.send_bytes(codec.send_window(200) + codec.send_events(numbered, compress=True))
+            time.sleep(random.uniform(0, 0.02))
+            process.kill()
+            process.wait(10)
+        process = spawn(config)
+        wait_until_serving(context, port, process)
+        stored = [json.loads(body)["n"] for _, body in read_all(context, port, b"crash.logs")]
+        assert stored[:acked] == list(range(acked)), "every acknowledged event, once and in order"
+        assert stored == list(range(len(stored))), "and nothing twice or out of order after them"
+    finally:
+        stop(process)
+        context.term()

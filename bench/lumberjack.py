@@ -1,0 +1,112 @@
+"""``python -m bench lumberjack``: events per second shipped over Lumberjack into a strong topic, next to the
+same events published over mc0 into the same kind of topic, in the same run.
+
+Both sides send the same JSON events (about 100 bytes each) to a persistent topic with ``sync = "strong"``,
+each from its own process, against one broker process:
+
+* **lumberjack**: the connector's ``LumberjackClient`` (v2, compressed), batches of 2,048 events, each
+  batch waiting for the broker's ack — which the broker sends only once the batch is fsynced.
+* **mc0**: ``connector.Client`` publishing the same events without waiting, then one confirmed publish: its
+  OK means everything before it is fsynced too.
+
+The figure is events per second from the first send to the last acknowledgement, median of ``--repeat``
+runs, interleaved, with the ratio lumberjack / mc0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.throughput import _free_pair
+
+BATCH = 2048
+
+
+def serve(port: int, data_dir: str, ready: Any) -> None:
+    import logging
+
+    from broker import server
+    from broker.config import BrokerConfig
+    from broker.topics import Persistence, Sync, TopicRule, TopicSpec
+
+    logging.basicConfig(level=logging.ERROR)
+    rules = (TopicRule("*", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG)),)
+    config = BrokerConfig(bind=f"tcp://127.0.0.1:{port}", curve=False, topics=rules, data_dir=Path(data_dir),
+                          sexp="off", msgq="off", rstreams="off", lumberjack=f"127.0.0.1:{port + 1}",
+                          lumberjack_topic="shipped")
+    server.run(config, lambda _broker: ready.set())
+
+
+def event(n: int) -> dict[str, Any]:
+    return {"message": f"GET /index.html 200 {n:08d}", "host": "web1", "level": "info"}
+
+
+def ship(port: int, count: int, results: Any) -> None:
+    from connector.lumberjack_client import LumberjackClient
+
+    events = [event(n) for n in range(count)]
+    with LumberjackClient("127.0.0.1", port + 1) as client:
+        start = time.perf_counter()
+        for first in range(0, count, BATCH):
+            client.send_batch(events[first : first + BATCH])
+        results.put(time.perf_counter() - start)
+
+
+def publish(port: int, count: int, results: Any) -> None:
+    from connector import Client
+
+    bodies = [json.dumps(event(n), separators=(",", ":")).encode() for n in range(count)]
+    with Client(f"tcp://127.0.0.1:{port}", curve=False, timeout=120) as client:
+        start = time.perf_counter()
+        for body in bodies[:-1]:
+            client.publish("published", body)
+        client.publish("published", bodies[-1], confirm=True)
+        results.put(time.perf_counter() - start)
+
+
+def run_once(kind: str, count: int) -> float:
+    spawn = mp.get_context("spawn")
+    port = _free_pair()
+    ready = spawn.Event()
+    with tempfile.TemporaryDirectory() as data_dir:
+        broker = spawn.Process(target=serve, args=(port, data_dir, ready), daemon=True)
+        broker.start()
+        try:
+            if not ready.wait(30):
+                raise RuntimeError("the broker did not start")
+            results = spawn.Queue()
+            sender = spawn.Process(target=ship if kind == "lumberjack" else publish,
+                                   args=(port, count, results), daemon=True)
+            sender.start()
+            seconds = results.get(timeout=600)
+            sender.join(30)
+        finally:
+            broker.terminate()
+            broker.join(10)
+    return count / seconds
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench lumberjack", description=__doc__)
+    parser.add_argument("--events", type=int, default=200_000, help="events per run")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
+    args = parser.parse_args(argv)
+    print(f"python {platform.python_version()}, {args.events:,} events of about 100 bytes into a strong "
+          f"topic, batches of {BATCH}, median of {args.repeat}")
+    rates: dict[str, list[float]] = {"lumberjack": [], "mc0": []}
+    for _ in range(args.repeat):
+        for kind in rates:
+            rates[kind].append(run_once(kind, args.events))
+    shipped, published = statistics.median(rates["lumberjack"]), statistics.median(rates["mc0"])
+    print(f"{'lumberjack events/s':<24}{shipped:>12,.0f}")
+    print(f"{'mc0 events/s':<24}{published:>12,.0f}")
+    print(f"{'lumberjack / mc0':<24}{shipped / published:>12.2f}")
+    return 0
