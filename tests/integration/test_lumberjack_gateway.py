@@ -29,6 +29,8 @@ from broker.topics import Persistence, Sync, TopicRule, TopicSpec
 from connector import Client, ConnectorError
 from connector.cli import main
 from connector.lumberjack_client import LumberjackClient
+from connector.msgq_client import MsgqClient
+from connector.rstreams_client import RStreamsClient
 from connector.sexp_client import SexpClient
 
 WAIT = 5.0
@@ -202,13 +204,22 @@ def test_the_topic_can_come_from_a_field(start_broker: Callable[..., Broker]) ->
 
 
 def test_shipped_events_are_read_over_the_other_doors_and_replayed(broker: Broker) -> None:
-    with SexpClient(*broker.gateway_address("sexp")) as sexp:
+    with SexpClient(*broker.gateway_address("sexp")) as sexp, \
+            MsgqClient(*broker.gateway_address("msgq")) as msgq, \
+            RStreamsClient(*broker.gateway_address("rstreams")) as rstreams:
         sexp.subscribe("logs")
+        msgq.subscribe("logs")
+        rstreams.subscribe("logs", demand=10, ids=True)
         with LumberjackClient(*broker.gateway_address("lumberjack")) as shipper:
             shipper.send_batch([{"message": "hello"}, {"message": "world"}])
+        expected = [(1, "hello"), (2, "world")]
         got = [sexp.receive(timeout=WAIT) for _ in range(2)]
-        assert [(m.id, json.loads(m.body)["message"]) for m in got if m] == [(1, "hello"), (2, "world")]
-    assert [e["message"] for e in stored(broker)] == ["hello", "world"]
+        assert [(m.id, json.loads(m.body)["message"]) for m in got if m] == expected
+        sends = [msgq.receive(timeout=WAIT) for _ in range(2)]
+        assert [(int(s.extra[b"msgid"]), json.loads(s.msg)["message"]) for s in sends if s] == expected
+        elements = [rstreams.receive(timeout=WAIT) for _ in range(2)]
+        assert [(e.id, json.loads(e.data)["message"]) for e in elements if e] == expected
+    assert [e["message"] for e in stored(broker)] == ["hello", "world"], "and replayed from the log over mc0"
 
 
 # -------------------------------------------------------------------------------------------------- TLS
