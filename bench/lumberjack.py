@@ -4,8 +4,8 @@ same events published over mc0 into the same kind of topic, in the same run.
 Both sides send the same JSON events (about 100 bytes each) to a persistent topic with ``sync = "strong"``,
 each from its own process, against one broker process:
 
-* **lumberjack**: the connector's ``LumberjackClient`` (v2, compressed), batches of 2,048 events, each
-  batch waiting for the broker's ack — which the broker sends only once the batch is fsynced.
+* **lumberjack**: the connector's ``LumberjackClient`` (v2, compressed), batches of 2,048 events with two
+  batches in flight as Beats keep them, each acknowledged by the broker only once it is fsynced.
 * **mc0**: ``connector.Client`` publishing the same events without waiting, then one confirmed publish: its
   OK means everything before it is fsynced too.
 
@@ -55,8 +55,7 @@ def ship(port: int, count: int, results: Any) -> None:
     events = [event(n) for n in range(count)]
     with LumberjackClient("127.0.0.1", port + 1) as client:
         start = time.perf_counter()
-        for first in range(0, count, BATCH):
-            client.send_batch(events[first : first + BATCH])
+        client.send_batches(events[first : first + BATCH] for first in range(0, count, BATCH))
         results.put(time.perf_counter() - start)
 
 

@@ -549,17 +549,17 @@ def lumberjack_ship(source: Any, address: tuple[str, int], batch: int, field_pai
         tls = ssl.create_default_context(cafile=tls_ca)
         if tls_cert:
             tls.load_cert_chain(tls_cert, tls_key)
-    shipped = 0
-    with LumberjackClient(*address, version=int(version), tls=tls) as client:
+    def batches() -> Iterator[list[dict[str, Any]]]:
         events: list[dict[str, Any]] = []
         for line in source:
             events.append({"message": line.rstrip(b"\r\n").decode("utf-8", "replace"), **extra})
             if len(events) == batch:
-                client.send_batch(events, compress=not no_compress)
-                shipped += len(events)
+                yield events
                 events = []
-        client.send_batch(events, compress=not no_compress)
-        shipped += len(events)
+        yield events
+
+    with LumberjackClient(*address, version=int(version), tls=tls) as client:
+        shipped = client.send_batches(batches(), compress=not no_compress)
     click.echo(f"shipped {shipped} event(s), every one acknowledged", err=True)
 
 

@@ -59,7 +59,7 @@ import json
 import struct
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from protocol.errors import ProtocolError
@@ -105,6 +105,9 @@ class Event:
     version: int  # V1 or V2: the frame's version byte
     seq: int
     fields: dict[str, Any]
+    # J frames: the JSON document as it came (decoded as UTF-8), so a reader can keep it without encoding the
+    # fields again. Not part of equality: the same fields may be written in more than one way.
+    text: str = field(default="", compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,7 +330,7 @@ class ServerConnection:
             if not isinstance(fields, dict):
                 raise ProtocolError(f"the JSON document of frame seq {seq} must be an object, not "
                                     f"{type(fields).__name__}")
-            return Event(version, seq, fields)
+            return Event(version, seq, fields, text)
         if kind == _DATA:
             seq, count = _TWO_U32.unpack_from(data, pos + 2)
             at = pos + _LONG_HEADER

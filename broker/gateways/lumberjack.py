@@ -60,7 +60,7 @@ class LumberjackConnection(Connection):
             self.hold(self.window.window(event, now))
             return
         try:
-            self.engine.publish(self.topic_of(event.fields), _body(event.fields), {}, self.hub.wall_ms())
+            self.engine.publish(self.topic_of(event.fields), _body(event), {}, self.hub.wall_ms())
         except EngineError as error:
             raise ProtocolError(f"event {event.seq} refused: {error}") from None
         self.gateway.counters["events"] += 1
@@ -97,5 +97,8 @@ class LumberjackConnection(Connection):
         raise AssertionError("a Lumberjack connection only writes; it subscribes to nothing")
 
 
-def _body(fields: dict[str, Any]) -> bytes:
-    return json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
+def _body(event: lumberjack.Event) -> bytes:
+    """The event as a JSON object: a J frame's own text, a D frame's string map encoded."""
+    if event.text:
+        return event.text.encode()
+    return json.dumps(event.fields, ensure_ascii=False, separators=(",", ":")).encode()

@@ -289,3 +289,19 @@ def test_the_cli_ships_lines(broker: Broker) -> None:
     assert result.exit_code == 0, result.output
     assert "shipped 3 event(s)" in result.output
     assert stored(broker) == [{"message": m, "host": "web1"} for m in "abc"]
+
+
+def test_two_batches_in_flight_like_beats_and_the_json_kept_as_sent(broker: Broker, raw: Callable) -> None:
+    with LumberjackClient(*broker.gateway_address("lumberjack")) as client:
+        shipped = client.send_batches(([{"n": b * 10 + i} for i in range(10)] for b in range(5)), in_flight=2)
+    assert shipped == 50
+    assert [e["n"] for e in stored(broker)] == list(range(50)), "every batch acked, stored once, in order"
+    peer = raw()
+    text = '{ "message" : "spaced",  "n": 1 }'
+    peer.send(window(b"2", 1) + b"2J" + struct.pack(">II", 1, len(text)) + text.encode())
+    assert peer.ack() == (b"2", 1)
+    with Client(broker.endpoint, curve=False, timeout=WAIT) as client:
+        client.subscribe("logs", replay=51)
+        message = client.receive(timeout=WAIT)
+    assert message is not None
+    assert message.body == text.encode(), "a J frame's JSON is the body as it came, not re-encoded"
