@@ -12,6 +12,9 @@ gateway, against the same publisher with mc0 subscribers, same run (see ``bench/
 
 ``python -m bench lumberjack [options]``: events/s shipped over Lumberjack into a strong topic in batches of
 2,048, next to the same events published over mc0, same run (see ``bench/lumberjack.py``).
+
+``python -m bench spark [options]``: a topic of 1,000,000 messages counted by Spark through the ``mc0`` data
+source, next to the connector reading it in one process, same run (see ``bench/spark.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import lumberjack
 
         return lumberjack.main(argv[1:])
+    if argv[:1] == ["spark"]:
+        from bench import spark
+
+        return spark.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      epilog="python -m bench durability --help: the durability benchmark")
     parser.add_argument("--messages", type=int, default=200_000, help="messages per throughput run")

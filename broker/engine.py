@@ -52,6 +52,11 @@ PUMP_BUDGET = 16_384
 READ_CHUNK = 2048
 READ_CHUNK_BYTES = 1 << 20
 
+#: The most one :meth:`Engine.fetch` returns, whatever it is asked: every door's range read stays bounded
+#: (mc0's FETCH documents the same caps, docs/mc0.md).
+FETCH_MAX_MESSAGES = 10_000
+FETCH_MAX_BYTES = 16 << 20
+
 REPLAY_BEGINNING = "beginning"
 REPLAY_CURRENT = "current"
 
@@ -626,6 +631,54 @@ class Engine:
             topic = subscription.topic
             if topic.round_robin and (topic.backlog or topic.log is not None):
                 self._refill(topic)
+
+    # ------------------------------------------------------------------------------------------ range reads
+
+    def fetch(
+        self, name: bytes, start: int | None, max_messages: int, max_bytes: int
+    ) -> tuple[int, int, list[Message]]:
+        """Stored messages of the persistent topic ``name`` from ``start`` on: ``(first_id, next_id,
+        messages)``.
+
+        ``first_id`` is the oldest stored id, ``next_id`` one past the newest; ``messages`` are in id order
+        from ``max(start, first_id)`` (``start`` None: from ``first_id``), at most ``max_messages`` of them
+        with bodies totalling at most ``max_bytes``, except that the first message there is always returned
+        (a body larger than ``max_bytes`` is still readable). Both bounds are lowered to FETCH_MAX_MESSAGES
+        and FETCH_MAX_BYTES; ``max_messages`` 0 asks for the two ids only. A read changes nothing: it takes no
+        subscription, moves no queue position and acks nothing.
+
+        Call it after :meth:`commit`, never between a publish and the commit of its turn: the log serves only
+        what was written, and ``next_id`` must not promise more. A topic that does not exist yet but that its
+        configuration rule makes persistent is an empty log (it is not created by reading it); a transient
+        topic, or a name that would be one, has no log: EngineError.
+        """
+        if not name:
+            raise EngineError("topic names must not be empty")
+        topic = self.topics.get(name)
+        if topic is None:
+            if not self.rules.spec_for(name).persistent:
+                raise EngineError(f"topic {_shown(name)} does not exist and would be transient: there is no "
+                                  "log to fetch from")
+            if self.store is None:
+                raise EngineError(f"topic {_shown(name)} is configured persistent but the broker has no "
+                                  "store")
+            return FIRST_MESSAGE_ID, FIRST_MESSAGE_ID, []
+        log = topic.log
+        if log is None:
+            raise EngineError(f"topic {_shown(name)} is transient: there is no log to fetch from (fetch "
+                              "reads persistent topics)")
+        if topic.dirty:
+            # A shell bug, refused rather than answered: messages appended but not yet committed are not
+            # readable, so next_id would run ahead of what a reader can fetch.
+            raise EngineError(f"topic {_shown(name)} has uncommitted messages: fetch runs after the commit")
+        first_id = log.first_id
+        next_id = topic.next_id
+        if start is None or start < first_id:
+            start = first_id
+        max_messages = min(max_messages, FETCH_MAX_MESSAGES)
+        if max_messages <= 0 or start >= next_id:
+            return first_id, next_id, []
+        return first_id, next_id, log.read(start, max_messages, max(0, min(max_bytes, FETCH_MAX_BYTES)))
 
     # ------------------------------------------------------------------------------------- logs: the turn
 

@@ -9,6 +9,13 @@ produced, batched per client. So an OK for a persistent PUT is only sent once it
 and nothing is delivered before it is as durable as its topic promises. Batching per turn is what lets one
 Python process keep up with C brokers, and what makes one fsync cover many messages.
 
+A FETCH reads a persistent topic's log, so it is answered in the same step as the other replies, after the
+commit: its reply is built when its turn in its client's reply order comes (:class:`_FetchReply` holds the
+place), never from data the turn has not yet written. Building is bounded per turn (``FETCH_TURN_BYTES`` and
+``FETCH_TURN_MESSAGES``): the rest wait, in order with every later reply to their clients, for the next turn,
+which comes after the socket has been read again, so a crowd of readers cannot hold the loop, or gigabytes,
+for long.
+
 Sends use ``ROUTER_MANDATORY`` so that a message to a vanished peer raises instead of vanishing: the peer's
 session and subscriptions are then dropped. A peer whose pipe is full (``EAGAIN``) keeps its deliveries
 pending (bounded by the engine): sessions are *polled* outlets, retried on the hub's backing-off timer.
@@ -21,6 +28,7 @@ import errno
 import json
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -41,8 +49,27 @@ MAX_STALLED_REPLIES = 10_000
 BATCH_MAX_MESSAGES = 1024
 BATCH_MAX_BYTES = 1 << 20
 
+#: What FETCH replies may read per turn: body bytes (two replies at the 16 MiB cap) and messages (the order of
+#: the engine's log-reading budget per turn, so fetches and replay get similar shares of the loop). The reply
+#: that crosses a bound is still built; the ones after it wait for the next turn, which comes once the socket
+#: has been read again. So each turn answers at least one FETCH, and none holds the loop for long.
+FETCH_TURN_BYTES = 32 << 20
+FETCH_TURN_MESSAGES = 16_384
+
 #: Weakest first: a batch over several topics promises what its weakest topic achieved.
 DURABILITY_RANK = {b"memory": 0, b"written": 1, b"fsync": 2}
+
+
+@dataclass(slots=True)
+class _FetchReply:
+    """The place of a FETCH's reply in its client's reply order, until the reply is built (after a commit)."""
+
+    event: mc0.Fetch
+    delimiter: bool  # the client's framing when it asked
+
+
+#: What waits to be sent to a client: encoded frames, or a FETCH reply still to be read from the log.
+Reply = mc0.Frames | _FetchReply
 
 
 class RouterShell:
@@ -71,9 +98,16 @@ class RouterShell:
         self.tick = tick
         self.monotonic = hub.monotonic
         self.wall_ms = hub.wall_ms
-        self.replies: list[tuple[Session, mc0.Frames]] = []
-        self.stalled: set[Session] = set()  # clients with replies waiting for room in their pipe
-        self.counters = {"commands": 0, "errors": 0, "expired": 0, "unreachable": 0, "blocked": 0}
+        self.replies: list[tuple[Session, Reply]] = []
+        # Clients with replies waiting for room in their pipe (or, for FETCH replies, for a later turn). Their
+        # ``stalled`` queues hold Reply items: frames, or _FetchReply places not yet built.
+        self.stalled: set[Session] = set()
+        # What FETCH replies may still read this turn (see FETCH_TURN_BYTES), and whether some had to wait.
+        self.fetch_bytes = FETCH_TURN_BYTES
+        self.fetch_messages = FETCH_TURN_MESSAGES
+        self.fetch_deferred = False
+        self.counters = {"commands": 0, "errors": 0, "expired": 0, "unreachable": 0, "blocked": 0,
+                         "fetches": 0}
 
     # ----------------------------------------------------------------------------------------------- the loop
 
@@ -207,6 +241,11 @@ class RouterShell:
                 if command_id is not None:
                     self.ok(session, command_id)
                 self.drop(session, "disconnected")
+            case mc0.Fetch(id=command_id):
+                if command_id is None:  # the codec refuses it too; a door handing us events might not
+                    raise ProtocolError("FETCH needs an ID to answer to")
+                # Answered after the commit (answer()), in this reply's place: see _FetchReply.
+                self.replies.append((session, _FetchReply(event, session.delimiter)))
             case mc0.Stats(command_id):
                 if command_id is None:
                     raise ProtocolError("STATS needs an ID to answer to")
@@ -245,7 +284,14 @@ class RouterShell:
 
     def answer(self, now: float) -> bool:
         """The hub's second step, after the commit: this turn's replies. True if some wait for a full pipe."""
+        self.fetch_bytes = FETCH_TURN_BYTES
+        self.fetch_messages = FETCH_TURN_MESSAGES
+        self.fetch_deferred = False
         self._send_replies(now)
+        if self.fetch_deferred:
+            # FETCH replies were left for the next turn: come back once the socket has had its turn, not on
+            # the backing-off retry timer meant for full pipes.
+            self.hub.schedule()
         return bool(self.stalled)
 
     def _send_replies(self, now: float) -> None:
@@ -253,25 +299,73 @@ class RouterShell:
 
         One that meets a full pipe waits, with every later reply to that client behind it, and is retried
         each turn: a command with an ID always gets its answer. A client that lets ``MAX_STALLED_REPLIES``
-        pile up is not reading at all and is dropped."""
+        pile up is not reading at all and is dropped. A FETCH reply is built when its turn comes; once this
+        turn's fetch budget is spent it waits the same way, for the next turn."""
         for session in list(self.stalled):
             queue = session.stalled
-            while queue and self.send(session, queue[0], now):
+            current = self.sessions.by_identity.get(session.identity) is session
+            while queue:
+                frames = queue[0]
+                if type(frames) is _FetchReply:
+                    if not current:
+                        break  # nobody to read the log for
+                    frames = self._build(frames)
+                    if frames is None:
+                        break
+                    queue[0] = frames  # built once, however long the pipe stays full
+                if not self.send(session, frames, now):
+                    break
                 queue.popleft()
-            if not queue or self.sessions.by_identity.get(session.identity) is not session:
+            if not queue or not current or self.sessions.by_identity.get(session.identity) is not session:
                 self.stalled.discard(session)
         replies = self.replies
         if not replies:
             return
         self.replies = []
-        for session, frames in replies:
-            if session.stalled or not self.send(session, frames, now):
-                if self.sessions.by_identity.get(session.identity) is not session:
-                    continue  # gone (or disconnected): nobody to answer
-                session.stalled.append(frames)
-                self.stalled.add(session)
-                if len(session.stalled) > MAX_STALLED_REPLIES:
-                    self.drop(session, f"{MAX_STALLED_REPLIES} replies unread")
+        for session, reply in replies:
+            if not session.stalled:
+                frames = self._build(reply) if type(reply) is _FetchReply else reply
+                if frames is not None:
+                    if self.send(session, frames, now):
+                        continue
+                    reply = frames
+            if self.sessions.by_identity.get(session.identity) is not session:
+                continue  # gone (or disconnected): nobody to answer
+            session.stalled.append(reply)  # type: ignore[arg-type] - a queue of Reply items, see __init__
+            self.stalled.add(session)
+            if len(session.stalled) > MAX_STALLED_REPLIES:
+                self.drop(session, f"{MAX_STALLED_REPLIES} replies unread")
+
+    def _build(self, reply: _FetchReply) -> mc0.Frames | None:
+        """A FETCH's reply, read from the log now; None (for a later turn) once the turn's budget is spent."""
+        if self.fetch_bytes <= 0 or self.fetch_messages <= 0:
+            self.fetch_deferred = True
+            return None
+        return mc0.encode(self._fetch(reply.event), delimiter=reply.delimiter)
+
+    def _fetch(self, event: mc0.Fetch) -> mc0.Ok | mc0.Error:
+        """Read a FETCH's messages from the log (after the commit) and make its OK, or its ERROR."""
+        command_id = event.id
+        assert command_id is not None  # dispatch() refused a FETCH without one
+        max_messages = mc0.FETCH_DEFAULT_MAX_MESSAGES if event.max_messages is None else event.max_messages
+        max_bytes = mc0.FETCH_DEFAULT_MAX_BYTES if event.max_bytes is None else event.max_bytes
+        try:
+            first_id, next_id, messages = self.engine.fetch(
+                event.topic, event.start, min(max_messages, mc0.FETCH_MAX_MESSAGES),
+                min(max_bytes, mc0.FETCH_MAX_BYTES),
+            )
+        except EngineError as error:
+            self.counters["errors"] += 1
+            return mc0.Error(str(error).encode(), command_id)
+        self.counters["fetches"] += 1
+        size = 0
+        items = []
+        for message in messages:
+            size += len(message.body)
+            items.append((message.id, message.timestamp, message.body, message.headers))
+        self.fetch_bytes -= size
+        self.fetch_messages -= len(items)
+        return mc0.fetch_ok(command_id, first_id, next_id, items)
 
     def deliver(self, session: Session, pending: list[Message], now: float) -> int:
         """Write ``pending`` to one client; returns how many went out (the rest stay pending)."""

@@ -10,14 +10,17 @@ Durable topics: ``subscribe(topic, replay="beginning")`` reads a persistent topi
 ``subscribe(topic, explicit_acks=True)`` with ``ack(message)`` consumes a queue without losing what a crashed
 consumer held, ``declare(topic, persistence="persistent")`` creates one, ``topics()`` shows them all. A
 reconnect resumes every topic right after the last message received (:attr:`Client.last_ids`).
+``fetch(topic, start)`` reads a persistent topic's stored messages by id range without subscribing (the
+Spark data source's reads), ``offsets(topic)`` gives its oldest and next id.
 """
 
 from connector.aio import AsyncClient
 from connector.base import TopicSettings
 from connector.client import DEFAULT_ENDPOINT, Client
-from connector.core import ConnectorError, Message
+from connector.core import ConnectorError, FetchResult, Message
 from connector.keys import Credentials
 
 __all__ = [
-    "DEFAULT_ENDPOINT", "AsyncClient", "Client", "ConnectorError", "Credentials", "Message", "TopicSettings",
+    "DEFAULT_ENDPOINT", "AsyncClient", "Client", "ConnectorError", "Credentials", "FetchResult", "Message",
+    "TopicSettings",
 ]

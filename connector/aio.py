@@ -30,11 +30,15 @@ from connector.base import (
 )
 from connector.core import (
     ConnectorError,
+    FetchResult,
     Message,
     Publish,
     ack_target,
     declare_event,
     encode_headers,
+    fetch_event,
+    fetch_result,
+    ok_headers,
     sub_event,
     to_bytes,
 )
@@ -129,7 +133,7 @@ class AsyncClient(ClientBase):
         item = (to_bytes(topic), to_bytes(body), encode_headers(headers))
         if confirm:
             reply = await self._call(mc0.Put(item[0], item[1], None, item[2]), timeout, "PUT")
-            return {k.decode(): v.decode("utf-8", "replace") for k, v in reply.headers.items()}
+            return ok_headers(reply)
         while len(self._outbox) >= self._max_outbox:
             self._room.clear()
             self._schedule_flush()
@@ -185,6 +189,24 @@ class AsyncClient(ClientBase):
     async def topics(self, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
         """Topic name -> settings and counters (the ``topics`` part of :meth:`stats`)."""
         return topics_of(await self.stats(timeout))
+
+    async def fetch(
+        self,
+        topic: str | bytes,
+        start: int | None = None,
+        *,
+        max_messages: int = mc0.FETCH_DEFAULT_MAX_MESSAGES,
+        max_bytes: int = mc0.FETCH_DEFAULT_MAX_BYTES,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> FetchResult:
+        """Stored messages of a persistent topic from id ``start`` on (see :meth:`connector.Client.fetch`)."""
+        reply = await self._call(fetch_event(topic, start, max_messages, max_bytes), timeout, "FETCH")
+        return fetch_result(topic, reply)
+
+    async def offsets(self, topic: str | bytes, timeout: float | None = None) -> tuple[int, int]:  # noqa: ASYNC109
+        """``(first_id, next_id)`` of a persistent topic (see :meth:`connector.Client.offsets`)."""
+        result = await self.fetch(topic, max_messages=0, timeout=timeout)
+        return result.first_id, result.next_id
 
     async def receive(self, timeout: float | None = None) -> Message | None:  # noqa: ASYNC109
         """The next delivered message, or None after ``timeout`` seconds (None = wait forever)."""

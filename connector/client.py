@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Unpack
@@ -37,11 +37,16 @@ from connector.base import (
 from connector.core import (
     NO_HEADERS,
     ConnectorError,
+    FetchResult,
     Message,
     Publish,
     ack_target,
     declare_event,
     encode_headers,
+    fetch_event,
+    fetch_result,
+    ok_headers,
+    puts_event,
     sub_event,
     to_bytes,
 )
@@ -134,8 +139,7 @@ class Client(ClientBase):
             body = to_bytes(body)
         item = (raw_topic, body, encode_headers(headers) if headers else NO_HEADERS)
         if confirm:
-            reply = self._call(mc0.Put(raw_topic, body, None, item[2]), timeout, "PUT")
-            return {k.decode(): v.decode("utf-8", "replace") for k, v in reply.headers.items()}
+            return ok_headers(self._call(mc0.Put(raw_topic, body, None, item[2]), timeout, "PUT"))
         if self._closed or self._failure is not None:
             self._check()
         if len(self._outbox) >= self._max_outbox:
@@ -144,6 +148,20 @@ class Client(ClientBase):
         if not self._signaled:
             self._wake()
         return None
+
+    def publish_batch(
+        self,
+        items: Iterable[tuple[str | bytes, str | bytes, dict[str, str] | None]],
+        *,
+        timeout: float | None = None,
+    ) -> dict[str, str]:
+        """Publish ``(topic, body, headers)`` entries as one PUTS and wait for the broker's OK, which confirms
+        them all — as durably as their topics promise — or an ERROR that refuses them all (ConnectorError).
+        Returns the OK's headers (``COUNT``, and with ``ids`` the last ``MESSAGE-ID`` and ``DURABILITY``)."""
+        event = puts_event(items)
+        if not event.items:
+            return {}
+        return ok_headers(self._call(event, timeout, "PUTS"))
 
     def subscribe(
         self,
@@ -194,6 +212,31 @@ class Client(ClientBase):
     def topics(self, timeout: float | None = None) -> dict[str, Any]:
         """Topic name -> settings and counters (the ``topics`` part of :meth:`stats`): ids, backlog, lag..."""
         return topics_of(self.stats(timeout))
+
+    def fetch(
+        self,
+        topic: str | bytes,
+        start: int | None = None,
+        *,
+        max_messages: int = mc0.FETCH_DEFAULT_MAX_MESSAGES,
+        max_bytes: int = mc0.FETCH_DEFAULT_MAX_BYTES,
+        timeout: float | None = None,
+    ) -> FetchResult:
+        """Read stored messages of a persistent topic, from id ``start`` on (None: the oldest stored), without
+        subscribing: at most ``max_messages`` (the broker caps it at 10,000) whose bodies add up to at most
+        ``max_bytes`` (capped at 16 MiB), but always at least one if there is one, however large.
+
+        The broker reads after it has written what it received, so everything confirmed before this call is
+        there, and ``next_id`` is exactly what can be read. ``max_messages=0`` asks for the ids only (see
+        :meth:`offsets`). A transient topic has no log: ConnectorError, with the broker's reason."""
+        reply = self._call(fetch_event(topic, start, max_messages, max_bytes), timeout, "FETCH")
+        return fetch_result(topic, reply)
+
+    def offsets(self, topic: str | bytes, timeout: float | None = None) -> tuple[int, int]:
+        """``(first_id, next_id)`` of a persistent topic: the oldest stored id and one past the newest (a
+        topic nobody has written to yet is ``(1, 1)``)."""
+        result = self.fetch(topic, max_messages=0, timeout=timeout)
+        return result.first_id, result.next_id
 
     def receive(self, timeout: float | None = None) -> Message | None:
         """The next delivered message, or None after ``timeout`` seconds (None = wait forever)."""

@@ -6,8 +6,8 @@ argument everywhere, so the rules are testable without sleeping.
 
 The core also owns what must survive a reconnect: the subscriptions with the options they were asked with, and
 the id of the last message received per topic, so that the SUBs on a new connection resume each topic right
-after it (no loss, no duplicate on persistent broadcast topics). It checks the arguments of SUB, ACK and
-DECLARE before anything is queued, because a bad value found later, on a client's I/O thread, would stop it.
+after it (no loss, no duplicate on persistent broadcast topics). It checks the arguments of SUB, ACK, DECLARE
+and FETCH before anything is queued, because a bad value found later, on a client's I/O thread, would stop it.
 """
 
 from __future__ import annotations
@@ -156,6 +156,63 @@ def declare_event(topic: str | bytes, settings: Mapping[str, object]) -> mc0.Dec
     return mc0.Declare(raw, texts)
 
 
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    """What ``Client.fetch`` read: the topic's oldest stored id, one past its newest (what a reader may fetch
+    up to now), and the stored messages from the id asked for on, in id order (``id``, ``timestamp`` set).
+
+    ``messages`` starting above the id asked for means retention removed the ones between (``first_id`` says
+    where the log begins now); an empty list with ``start >= next_id`` means there is nothing newer yet."""
+
+    topic: str
+    first_id: int
+    next_id: int
+    messages: list[Message]
+
+
+def fetch_event(topic: str | bytes, start: int | None, max_messages: int, max_bytes: int) -> mc0.Fetch:
+    """The FETCH for ``Client.fetch``; raises TypeError or ValueError for arguments the codec cannot send.
+
+    Bounds above the broker's caps are sent as asked: the broker lowers them (mc0.FETCH_MAX_*)."""
+    raw = to_bytes(topic)
+    if not raw:
+        raise ValueError("fetch() needs a non-empty topic")
+    if start is not None:
+        start = _count(start, "start (a message id)", 0)
+    return mc0.Fetch(raw, start, _count(max_messages, "max_messages", 0), _count(max_bytes, "max_bytes", 0))
+
+
+def fetch_result(topic: str | bytes, reply: mc0.Ok) -> FetchResult:
+    """The broker's OK to a FETCH as a :class:`FetchResult`; ConnectorError if it is not a well-formed one."""
+    try:
+        first_id, next_id, items = mc0.decode_fetch_reply(reply)
+    except ProtocolError as error:
+        raise ConnectorError(f"malformed reply to FETCH: {error}") from None
+    name = topic if isinstance(topic, str) else topic.decode("utf-8", "surrogateescape")
+    messages = [
+        Message(name, item.body, _text_headers(item.headers) if item.headers else {}, item.id, item.timestamp)
+        for item in items
+    ]
+    return FetchResult(name, first_id, next_id, messages)
+
+
+def puts_event(items: Iterable[tuple[str | bytes, str | bytes, Mapping[str, str] | None]]) -> mc0.Puts:
+    """The PUTS of ``publish_batch``: every entry checked and encoded before anything is sent."""
+    batch = []
+    for topic, body, headers in items:
+        raw_topic = to_bytes(topic)
+        if not raw_topic:
+            raise ValueError("publish_batch() needs a non-empty topic for every message")
+        encoded = encode_headers(dict(headers)) if headers else mc0.NO_HEADERS
+        batch.append((raw_topic, to_bytes(body), encoded))
+    return mc0.Puts(batch)
+
+
+def ok_headers(reply: mc0.Ok) -> dict[str, str]:
+    """An OK's headers as text (MESSAGE-ID, DURABILITY, COUNT...)."""
+    return {k.decode(): v.decode("utf-8", "replace") for k, v in reply.headers.items()}
+
+
 #: One queued publish: (topic, body, headers) as bytes, headers possibly empty.
 Publish = tuple[bytes, bytes, dict[bytes, bytes]]
 
@@ -203,13 +260,13 @@ class ClientCore:
         self.extensions = frozenset(raw.decode("ascii", "replace").split()) & WANTED_EXTENSIONS
 
     def request(self, event: mc0.Sub | mc0.Unsub | mc0.Put | mc0.Puts | mc0.Noop | mc0.Stats
-                | mc0.Disconnect | mc0.Declare) -> tuple[bytes, mc0.Frames]:
+                | mc0.Disconnect | mc0.Declare | mc0.Fetch) -> tuple[bytes, mc0.Frames]:
         """Give ``event`` a fresh ID and encode it; the caller waits for the reply with that ID."""
         event.id = self.next_id()
         return event.id, mc0.encode(event)
 
     def command(self, event: mc0.Sub | mc0.Unsub | mc0.Put | mc0.Puts | mc0.Noop | mc0.Stats
-                | mc0.Disconnect | mc0.Declare) -> tuple[bytes, mc0.Frames]:
+                | mc0.Disconnect | mc0.Declare | mc0.Fetch) -> tuple[bytes, mc0.Frames]:
         """:meth:`request`, recording a SUB or UNSUB in :attr:`subscriptions` as it leaves.
 
         Recorded when sent, not when answered: a reconnect between the two must restore the subscription, and

@@ -8,7 +8,8 @@ sockets or identities (the router shell strips and adds the ROUTER identity fram
 Plain 0.3 verbs: CONNECT, DISCONNECT, SUB, UNSUB, PUT, NOOP, MESSAGE, OK, ERROR. Our extensions, reserved by
 the spec for the protocol and documented in ``docs/mc0.md``: the ``EXTENSIONS`` header on CONNECT/OK,
 ``MESSAGE-ID`` and ``TIMESTAMP`` on MESSAGE, the batch verbs PUTS and MESSAGES (msgpack payloads), STATS, the
-replay/resume/credit/acks headers on SUB, and the verbs ACK and DECLARE.
+replay/resume/credit/acks headers on SUB, the verbs ACK and DECLARE, and FETCH (range reads of a persistent
+topic's log, answered by an OK with a msgpack payload: :func:`decode_fetch_reply`).
 
 Every malformed input raises :class:`ProtocolError` with a message fit for an ERROR reply and, when the
 decoder got that far, the command's ID so the reply can carry it.
@@ -16,6 +17,7 @@ decoder got that far, the command's ID so the reply can carry it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeAlias
 
@@ -46,6 +48,15 @@ RESUME = b"RESUME"  # <message id>: replay from it on a persistent topic, live o
 CREDIT = b"CREDIT"  # <n>: at most n messages in flight to this subscription
 ACKS = b"ACKS"  # explicit | auto: whether the subscriber confirms each message with ACK
 NEXT_IDS = b"NEXT-IDS"  # on the OK to a SUB ("ids"): each topic's next message id, in the SUB's order
+# FETCH and its OK.
+FROM = b"FROM"  # <message id>: the first id wanted (default: the oldest stored)
+MAX_MESSAGES = b"MAX-MESSAGES"  # <n>: at most n messages in the reply (0: only the ids)
+MAX_BYTES = b"MAX-BYTES"  # <n>: bodies up to n bytes in the reply (but always at least one message)
+FIRST_ID = b"FIRST-ID"  # on the OK to a FETCH: the oldest stored id
+NEXT_ID = b"NEXT-ID"  # on the OK to a FETCH: one past the newest stored id
+COUNT = b"COUNT"  # on the OK to a FETCH (and a PUTS): how many messages
+CONTENT_TYPE = b"CONTENT-TYPE"
+FETCH_CONTENT_TYPE = b"application/msgpack"
 
 REPLAY_BEGINNING = "beginning"
 REPLAY_CURRENT = "current"
@@ -73,6 +84,15 @@ NO_HEADERS: Headers = {}
 EXT_BATCH = "batch"  # the broker may deliver MESSAGES batches instead of one MESSAGE per frame set
 EXT_IDS = "ids"  # MESSAGE carries MESSAGE-ID and TIMESTAMP
 KNOWN_EXTENSIONS = frozenset({EXT_BATCH, EXT_IDS})
+
+#: FETCH limits (docs/mc0.md): what a FETCH without MAX-MESSAGES / MAX-BYTES gets, and the most any FETCH
+#: gets whatever it asks (larger values are lowered to these, not refused). The byte cap is the broker's
+#: default max_message_size, the largest body a publisher can send; the message cap keeps one reply's decode
+#: (about a microsecond a message on each side) in the milliseconds.
+FETCH_DEFAULT_MAX_MESSAGES = 1000
+FETCH_DEFAULT_MAX_BYTES = 1 << 20
+FETCH_MAX_MESSAGES = 10_000
+FETCH_MAX_BYTES = 16 << 20
 
 #: Largest TTL we accept (about 24.8 days, the largest millisecond count a signed 32-bit timer holds).
 MAX_TTL_MS = 2**31 - 1
@@ -218,14 +238,46 @@ class Stats:
     headers: Headers = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class Fetch:
+    """Extension: read stored messages of a persistent topic, from ``start`` on; answered by an OK with
+    FIRST-ID, NEXT-ID, COUNT and a msgpack payload of :class:`FetchItem` entries. Needs an ID.
+
+    ``None`` means "not given": the oldest stored id, and the FETCH_DEFAULT_* bounds."""
+
+    topic: bytes
+    start: int | None = None
+    max_messages: int | None = None
+    max_bytes: int | None = None
+    id: bytes | None = None
+    headers: Headers = field(default_factory=dict)
+
+
+class FetchItem(NamedTuple):
+    """One stored message in the OK to a FETCH."""
+
+    id: int
+    timestamp: int
+    body: bytes
+    headers: Headers
+
+
+class FetchReply(NamedTuple):
+    """The OK to a FETCH, decoded (:func:`decode_fetch_reply`)."""
+
+    first_id: int
+    next_id: int
+    items: list[FetchItem]
+
+
 Event: TypeAlias = (
     Connect | Disconnect | Sub | Unsub | Put | Puts | Noop | Message | Messages | Ok | Error | Stats | Ack
-    | Declare
+    | Declare | Fetch
 )
 
 VERBS = frozenset(
     {b"CONNECT", b"DISCONNECT", b"SUB", b"UNSUB", b"PUT", b"PUTS", b"NOOP", b"MESSAGE", b"MESSAGES", b"OK",
-     b"ERROR", b"STATS", b"ACK", b"DECLARE"}
+     b"ERROR", b"STATS", b"ACK", b"DECLARE", b"FETCH"}
 )
 
 
@@ -362,6 +414,25 @@ def _decode_declare(headers: Headers, positional: list[bytes] | None, command_id
         except UnicodeDecodeError:
             raise ProtocolError(f"DECLARE {key.decode()} must be ASCII", command_id=command_id) from None
     return Declare(positional[0], settings, command_id, headers)
+
+
+def _decode_fetch(headers: Headers, command_id: bytes | None) -> Fetch:
+    if command_id is None:
+        raise ProtocolError("FETCH needs an ID to answer to")
+    topic = headers.pop(TOPIC, None)
+    if not topic:
+        raise ProtocolError("FETCH needs a non-empty TOPIC", command_id=command_id)
+    fetch = Fetch(topic, id=command_id, headers=headers)
+    raw = headers.pop(FROM, None)
+    if raw is not None:
+        fetch.start = _unsigned(FROM, raw, command_id)
+    raw = headers.pop(MAX_MESSAGES, None)
+    if raw is not None:
+        fetch.max_messages = _unsigned(MAX_MESSAGES, raw, command_id)
+    raw = headers.pop(MAX_BYTES, None)
+    if raw is not None:
+        fetch.max_bytes = _unsigned(MAX_BYTES, raw, command_id)
+    return fetch
 
 
 def _decode_connect(headers: Headers, command_id: bytes | None) -> Connect:
@@ -504,6 +575,10 @@ def decode(frames: Frames) -> Event:
     if verb == b"DECLARE":
         headers.pop(ID, None)
         return _decode_declare(headers, positional, command_id)
+    if verb == b"FETCH":
+        _no_positional(verb, positional, command_id)
+        headers.pop(ID, None)
+        return _decode_fetch(headers, command_id)
     if verb == b"OK":
         headers.pop(ID, None)
         if positional is not None and len(positional) > 1:
@@ -556,6 +631,50 @@ def pack_message_items(items: list[MessageItem]) -> bytes:
         ],
         use_bin_type=True,
     )
+
+
+def fetch_ok(
+    command_id: bytes, first_id: int, next_id: int, items: Sequence[tuple[int, int, bytes, Headers]]
+) -> Ok:
+    """The OK answering a FETCH. ``items`` are FetchItems or plain tuples of the same shape; the payload is
+    ``[id, timestamp-ms, body, headers]`` per message, headers always there (an empty map for none)."""
+    headers = {
+        FIRST_ID: b"%d" % first_id,
+        NEXT_ID: b"%d" % next_id,
+        COUNT: b"%d" % len(items),
+        CONTENT_TYPE: FETCH_CONTENT_TYPE,
+    }
+    return Ok(command_id, headers, msgpack.packb(items, use_bin_type=True))
+
+
+def _reply_number(ok: Ok, name: bytes) -> int:
+    raw = ok.headers.get(name)
+    if raw is None:
+        raise ProtocolError(f"the OK to a FETCH has no {name.decode()}", command_id=ok.id)
+    return _unsigned(name, raw, ok.id)
+
+
+def decode_fetch_reply(ok: Ok) -> FetchReply:
+    """What the OK to a FETCH says (the client side); ProtocolError if it is not a well-formed one."""
+    first_id = _reply_number(ok, FIRST_ID)
+    next_id = _reply_number(ok, NEXT_ID)
+    count = _reply_number(ok, COUNT)
+    if ok.body is None:
+        raise ProtocolError("the OK to a FETCH has no payload", command_id=ok.id)
+    items: list[FetchItem] = []
+    for entry in _unpack_array(ok.body, "FETCH reply", ok.id):
+        if type(entry) is not list or len(entry) != 4:
+            raise ProtocolError("each FETCH reply entry must be [id, timestamp, body, headers]",
+                                command_id=ok.id)
+        message_id, timestamp, body, headers = entry
+        if (type(message_id) is not int or message_id < 0 or type(timestamp) is not int
+                or type(body) is not bytes):
+            raise ProtocolError("FETCH reply entry has fields of the wrong type", command_id=ok.id)
+        items.append(FetchItem(message_id, timestamp, body, _check_bytes_map(headers, "FETCH reply", ok.id)))
+    if len(items) != count:
+        raise ProtocolError(f"the OK to a FETCH says COUNT {count} but carries {len(items)} messages",
+                            command_id=ok.id)
+    return FetchReply(first_id, next_id, items)
 
 
 def message_frames(
@@ -630,6 +749,16 @@ def encode(event: Event, *, delimiter: bool = True) -> Frames:
             _headers(out, headers)
             _with_id(out, command_id)
             out += (b"", topic)
+        case Fetch(topic, start, max_messages, max_bytes, command_id, headers):
+            out += (b"FETCH", TOPIC, topic)
+            if start is not None:
+                out += (FROM, b"%d" % start)
+            if max_messages is not None:
+                out += (MAX_MESSAGES, b"%d" % max_messages)
+            if max_bytes is not None:
+                out += (MAX_BYTES, b"%d" % max_bytes)
+            _headers(out, headers)
+            _with_id(out, command_id)
         case Connect(version, ttl, command_id, extensions, headers):
             out += (b"CONNECT", VERSION, version)
             if ttl is not None:

@@ -609,3 +609,180 @@ def test_put_may_not_carry_a_header_the_broker_writes(reserved: bytes) -> None:
     with pytest.raises(ProtocolError, match="set by the broker on delivery") as info:
         mc0.decode([b"", b"PUT", b"TOPIC", b"t", reserved, b"9", b"ID", b"p1", b"", b"body"])
     assert info.value.command_id == b"p1"
+
+
+# ------------------------------------------------------------------------------------------------ FETCH
+
+# (frames without the leading delimiter, in the encoder's header order; the event they mean)
+FETCH_VECTORS: list[tuple[list[bytes], mc0.Event]] = [
+    ([b"FETCH", b"TOPIC", b"log", b"ID", b"f1"], mc0.Fetch(b"log", id=b"f1")),
+    (
+        [b"FETCH", b"TOPIC", b"log", b"FROM", b"42", b"MAX-MESSAGES", b"0", b"MAX-BYTES", b"1048576", b"ID",
+         b"f2"],
+        mc0.Fetch(b"log", 42, 0, 1 << 20, b"f2"),
+    ),
+    (
+        [b"FETCH", b"TOPIC", b"collective agent", b"MAX-BYTES", b"0", b"X-trace", b"t", b"ID", b""],
+        mc0.Fetch(b"collective agent", max_bytes=0, id=b"", headers={b"X-trace": b"t"}),
+    ),
+    (
+        [b"OK", b"ID", b"f2", b"FIRST-ID", b"1", b"NEXT-ID", b"3", b"COUNT", b"0", b"CONTENT-TYPE",
+         b"application/msgpack", b"", b"\x90"],
+        mc0.Ok(b"f2", {b"FIRST-ID": b"1", b"NEXT-ID": b"3", b"COUNT": b"0",
+                       b"CONTENT-TYPE": b"application/msgpack"}, b"\x90"),
+    ),
+]
+# The vector tests at the top are parametrized with these very lists, which pytest expands when it collects
+# them, after this module has run: extended here, they put FETCH through the same decode and encode tests
+# (both framings), and test_vectors_cover_every_verb sees FETCH among the verbs.
+VECTOR_IDS.extend(f"{n}-{frames[0].decode()}" for n, (frames, _) in enumerate(FETCH_VECTORS, len(VECTORS)))
+VECTORS.extend(FETCH_VECTORS)
+
+
+def test_fetch_vectors_are_among_the_vectors() -> None:
+    assert all(vector in VECTORS for vector in FETCH_VECTORS)
+    assert len(VECTOR_IDS) == len(VECTORS)
+
+
+def test_fetch_headers_in_any_order() -> None:
+    event = mc0.decode([b"", b"FETCH", b"ID", b"f", b"MAX-MESSAGES", b"7", b"FROM", b"3", b"TOPIC", b"t"])
+    assert event == mc0.Fetch(b"t", 3, 7, None, b"f")
+
+
+def test_fetch_numbers_take_leading_zeros_and_the_largest_u64() -> None:
+    event = mc0.decode([b"", b"FETCH", b"TOPIC", b"t", b"FROM", b"0018446744073709551615", b"ID", b"f"])
+    assert isinstance(event, mc0.Fetch)
+    assert event.start == 2**64 - 1
+
+
+FETCH_MALFORMED: list[tuple[list[bytes], bytes | None, str]] = [
+    ([b"FETCH", b"TOPIC", b"t"], None, "needs an ID"),
+    ([b"FETCH", b"TOPIC", b"t", b"FROM", b"5"], None, "needs an ID"),
+    ([b"FETCH", b"ID", b"7"], b"7", "TOPIC"),
+    ([b"FETCH", b"TOPIC", b"", b"ID", b"7"], b"7", "TOPIC"),
+    ([b"FETCH", b"TOPIC", b"t", b"FROM", b"-1", b"ID", b"7"], b"7", "FROM"),
+    ([b"FETCH", b"TOPIC", b"t", b"FROM", b"", b"ID", b"7"], b"7", "FROM"),
+    ([b"FETCH", b"TOPIC", b"t", b"FROM", b"18446744073709551616", b"ID", b"7"], b"7", "too large"),
+    ([b"FETCH", b"TOPIC", b"t", b"MAX-MESSAGES", b"ten", b"ID", b"7"], b"7", "MAX-MESSAGES"),
+    ([b"FETCH", b"TOPIC", b"t", b"MAX-MESSAGES", b"1.5", b"ID", b"7"], b"7", "MAX-MESSAGES"),
+    ([b"FETCH", b"TOPIC", b"t", b"MAX-BYTES", b"+3", b"ID", b"7"], b"7", "MAX-BYTES"),
+    ([b"FETCH", b"TOPIC", b"t", b"MAX-BYTES", b"\xd9\xa3", b"ID", b"7"], b"7", "MAX-BYTES"),
+    ([b"FETCH", b"TOPIC", b"t", b"MAX-BYTES", b"9" * 5000, b"ID", b"7"], b"7", "too large"),
+    ([b"FETCH", b"TOPIC", b"t", b"ID", b"7", b"", b"x"], b"7", "positional"),
+    ([b"FETCH", b"TOPIC", b"t", b"FROM", b"1", b"FROM", b"2", b"ID", b"7"], b"7", "twice"),
+]
+
+
+@pytest.mark.parametrize(
+    ("frames", "command_id", "fragment"), FETCH_MALFORMED, ids=range(len(FETCH_MALFORMED))
+)
+@pytest.mark.parametrize("delimiter", [True, False], ids=["delimited", "bare"])
+def test_malformed_fetch_raises_protocol_error(
+    frames: list[bytes], command_id: bytes | None, fragment: str, delimiter: bool
+) -> None:
+    test_malformed_input_raises_protocol_error(frames, command_id, fragment, delimiter)
+
+
+def test_a_fetch_without_an_id_cannot_be_encoded_into_something_the_decoder_takes() -> None:
+    frames = mc0.encode(mc0.Fetch(b"t", 1))
+    assert frames == [b"", b"FETCH", b"TOPIC", b"t", b"FROM", b"1"]
+    with pytest.raises(ProtocolError, match="needs an ID"):
+        mc0.decode(frames)
+
+
+# The OK to a FETCH: [[1, 1700000000000, b"a", {}], [2, 1700000000001, b"b", {b"X-k": b"v"}]]
+FETCH_PAYLOAD = (
+    b"\x92\x94\x01\xcf\x00\x00\x01\x8b\xcf\xe5h\x00\xc4\x01a\x80"
+    b"\x94\x02\xcf\x00\x00\x01\x8b\xcf\xe5h\x01\xc4\x01b\x81\xc4\x03X-k\xc4\x01v"
+)
+FETCH_ITEMS = [
+    mc0.FetchItem(1, 1700000000000, b"a", {}),
+    mc0.FetchItem(2, 1700000000001, b"b", {b"X-k": b"v"}),
+]
+
+
+def test_fetch_ok_produces_the_documented_reply() -> None:
+    ok = mc0.fetch_ok(b"f9", 1, 3, FETCH_ITEMS)
+    assert mc0.encode(ok) == [
+        b"", b"OK", b"ID", b"f9", b"FIRST-ID", b"1", b"NEXT-ID", b"3", b"COUNT", b"2", b"CONTENT-TYPE",
+        b"application/msgpack", b"", FETCH_PAYLOAD,
+    ]
+    # Plain tuples of the same shape (what the broker passes) pack the same.
+    assert mc0.fetch_ok(b"f9", 1, 3, [tuple(item) for item in FETCH_ITEMS]) == ok
+
+
+def test_the_ok_to_a_fetch_decodes() -> None:
+    frames = [b"", b"OK", b"ID", b"f9", b"FIRST-ID", b"1", b"NEXT-ID", b"3", b"COUNT", b"2", b"CONTENT-TYPE",
+              b"application/msgpack", b"", FETCH_PAYLOAD]
+    reply = mc0.decode(frames)
+    assert isinstance(reply, mc0.Ok)
+    assert mc0.decode_fetch_reply(reply) == mc0.FetchReply(1, 3, FETCH_ITEMS)
+    empty = mc0.decode_fetch_reply(mc0.decode(mc0.encode(mc0.fetch_ok(b"e", 5, 5, []))))  # type: ignore[arg-type]
+    assert empty == mc0.FetchReply(5, 5, [])
+
+
+def _fetch_reply(headers: dict[bytes, bytes] | None = None, body: bytes | None = FETCH_PAYLOAD) -> mc0.Ok:
+    base = {b"FIRST-ID": b"1", b"NEXT-ID": b"3", b"COUNT": b"2"}
+    return mc0.Ok(b"f", {**base, **(headers or {})}, body)
+
+
+@pytest.mark.parametrize(
+    ("reply", "fragment"),
+    [
+        (mc0.Ok(b"f", {b"NEXT-ID": b"3", b"COUNT": b"0"}, b"\x90"), "FIRST-ID"),
+        (_fetch_reply({b"NEXT-ID": b"x"}), "NEXT-ID"),
+        (_fetch_reply({b"COUNT": b"3"}), "COUNT 3"),
+        (_fetch_reply(body=None), "payload"),
+        (_fetch_reply(body=b"\xc1"), "msgpack"),
+        (_fetch_reply({b"COUNT": b"0"}, _pack({})), "array"),
+        (_fetch_reply({b"COUNT": b"1"}, _pack([[1, 2, b"b"]])), "entry"),
+        (_fetch_reply({b"COUNT": b"1"}, _pack([[-1, 2, b"b", {}]])), "wrong type"),
+        (_fetch_reply({b"COUNT": b"1"}, _pack([[1, 2.5, b"b", {}]])), "wrong type"),
+        (_fetch_reply({b"COUNT": b"1"}, _pack([[1, 2, "b", {}]])), "wrong type"),
+        (_fetch_reply({b"COUNT": b"1"}, _pack([[1, 2, b"b", {"k": b"v"}]])), "headers"),
+    ],
+    ids=["no-first-id", "bad-next-id", "count-mismatch", "no-payload", "not-msgpack", "not-array",
+         "short-entry", "negative-id", "float-timestamp", "str-body", "str-header"],
+)
+def test_a_malformed_ok_to_a_fetch_raises_protocol_error(reply: mc0.Ok, fragment: str) -> None:
+    with pytest.raises(ProtocolError, match=fragment) as info:
+        mc0.decode_fetch_reply(reply)
+    assert info.value.command_id == b"f"
+
+
+fetch_events = st.builds(
+    mc0.Fetch,
+    topic=topics,
+    start=st.none() | u64,
+    max_messages=st.none() | u64,
+    max_bytes=st.none() | u64,
+    id=st.binary(max_size=16),
+    headers=st.dictionaries(header_keys.filter(lambda key: key not in (mc0.FROM, mc0.MAX_MESSAGES,
+                                                                       mc0.MAX_BYTES)),
+                            small_bytes, max_size=4),
+)
+
+
+@ROUND_TRIP
+@given(event=fetch_events, delimiter=st.booleans())
+def test_fetch_round_trip(event: mc0.Fetch, delimiter: bool) -> None:
+    assert mc0.decode(mc0.encode(event, delimiter=delimiter)) == event
+
+
+@ROUND_TRIP
+@given(
+    first_id=u64,
+    next_id=u64,
+    items=st.lists(st.builds(mc0.FetchItem, u64, st.integers(-(2**63), 2**64 - 1), small_bytes, item_headers),
+                   max_size=5),
+)
+def test_fetch_reply_round_trip(first_id: int, next_id: int, items: list[mc0.FetchItem]) -> None:
+    reply = mc0.decode(mc0.encode(mc0.fetch_ok(b"r", first_id, next_id, items)))
+    assert isinstance(reply, mc0.Ok)
+    assert mc0.decode_fetch_reply(reply) == mc0.FetchReply(first_id, next_id, items)
+
+
+@FUZZ
+@given(event=fetch_events, delimiter=st.booleans(), data=st.data())
+def test_fuzz_mutated_fetch_encodings(event: mc0.Fetch, delimiter: bool, data: st.DataObject) -> None:
+    test_fuzz_mutated_encodings.hypothesis.inner_test(event, delimiter, data)  # type: ignore[attr-defined]
