@@ -20,11 +20,11 @@ import json
 import multiprocessing as mp
 import platform
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.process import broker_process
 from bench.throughput import _free_pair
 
 BATCH = 2048
@@ -74,22 +74,13 @@ def publish(port: int, count: int, results: Any) -> None:
 def run_once(kind: str, count: int) -> float:
     spawn = mp.get_context("spawn")
     port = _free_pair()
-    ready = spawn.Event()
-    with tempfile.TemporaryDirectory() as data_dir:
-        broker = spawn.Process(target=serve, args=(port, data_dir, ready), daemon=True)
-        broker.start()
-        try:
-            if not ready.wait(30):
-                raise RuntimeError("the broker did not start")
-            results = spawn.Queue()
-            sender = spawn.Process(target=ship if kind == "lumberjack" else publish,
-                                   args=(port, count, results), daemon=True)
-            sender.start()
-            seconds = results.get(timeout=600)
-            sender.join(30)
-        finally:
-            broker.terminate()
-            broker.join(10)
+    with broker_process(serve, port):
+        results = spawn.Queue()
+        sender = spawn.Process(target=ship if kind == "lumberjack" else publish, args=(port, count, results),
+                               daemon=True)
+        sender.start()
+        seconds = results.get(timeout=600)
+        sender.join(30)
     return count / seconds
 
 

@@ -14,16 +14,15 @@ Printed: rows/s of each (median) and their ratio spark / connector.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.process import broker_process
 from bench.throughput import free_port
 
 TOPIC = "bench.spark"
@@ -77,37 +76,27 @@ def main(argv: list[str]) -> int:
 
     from pipeline.source import register
 
-    spawn = mp.get_context("spawn")
     port = free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
-    ready = spawn.Event()
-    with tempfile.TemporaryDirectory() as data_dir:
-        broker = spawn.Process(target=serve, args=(port, data_dir, ready), daemon=True)
-        broker.start()
-        try:
-            if not ready.wait(30):
-                raise RuntimeError("the broker did not start")
-            fill(endpoint, args.messages)
-            spark = (SparkSession.builder.master("local[2]").appName("mc0 bench")
-                     .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
-                     .getOrCreate())
-            register(spark)
-            frame = (spark.read.format("mc0").option("broker", endpoint).option("curve", "false")
-                     .option("subscribe", TOPIC).option("minPartitions", "2"))
-            rates: dict[str, list[float]] = {"spark": [], "connector": []}
-            for _ in range(args.repeat):
-                start = time.perf_counter()
-                rows = frame.load().count()
-                rates["spark"].append(rows / (time.perf_counter() - start))
-                start = time.perf_counter()
-                counted = connector_count(endpoint)
-                rates["connector"].append(counted / (time.perf_counter() - start))
-                if rows != args.messages or counted != args.messages:
-                    raise RuntimeError(f"counted {rows} (spark) and {counted} (connector) of {args.messages}")
-            spark.stop()
-        finally:
-            broker.terminate()
-            broker.join(10)
+    with broker_process(serve, port):
+        fill(endpoint, args.messages)
+        spark = (SparkSession.builder.master("local[2]").appName("mc0 bench")
+                 .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
+                 .getOrCreate())
+        register(spark)
+        frame = (spark.read.format("mc0").option("broker", endpoint).option("curve", "false")
+                 .option("subscribe", TOPIC).option("minPartitions", "2"))
+        rates: dict[str, list[float]] = {"spark": [], "connector": []}
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            rows = frame.load().count()
+            rates["spark"].append(rows / (time.perf_counter() - start))
+            start = time.perf_counter()
+            counted = connector_count(endpoint)
+            rates["connector"].append(counted / (time.perf_counter() - start))
+            if rows != args.messages or counted != args.messages:
+                raise RuntimeError(f"counted {rows} (spark) and {counted} (connector) of {args.messages}")
+        spark.stop()
     spark_rate, connector_rate = statistics.median(rates["spark"]), statistics.median(rates["connector"])
     print(f"python {platform.python_version()}, {args.messages:,} messages of 100 bytes, median of "
           f"{args.repeat}")
