@@ -294,15 +294,24 @@ class _Address(click.ParamType):
     ) -> tuple[str, int]:
         if isinstance(value, tuple):
             return value
-        host, colon, port = str(value).rpartition(":")
-        if not colon or not host or not port.isdigit() or int(port) > 65535:
+        from broker.config import ConfigError, listen_address
+
+        try:
+            address = listen_address(str(value), "--broker")
+        except ConfigError:
+            address = None
+        if address is None:  # "off" is a broker setting, not an address to reach
             self.fail(f"{value!r} is not HOST:PORT", param, ctx)
-        return host.strip("[]"), int(port)
+        return address
 
 
-def _sexp_options(func: Any) -> Any:
-    return click.option("--broker", "address", type=_Address(), default=f"127.0.0.1:{SEXP_PORT}",
-                        show_default=True, help="The broker's sexp gateway.")(func)
+def _gateway_option(port: int, door: str) -> Callable[[Any], Any]:
+    """``--broker HOST:PORT`` of a TCP door, defaulting to its loopback port."""
+    return click.option("--broker", "address", type=_Address(), default=f"127.0.0.1:{port}",
+                        show_default=True, help=f"The broker's {door} gateway.")
+
+
+_sexp_options = _gateway_option(SEXP_PORT, "sexp")
 
 
 @main.group()
@@ -358,9 +367,7 @@ def sexp_pub(topic: str, message: str | None, address: tuple[str, int]) -> None:
 # -------------------------------------------------------------------------------------------- msgq dialect
 
 
-def _msgq_options(func: Any) -> Any:
-    return click.option("--broker", "address", type=_Address(), default=f"127.0.0.1:{MSGQ_PORT}",
-                        show_default=True, help="The broker's msgq gateway.")(func)
+_msgq_options = _gateway_option(MSGQ_PORT, "msgq")
 
 
 def _item_json(item: Any) -> Any:
@@ -449,9 +456,7 @@ def msgq_stats(address: tuple[str, int]) -> None:
 # ----------------------------------------------------------------------------------- reactive-streams dialect
 
 
-def _rstreams_options(func: Any) -> Any:
-    return click.option("--broker", "address", type=_Address(), default=f"127.0.0.1:{RSTREAMS_PORT}",
-                        show_default=True, help="The broker's reactive-streams gateway.")(func)
+_rstreams_options = _gateway_option(RSTREAMS_PORT, "reactive-streams")
 
 
 @main.group()
@@ -522,8 +527,7 @@ def lumberjack() -> None:
 
 @lumberjack.command("ship")
 @click.argument("source", type=click.File("rb"), default="-")
-@click.option("--broker", "address", type=_Address(), default=f"127.0.0.1:{LUMBERJACK_PORT}",
-              show_default=True, help="The broker's Lumberjack gateway.")
+@_gateway_option(LUMBERJACK_PORT, "Lumberjack")
 @click.option("--batch", type=click.IntRange(min=1), default=2048, show_default=True,
               help="Events per window; each batch waits for the broker's ack.")
 @click.option("--field", "-f", "field_pairs", multiple=True, metavar="K=V",
