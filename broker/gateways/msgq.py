@@ -151,8 +151,7 @@ class MsgqConnection(Connection):
         subscriptions = sum(len(connection.groups) for connection in self.gateway.connections
                             if isinstance(connection, MsgqConnection))
         figures = {"connections": len(self.gateway.connections), "group_subscriptions": subscriptions,
-                   "sent": counters["sent"], "delivered": counters["delivered"],
-                   "filtered": counters["filtered"], "topics": len(self.engine.topics)}
+                   **{name: counters[name] for name in self.counters}, "topics": len(self.engine.topics)}
         return {name.encode(): b"%d" % value for name, value in figures.items()}
 
     # ---------------------------------------------------------------------------------------------- routing

@@ -331,6 +331,7 @@ def test_stats_answers_with_real_counters(peer: Callable) -> None:
     assert stats[b"sent"] == b"3"
     assert stats[b"delivered"] == b"3"
     assert stats[b"group_subscriptions"] == b"1"
+    assert stats[b"oversize"] == b"0"
 
 
 def test_an_oversize_message_closes_the_connection(start_broker: Callable[..., Broker]) -> None:
