@@ -61,6 +61,7 @@ class BrokerConfig:
     lumberjack_tls_cert: str = ""  # PEM certificate (chain) and key: TLS on the Lumberjack port when set
     lumberjack_tls_key: str = ""
     lumberjack_tls_client_ca: str = ""  # PEM CA bundle: clients must present a certificate it signed
+    event_loop: str = "auto"  # auto (uvloop where installed) | uvloop | asyncio
 
     @property
     def allowlist_dir(self) -> Path:
@@ -86,7 +87,7 @@ _BROKER_KEYS = {
     "sexp": str, "sexp_ping_interval": (int, float), "msgq": str, "msgq_max_message": int,
     "rstreams": str, "rstreams_part_size": int, "lumberjack": str, "lumberjack_topic": str,
     "lumberjack_topic_field": str, "lumberjack_tls_cert": str, "lumberjack_tls_key": str,
-    "lumberjack_tls_client_ca": str,
+    "lumberjack_tls_client_ca": str, "event_loop": str,
 }
 #: Keys holding a gateway's HOST:PORT (or "off").
 GATEWAYS = ("sexp", "msgq", "rstreams", "lumberjack")
@@ -96,6 +97,9 @@ GATEWAYS = ("sexp", "msgq", "rstreams", "lumberjack")
 _POSITIVE = frozenset({"heartbeat_tick", "pending_limit", "max_message_size", "send_hwm", "recv_hwm",
                        "weak_sync_interval", "retention_interval", "sexp_ping_interval",
                        "msgq_max_message", "rstreams_part_size"})
+
+#: The event loops a broker runs on (``event_loop``): auto takes uvloop where it is installed.
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 #: The level names the standard ``logging`` module knows (it refuses any other string).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -211,6 +215,9 @@ def load(path: Path | None, base: BrokerConfig = DEFAULTS) -> BrokerConfig:
                 choices = ", ".join(LOG_LEVELS)
                 raise ConfigError(f"{path}: [broker].log_level: {value!r} is not one of {choices}")
             value = value.upper()
+        if key == "event_loop" and value not in EVENT_LOOPS:
+            choices = ", ".join(EVENT_LOOPS)
+            raise ConfigError(f"{path}: [broker].event_loop: {value!r} is not one of {choices}")
         if key in _POSITIVE and value <= 0:
             raise ConfigError(f"{path}: [broker].{key} must be greater than 0, not {value!r}")
         if key in GATEWAYS:

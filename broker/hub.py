@@ -88,6 +88,8 @@ class Hub:
     ) -> None:
         self.engine = engine
         self.doors: list[Door] = []
+        # Called at the end of every flush: the mc0 router re-arms its edge-triggered descriptor after sends.
+        self.after_flush: list[Callable[[], None]] = []
         self.monotonic = monotonic
         self.wall_ms = wall_ms
         self.max_retry = max_retry
@@ -188,6 +190,8 @@ class Hub:
             # The pump spent its whole budget: more waits in the logs for readers with room. Come back after
             # the sockets have had their turn.
             self.schedule()
+        for callback in self.after_flush:
+            callback()
 
     def _arm_retry(self) -> None:
         if self._retry_timer is not None:

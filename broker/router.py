@@ -24,6 +24,7 @@ pending (bounded by the engine): sessions are *polled* outlets, retried on the h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
@@ -31,13 +32,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import zmq
-import zmq.asyncio
 
 from broker.config import ConfigError, declared_spec
 from broker.engine import EngineError, Message
 from broker.hub import Hub
 from broker.sessions import Session, Sessions, heartbeat_tick
+from connector.zsock import Again, readable, recv_frames, send_to
 from protocol import ProtocolError, mc0
 
 log = logging.getLogger("mc0.router")
@@ -55,6 +57,11 @@ BATCH_MAX_BYTES = 1 << 20
 #: has been read again. So each turn answers at least one FETCH, and none holds the loop for long.
 FETCH_TURN_BYTES = 32 << 20
 FETCH_TURN_MESSAGES = 16_384
+
+#: The frames in front of a MESSAGES payload, for clients framing with the empty delimiter and without.
+_BATCH_HEAD = [b"", b"MESSAGES", b""]
+_BATCH_HEAD_BARE = [b"MESSAGES", b""]
+_pack_batch = msgpack.Packer(use_bin_type=True).pack
 
 #: Weakest first: a batch over several topics promises what its weakest topic achieved.
 DURABILITY_RANK = {b"memory": 0, b"written": 1, b"fsync": 2}
@@ -80,7 +87,7 @@ class RouterShell:
     def __init__(
         self,
         hub: Hub,
-        socket: zmq.asyncio.Socket,
+        socket: zmq.Socket,
         *,
         recv_budget: int = 8192,
         pending_limit: int = 100_000,
@@ -102,6 +109,11 @@ class RouterShell:
         # Clients with replies waiting for room in their pipe (or, for FETCH replies, for a later turn). Their
         # ``stalled`` queues hold Reply items: frames, or _FetchReply places not yet built.
         self.stalled: set[Session] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._turn_scheduled = False
+        self._sent = False  # sent on the socket since the descriptor was last re-armed (see _recheck)
+        self.receive_exhausted = False  # the last receive() stopped at its budget, not at an empty socket
+        self._heartbeat_timer: asyncio.TimerHandle | None = None
         # What FETCH replies may still read this turn (see FETCH_TURN_BYTES), and whether some had to wait.
         self.fetch_bytes = FETCH_TURN_BYTES
         self.fetch_messages = FETCH_TURN_MESSAGES
@@ -112,23 +124,62 @@ class RouterShell:
     # ----------------------------------------------------------------------------------------------- the loop
 
     async def run(self) -> None:
-        next_tick = self.monotonic() + self.tick
-        flush = self.hub.flush
-        while True:
-            wait = next_tick - self.monotonic()
-            ready = await self.socket.poll(max(0, int(wait * 1000)), zmq.POLLIN)
+        """Serve until cancelled: a turn each time the socket's descriptor says commands wait, and the
+        heartbeat on a timer. A failure inside a turn stops the broker through :meth:`Hub.fail`."""
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        fd = self.raw.getsockopt(zmq.FD)
+        loop.add_reader(fd, self._turn)
+        self._heartbeat_timer = loop.call_later(self.tick, self._heartbeat_turn)
+        self.hub.after_flush.append(self._recheck)
+        self._schedule_turn()  # commands may be waiting already: the descriptor only signals changes
+        try:
+            await loop.create_future()  # never set: the turns run as the loop's reader callbacks
+        finally:
+            loop.remove_reader(fd)
+            self._heartbeat_timer.cancel()
+            with contextlib.suppress(ValueError):
+                self.hub.after_flush.remove(self._recheck)
+
+    def _turn(self) -> None:
+        """One turn: take what is readable (up to the budget), then the hub's flush: commit, answers,
+        deliveries. Runs as the reader callback of the socket's descriptor, one loop wake-up per turn."""
+        self._turn_scheduled = False
+        try:
             now = self.monotonic()
-            if ready:
-                self.receive(now)
+            if self.receive(now):
                 # At once, not scheduled: a turn's answers and deliveries leave in the same loop iteration.
-                flush(now)
-            if now >= next_tick:
-                self.heartbeat(now)
-                next_tick = now + self.tick
-                # An expired round-robin consumer's messages went to others: send them now, not a tick later.
-                flush(now)
-            # Yield to the other tasks on the loop even when the socket never runs dry.
-            await asyncio.sleep(0)
+                self.hub.flush(now)
+            else:
+                self._sent = False  # receive() just asked: the descriptor is armed again
+        except Exception as error:  # a store failure: the broker stops loudly, not the loop quietly
+            self.hub.fail(error)
+
+    def _recheck(self) -> None:
+        """After sends: ``zmq.FD`` is edge-triggered, and a send may have taken in commands that arrived
+        meanwhile, consuming the edge the reader waits for. Ask once; if commands wait, come back for them on
+        the next loop iteration (which also leaves room for the other doors when one client floods us)."""
+        if self._sent or self.receive_exhausted:
+            self._sent = False
+            self.receive_exhausted = False
+            if not self._turn_scheduled and readable(self.raw):
+                self._schedule_turn()
+
+    def _schedule_turn(self) -> None:
+        if not self._turn_scheduled and self.loop is not None:
+            self._turn_scheduled = True
+            self.loop.call_soon(self._turn)
+
+    def _heartbeat_turn(self) -> None:
+        now = self.monotonic()
+        try:
+            self.heartbeat(now)
+            # An expired round-robin consumer's messages went to others: send them now, not a tick later.
+            self.hub.flush(now)
+        except Exception as error:
+            self.hub.fail(error)
+        if self.loop is not None:
+            self._heartbeat_timer = self.loop.call_later(self.tick, self._heartbeat_turn)
 
     def receive(self, now: float) -> int:
         """Take commands without blocking until the socket is dry or the turn's budget is spent.
@@ -140,12 +191,13 @@ class RouterShell:
         wall = self.wall_ms()
         budget = self.recv_budget
         taken = 0
+        # Asking before each read costs a getsockopt; reading until zmq.Again would cost an exception object
+        # (and pyzmq's errno enum) at the end of every turn, several times more.
         while taken < budget:
-            try:
-                frames = raw.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            taken += self.handle(frames, now, wall)
+            if not readable(raw):
+                return taken
+            taken += self.handle(recv_frames(raw), now, wall)
+        self.receive_exhausted = True  # more may wait: the flush's recheck comes back for it
         return taken
 
     # ---------------------------------------------------------------------------------------------- commands
@@ -369,10 +421,10 @@ class RouterShell:
 
     def deliver(self, session: Session, pending: list[Message], now: float) -> int:
         """Write ``pending`` to one client; returns how many went out (the rest stay pending)."""
-        head = [session.identity, b""] if session.delimiter else [session.identity]
         if session.batch:
             sent = 0
             total = len(pending)
+            pack = _pack_batch
             while sent < total:
                 chunk: list[tuple] = []
                 size = 0
@@ -385,12 +437,13 @@ class RouterShell:
                     size += len(message.body)
                     if size >= BATCH_MAX_BYTES:
                         break
-                payload = mc0.msgpack.packb(chunk, use_bin_type=True)
-                if not self.send(session, [*head, b"MESSAGES", b"", payload], now):
+                frames = (_BATCH_HEAD if session.delimiter else _BATCH_HEAD_BARE) + [pack(chunk)]
+                if not self.send(session, frames, now):
                     return sent
                 sent += len(chunk)
             return sent
         ids = session.ids
+        head = [b""] if session.delimiter else []
         for index, message in enumerate(pending):
             frames = mc0.message_frames(
                 list(head), message.topic, message.body, message.headers,
@@ -401,12 +454,12 @@ class RouterShell:
         return len(pending)
 
     def send(self, session: Session, frames: list[bytes], now: float) -> bool:
-        """One frame set to one client; False if it could not go out now (full pipe or gone peer)."""
-        if frames[0] != session.identity:
-            frames = [session.identity, *frames]
+        """One frame set (without the identity frame) to one client; False if it could not go out now (full
+        pipe or gone peer)."""
+        self._sent = True
         try:
-            self.raw.send_multipart(frames, zmq.NOBLOCK)
-        except zmq.Again:
+            self.transmit(session.identity, frames)
+        except Again:
             self.counters["blocked"] += 1
             return False
         except zmq.ZMQError as error:
@@ -418,6 +471,10 @@ class RouterShell:
             return False
         session.last_sent = now
         return True
+
+    def transmit(self, identity: bytes, frames: list[bytes]) -> None:
+        """Hand one frame set to ZeroMQ: the only place the router writes to its socket."""
+        send_to(self.raw, identity, frames)
 
     # ----------------------------------------------------------------------------------------------- liveness
 

@@ -29,7 +29,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from broker.config import BrokerConfig
-from broker.server import Broker, ensure_keys, serve
+from broker.server import Broker, ensure_keys, loop_factory, serve
 from broker.topics import TopicRule
 from connector import AsyncClient, Client, Message
 from connector import keys as key_files
@@ -75,7 +75,9 @@ class BrokerThread:
 
     def _main(self) -> None:
         try:
-            asyncio.run(serve(self.config, self._on_ready))
+            # The loop production runs on (uvloop where installed), so the tests exercise it.
+            with asyncio.Runner(loop_factory=loop_factory(self.config.event_loop)) as runner:
+                runner.run(serve(self.config, self._on_ready))
         except BaseException as error:  # reported to the test at start or teardown
             self.error = error
         finally:

@@ -25,10 +25,10 @@ class FullPipe:
         self.full = False
         self.sent: list[list[bytes]] = []
 
-    def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
+    def transmit(self, identity: bytes, frames: list[bytes]) -> None:
         if self.full:
             raise zmq.Again()
-        self.sent.append(frames)
+        self.sent.append([identity, *frames])
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def shell() -> Iterator[tuple[RouterShell, FullPipe]]:
     shell = RouterShell(hub, socket)
     hub.add(shell)
     pipe = FullPipe()
-    shell.raw = pipe  # type: ignore[assignment]
+    shell.transmit = pipe.transmit  # type: ignore[method-assign]
     yield shell, pipe
     socket.close(linger=0)
     context.term()
