@@ -234,6 +234,9 @@ class RouterShell:
                 message = engine.publish(topic, body, headers, wall)
                 if command_id is not None:
                     self.ok(session, command_id, self._published(session, message, (topic,)))
+            case mc0.Puts(items, command_id, _, True):
+                assert command_id is not None  # the codec refuses CONFIRM each without an ID
+                self.reply(session, mc0.confirms_ok(command_id, self._publish_each(items, wall)))
             case mc0.Puts(items, command_id):
                 # The codec checked every entry before this line: a batch is refused whole or published whole.
                 last = engine.publish_batch(items, wall)
@@ -316,6 +319,29 @@ class RouterShell:
             # (MESSAGE, MESSAGES) has no ID field, and a malformed one may fail before its ID is parsed.
             error.command_id = _command_id(body)
         self.reply(session, mc0.error_reply(error))
+
+    def _publish_each(
+        self, items: list[tuple[bytes, bytes, mc0.Headers]], wall: int
+    ) -> list[mc0.Confirmation]:
+        """A ``PUTS CONFIRM each``: every entry stored or refused on its own; one result per entry. The OK
+        leaves after the turn's commit, so each message id it reports is already as durable as it says."""
+        engine = self.engine
+        publish = engine.publish
+        durable: dict[bytes, str] = {}  # per topic of the batch: what its messages' OK promises
+        results: list[mc0.Confirmation] = []
+        append = results.append
+        for topic, body, headers in items:
+            try:
+                message = publish(topic, body, headers, wall)
+            except EngineError as error:
+                self.counters["errors"] += 1
+                append((None, str(error)))
+                continue
+            durability = durable.get(topic)
+            if durability is None:
+                durability = durable[topic] = engine.topics[topic].durability.decode()
+            append((message.id, durability))
+        return results
 
     def _published(self, session: Session, message: Message, names: Iterable[bytes]) -> dict[bytes, bytes]:
         """What an OK to a publish says was achieved: the (last) message id, and the weakest durability among

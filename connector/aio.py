@@ -23,7 +23,10 @@ from connector.base import (
     DEFAULT_ENDPOINT,
     ClientBase,
     ClientOptions,
+    Confirms,
+    QueuedConfirm,
     TopicSettings,
+    group_outbox,
     make_socket,
     reply_or_raise,
     topics_of,
@@ -38,7 +41,6 @@ from connector.core import (
     encode_headers,
     fetch_event,
     fetch_result,
-    ok_headers,
     sub_event,
     to_bytes,
 )
@@ -58,9 +60,11 @@ class AsyncClient(ClientBase):
         """Nothing happens on the wire until :meth:`connect` (or ``async with``). Options: see
         :class:`connector.base.ClientBase`."""
         super().__init__(endpoint, **options)
-        self._outbox: deque[Publish] = deque()
+        self._outbox: deque[Publish | QueuedConfirm] = deque()
         self._acks: dict[bytes, list[int]] = {}  # acked this loop turn, per topic: one ACK each at the flush
-        self._waiting: dict[bytes, tuple[asyncio.Future[mc0.Ok | mc0.Error], Any]] = {}
+        # A command's reply goes to its future, or to the futures of the publishes it confirms.
+        self._waiting: dict[bytes, asyncio.Future[mc0.Ok | mc0.Error] | Confirms] = {}
+        self._confirm_slots: asyncio.Semaphore | None = None  # made on the loop, by the first publish_async
         self._context = zmq.asyncio.Context()
         self._socket: zmq.asyncio.Socket | None = None
         self._raw: zmq.Socket | None = None
@@ -132,8 +136,12 @@ class AsyncClient(ClientBase):
         self._check()
         item = (to_bytes(topic), to_bytes(body), encode_headers(headers))
         if confirm:
-            reply = await self._call(mc0.Put(item[0], item[1], None, item[2]), timeout, "PUT")
-            return ok_headers(reply)
+            wait = self.timeout if timeout is None else timeout
+            confirmation = await self._confirm(item, wait)
+            try:
+                return await asyncio.wait_for(confirmation, wait)
+            except TimeoutError:
+                raise ConnectorError(f"no answer to PUT within {wait:g}s") from None
         while len(self._outbox) >= self._max_outbox:
             self._room.clear()
             self._schedule_flush()
@@ -145,6 +153,41 @@ class AsyncClient(ClientBase):
         self._outbox.append(item)
         self._schedule_flush()
         return None
+
+    async def publish_async(
+        self,
+        topic: str | bytes,
+        body: str | bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> asyncio.Future[dict[str, str]]:
+        """Publish one message and return a future of the broker's confirmation without waiting for it (see
+        :meth:`connector.Client.publish_async`): it resolves to the OK's headers (``MESSAGE-ID``,
+        ``DURABILITY``) or raises ConnectorError. The confirmed publishes of one loop turn leave together as
+        one ``PUTS CONFIRM each``. Waits only while ``max_confirms`` are in flight (up to ``timeout``)."""
+        self._check()
+        item = (to_bytes(topic), to_bytes(body), encode_headers(headers))
+        return await self._confirm(item, self.timeout if timeout is None else timeout)
+
+    async def _confirm(self, item: Publish, wait: float) -> asyncio.Future[dict[str, str]]:
+        slots = self._confirm_slots
+        if slots is None:
+            slots = self._confirm_slots = asyncio.Semaphore(self._max_confirms)
+        if slots.locked():
+            try:
+                await asyncio.wait_for(slots.acquire(), wait)
+            except TimeoutError:
+                raise ConnectorError(f"{self._max_confirms} confirmed publishes in flight for {wait:g}s: the "
+                                     "broker is not confirming them") from None
+            self._check()
+        else:
+            await slots.acquire()  # free: returns at once
+        future: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda _: slots.release())
+        self._outbox.append(QueuedConfirm(item, future))
+        self._schedule_flush()
+        return future
 
     async def subscribe(
         self,
@@ -179,7 +222,8 @@ class AsyncClient(ClientBase):
         await self._call(declare_event(topic, settings), timeout, "DECLARE")
 
     async def flush(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
-        """Return once the broker has taken every message published before this call."""
+        """Return once the broker has taken every message published before this call, and every
+        confirmation asked for before it has resolved (the broker answers in order)."""
         await self._call(mc0.Noop(), timeout, "NOOP")
 
     async def stats(self, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
@@ -248,6 +292,7 @@ class AsyncClient(ClientBase):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await self._reader
             self._fail_waiting("client closed")
+            self._fail_outbox("client closed")
             if self._socket is not None:
                 self._socket.close(linger=0)
             self._context.term()
@@ -262,6 +307,7 @@ class AsyncClient(ClientBase):
             return
         self._failure = task.exception()
         self._fail_waiting(f"client stopped: {self._failure}")
+        self._fail_outbox(f"client stopped: {self._failure}")
         self._arrived.set()
         self._room.set()
 
@@ -271,7 +317,7 @@ class AsyncClient(ClientBase):
         core = self._core
         command_id, frames = core.command(event)  # records a SUB or UNSUB (undone if the SUB is refused)
         future: asyncio.Future[mc0.Ok | mc0.Error] = asyncio.get_running_loop().create_future()
-        self._waiting[command_id] = (future, event)
+        self._waiting[command_id] = future
         self._send(frames, time.monotonic())
         wait = self.timeout if timeout is None else timeout
         try:
@@ -294,17 +340,26 @@ class AsyncClient(ClientBase):
         command_id, frames = self._core.connect(now)
         connected: asyncio.Future[mc0.Ok | mc0.Error] = loop.create_future()
         self._connecting = connected
-        self._waiting[command_id] = (connected, None)
+        self._waiting[command_id] = connected
         self._send(frames, now)
         for command_id, frames in self._core.resubscribe():
-            self._waiting[command_id] = (loop.create_future(), None)
+            self._waiting[command_id] = loop.create_future()
             self._send(frames, now)
         return connected
 
+    def _fail_outbox(self, why: str) -> None:
+        """The client stops: fail the confirmed publishes it never sent (none is dropped in silence)."""
+        for item in self._outbox:
+            if type(item) is QueuedConfirm:
+                item.fail(why)
+        self._outbox.clear()
+
     def _fail_waiting(self, why: str) -> None:
-        for future, _ in self._waiting.values():
-            if not future.done():
-                future.set_exception(ConnectorError(why))
+        for waiting in self._waiting.values():
+            if type(waiting) is Confirms:
+                waiting.fail(why)
+            elif not waiting.done():  # type: ignore[union-attr]
+                waiting.set_exception(ConnectorError(why))  # type: ignore[union-attr]
         self._waiting.clear()
 
     def _schedule_flush(self) -> None:
@@ -323,10 +378,18 @@ class AsyncClient(ClientBase):
                 return
             self._unsent.popleft()
         if self._outbox:
-            batch = list(self._outbox)
+            queued = list(self._outbox)
             self._outbox.clear()
-            for frames in self._core.pack(batch):
-                self._send(frames, now)
+            for kind, run in group_outbox(queued):
+                if kind is QueuedConfirm:
+                    start = 0
+                    for command_id, frames, count in self._core.pack_confirms([c.item for c in run]):
+                        self._waiting[command_id] = Confirms([c.future for c in run[start : start + count]])
+                        start += count
+                        self._send(frames, now)
+                else:
+                    for frames in self._core.pack(run):
+                        self._send(frames, now)
             self._room.set()
         if self._acks:
             acks, self._acks = self._acks, {}
@@ -402,6 +465,8 @@ class AsyncClient(ClientBase):
 
     def _resolve(self, reply: mc0.Ok | mc0.Error) -> None:
         waiting = self._waiting.pop(reply.id, None)  # type: ignore[arg-type] - the caller checked the id
-        if waiting is not None and not waiting[0].done():
-            waiting[0].set_result(reply)
+        if type(waiting) is Confirms:
+            waiting.settle(reply)
+        elif waiting is not None and not waiting.done():  # type: ignore[union-attr]
+            waiting.set_result(reply)  # type: ignore[union-attr]
 

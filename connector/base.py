@@ -8,24 +8,103 @@ keyword options of ``declare`` are :class:`TopicSettings`, written once here for
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol, TypedDict
 
 import zmq
 
-from connector.core import ClientCore, ConnectorError, Message
+from connector.core import ClientCore, ConnectorError, Message, Publish, confirm_results
 from connector.keys import Credentials
+from connector.zsock import readable, recv_frames
 from protocol import mc0
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:61616"
 #: Frame sets read per wake-up before the client looks at its other work (fairness, not a limit).
 READ_BUDGET = 512
+#: Confirmed publishes in flight per client by default (NATS JetStream's publish_async bounds 4,000; ours is
+#: the broker's batch size, so a full window is one PUTS CONFIRM each and one fsync on a strong topic).
+DEFAULT_MAX_CONFIRMS = 1024
 
 
 class _Signal(Protocol):
     def set(self) -> None: ...
+
+
+class _Future(Protocol):
+    """A concurrent.futures.Future (the blocking client) or an asyncio.Future (the asyncio client)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Any) -> None: ...
+
+    def set_exception(self, exception: BaseException) -> None: ...
+
+
+class Confirms:
+    """The futures of confirmed publishes that left in one command (a ``PUTS CONFIRM each``, or one PUT with
+    an ID): settled together by its reply, or failed together when no reply can come. Never dropped: every
+    path that forgets a command fails its futures."""
+
+    __slots__ = ("futures",)
+
+    def __init__(self, futures: list[_Future]) -> None:
+        self.futures = futures
+
+    def settle(self, reply: mc0.Ok | mc0.Error) -> None:
+        for future, result in zip(self.futures, confirm_results(reply, len(self.futures)), strict=True):
+            if future.done():
+                continue
+            if isinstance(result, ConnectorError):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+    def fail(self, why: str) -> None:
+        for future in self.futures:
+            if not future.done():
+                future.set_exception(ConnectorError(
+                    f"{why} before the broker confirmed this publish: it may or may not have been stored"))
+
+
+class QueuedConfirm:
+    """A confirmed publish waiting in a client's outbox: what to send, and the future its result goes to."""
+
+    __slots__ = ("future", "item")
+
+    def __init__(self, item: Publish, future: _Future) -> None:
+        self.item = item
+        self.future = future
+
+    def fail(self, why: str) -> None:
+        Confirms([self.future]).fail(why)
+
+
+def group_outbox(items: Iterable[Any]) -> Iterator[tuple[type, list[Any]]]:
+    """Runs of one kind from an outbox, in order, as ``(kind, items)``: ``tuple`` for fire-and-forget
+    publishes, :class:`QueuedConfirm` for confirmed ones, and any other item (a command) alone. A run leaves
+    as one batch, so order is kept between the kinds while each still travels in batches."""
+    kind: type | None = None
+    run: list[Any] = []
+    append = run.append
+    for item in items:
+        this = type(item)
+        if this is kind:  # the common case under load: one more of the same
+            append(item)
+            continue
+        if run:
+            yield kind, run  # type: ignore[misc] - kind is set whenever run is not empty
+            run = []
+            append = run.append
+        if this is tuple or this is QueuedConfirm:
+            kind = this
+            append(item)
+        else:
+            kind = None
+            yield this, [item]
+    if run:
+        yield kind, run  # type: ignore[misc]
 
 
 def resolve_credentials(
@@ -75,6 +154,7 @@ class ClientOptions(TypedDict, total=False):
     timeout: float
     max_outbox: int
     max_inbox: int
+    max_confirms: int
 
 
 class TopicSettings(TypedDict, total=False):
@@ -101,7 +181,8 @@ class ClientBase:
 
     ``keys`` (a folder with broker.key and client.key_secret) or ``credentials`` turn CURVE on;
     ``curve=False`` forces plaintext; ``ttl`` (ms, None = no heartbeats) drives NOOPs and reconnects;
-    ``timeout`` (s) bounds every wait for the broker; ``max_outbox``/``max_inbox`` bound the two queues.
+    ``timeout`` (s) bounds every wait for the broker; ``max_outbox``/``max_inbox`` bound the two queues;
+    ``max_confirms`` bounds the confirmed publishes in flight (``publish_async`` waits for room beyond it).
     """
 
     _arrived: _Signal  # set when deliveries reach the inbox (a threading or an asyncio Event)
@@ -117,7 +198,10 @@ class ClientBase:
         timeout: float = 5.0,
         max_outbox: int = 100_000,
         max_inbox: int = 100_000,
+        max_confirms: int = DEFAULT_MAX_CONFIRMS,
     ) -> None:
+        if max_confirms < 1:
+            raise ValueError("max_confirms must be at least 1")
         self.endpoint = endpoint
         self.timeout = timeout
         self.reconnects = 0
@@ -125,6 +209,7 @@ class ClientBase:
         self._core = ClientCore(ttl)
         self._max_outbox = max_outbox
         self._max_inbox = max_inbox
+        self._max_confirms = max_confirms
         self._inbox: deque[Message] = deque()
         self._unsent: deque[mc0.Frames] = deque()  # frame sets that met a full pipe, in order
         self._closed = False
@@ -154,13 +239,9 @@ class ClientBase:
         core = self._core
         got = False
         count = 0
-        for count in range(1, READ_BUDGET + 1):
-            try:
-                frames = socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                count -= 1
-                break
-            messages, reply = core.receive(frames, now)
+        while count < READ_BUDGET and readable(socket):  # asking is cheaper than a zmq.Again at the end
+            count += 1
+            messages, reply = core.receive(recv_frames(socket), now)
             if messages:
                 self._inbox.extend(messages)
                 got = True

@@ -7,11 +7,15 @@ exception (:class:`ConnectorError`, key files, configuration, sockets) becomes a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -164,21 +168,30 @@ def _stdin_lines() -> Iterator[bytes]:
               help="Publish MESSAGE this many times (load generation).")
 @click.option("--rate", type=click.FloatRange(min=0), default=0,
               help="Messages per second (0 = as fast as possible).")
-@click.option("--confirm", is_flag=True, help="Wait for the broker's OK for every message.")
+@click.option("--confirm", is_flag=True,
+              help="Have the broker confirm every message (pipelined: up to 1,024 in flight); exits 1 if it "
+                   "refused any.")
 def pub(topic: str, message: str | None, endpoint: str, keys_dir: Path, no_curve: bool,
         header_pairs: tuple[str, ...], count: int, rate: float, confirm: bool) -> None:
     """Publish MESSAGE to TOPIC, or each line of stdin when MESSAGE is omitted."""
     headers = _parse_headers(header_pairs)
     with _connect(endpoint, keys_dir, no_curve) as client:
-        confirmed: dict[str, str] | None = None  # the broker's last OK: MESSAGE-ID and DURABILITY
+        confirmations = _Confirmations(client.timeout) if confirm else None
+
+        def publish(body: bytes) -> None:
+            if confirmations is None:
+                client.publish(topic, body, headers)
+            else:
+                confirmations.add(client.publish_async(topic, body, headers))
+
         if message is None:
             sent = 0
             for line in _stdin_lines():
-                confirmed = client.publish(topic, line, headers, confirm=confirm)
+                publish(line)
                 sent += 1
             client.flush()
             click.echo(f"published {sent} message(s) to {topic}", err=True)
-            _say_confirmed(confirmed)
+            _report(confirmations)
             return
         body = message.encode()
         interval = 1.0 / rate if rate else 0.0
@@ -190,7 +203,7 @@ def pub(topic: str, message: str | None, endpoint: str, keys_dir: Path, no_curve
                     delay = start + n * interval - time.monotonic()
                     if delay > 0:
                         time.sleep(delay)
-                confirmed = client.publish(topic, body, headers, confirm=confirm)
+                publish(body)
                 if n % 1000 == 999:
                     bar.update(1000)
             bar.update(count % 1000)
@@ -198,14 +211,57 @@ def pub(topic: str, message: str | None, endpoint: str, keys_dir: Path, no_curve
         if count >= PROGRESS_FROM:
             elapsed = time.monotonic() - start
             click.echo(f"published {count} messages in {elapsed:.2f}s ({count / elapsed:,.0f}/s)", err=True)
-        _say_confirmed(confirmed)
+        _report(confirmations)
 
 
-def _say_confirmed(reply: dict[str, str] | None) -> None:
-    """With --confirm: what the broker's last OK said was achieved (on stderr, like the other reports)."""
-    if reply and "MESSAGE-ID" in reply:
-        click.echo(f"confirmed: message id {reply['MESSAGE-ID']}, durability {reply.get('DURABILITY', '-')}",
-                   err=True)
+class _Confirmations:
+    """``pub --confirm``: the futures of the messages in flight, settled in order as they resolve, counting
+    what the broker confirmed and keeping the first refusal. Memory stays bounded by the client's
+    ``max_confirms``: settled futures are let go at once."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.waiting: deque[Future[dict[str, str]]] = deque()
+        self.confirmed = 0
+        self.refused = 0
+        self.first_refusal = ""
+        self.last: dict[str, str] = {}
+
+    def add(self, future: Future[dict[str, str]]) -> None:
+        self.waiting.append(future)
+        while self.waiting and self.waiting[0].done():
+            self._settle(self.waiting.popleft())
+
+    def finish(self) -> None:
+        while self.waiting:
+            future = self.waiting.popleft()
+            # Waits for it; _settle counts the outcome (a timeout as a refusal: nothing confirmed it).
+            with contextlib.suppress(ConnectorError, FutureTimeout):
+                future.result(self.timeout)
+            self._settle(future)
+
+    def _settle(self, future: Future[dict[str, str]]) -> None:
+        error = future.exception() if future.done() else ConnectorError("no confirmation in time")
+        if error is None:
+            self.confirmed += 1
+            self.last = future.result()
+        else:
+            self.refused += 1
+            self.first_refusal = self.first_refusal or str(error)
+
+
+def _report(confirmations: _Confirmations | None) -> None:
+    """With --confirm: what the broker confirmed (on stderr, like the other reports); exit 1 on a refusal."""
+    if confirmations is None:
+        return
+    confirmations.finish()
+    last = confirmations.last
+    if last:
+        click.echo(f"confirmed {confirmations.confirmed} message(s): last message id {last['MESSAGE-ID']}, "
+                   f"durability {last.get('DURABILITY', '-')}", err=True)
+    if confirmations.refused:
+        raise click.ClickException(f"{confirmations.refused} message(s) not confirmed; the first: "
+                                   f"{confirmations.first_refusal}")
 
 
 class _Replay(click.ParamType):

@@ -29,7 +29,10 @@ from connector.base import (
     DEFAULT_ENDPOINT,
     ClientBase,
     ClientOptions,
+    Confirms,
+    QueuedConfirm,
     TopicSettings,
+    group_outbox,
     make_socket,
     reply_or_raise,
     topics_of,
@@ -60,17 +63,29 @@ class _Request:
 
     def __init__(self, event: Any) -> None:
         self.event = event
-        self.future: Future[mc0.Ok] = Future()
+        self.future: Future[Any] = Future()
+
+    def settle(self, reply: mc0.Ok | mc0.Error) -> None:
+        # A refused SUB was already undone in the core's subscriptions when its ERROR was read.
+        if not self.future.done():
+            self.future.set_result(reply)
+
+    def fail(self, why: str) -> None:
+        if not self.future.done():
+            self.future.set_exception(ConnectorError(why))
 
 
-class _Close:
+class _Close(_Request):
     """DISCONNECT with an ID: the broker's OK proves that everything sent before it arrived."""
 
-    __slots__ = ("event", "future")
+    __slots__ = ()
 
     def __init__(self) -> None:
-        self.event = mc0.Disconnect()
-        self.future: Future[Any] = Future()
+        super().__init__(mc0.Disconnect())
+
+
+#: What a command waits in: its own future, or the futures of the publishes it confirms.
+_Waiting = _Request | Confirms
 
 
 class Client(ClientBase):
@@ -85,7 +100,9 @@ class Client(ClientBase):
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, **options: Unpack[ClientOptions]) -> None:
         """Connect and wait for the broker's OK. Options: see :class:`connector.base.ClientBase`."""
         super().__init__(endpoint, **options)
-        self._outbox: deque[Publish | mc0.Ack | _Request | _Close] = deque()
+        self._outbox: deque[Publish | mc0.Ack | _Request | QueuedConfirm] = deque()
+        # Confirmed publishes in flight: taken by publish_async, given back when its future is done.
+        self._confirm_slots = threading.BoundedSemaphore(self._max_confirms)
         self._arrived = threading.Event()
         self._room = threading.Condition()
         self._signaled = False
@@ -98,7 +115,7 @@ class Client(ClientBase):
         os.set_blocking(self._wake_r, False)
         self._context = zmq.Context()
         self._socket: zmq.Socket | None = None
-        self._waiting: dict[bytes, _Request | _Close] = {}
+        self._waiting: dict[bytes, _Waiting] = {}
         self._connected: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, name=f"mc0-client {endpoint}", daemon=True)
         self._thread.start()
@@ -139,7 +156,11 @@ class Client(ClientBase):
             body = to_bytes(body)
         item = (raw_topic, body, encode_headers(headers) if headers else NO_HEADERS)
         if confirm:
-            return ok_headers(self._call(mc0.Put(raw_topic, body, None, item[2]), timeout, "PUT"))
+            wait = self.timeout if timeout is None else timeout
+            try:
+                return self._confirm(item, wait).result(wait)
+            except FutureTimeout:
+                raise ConnectorError(f"no answer to PUT within {wait:g}s") from None
         if self._closed or self._failure is not None:
             self._check()
         if len(self._outbox) >= self._max_outbox:
@@ -148,6 +169,46 @@ class Client(ClientBase):
         if not self._signaled:
             self._wake()
         return None
+
+    def publish_async(
+        self,
+        topic: str | bytes,
+        body: str | bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Future[dict[str, str]]:
+        """Publish one message and return at once a future of the broker's confirmation, as RabbitMQ's
+        publisher confirms and JetStream's ``publish_async`` do: it resolves to the OK's headers
+        (``MESSAGE-ID``, ``DURABILITY``: sent only once the topic's sync level is met) or raises the
+        broker's refusal of this message (ConnectorError), and fails (ConnectorError) if the connection is
+        lost before the broker answered. Futures resolve in the order the messages were published.
+
+        Confirmed publishes in flight travel together: whatever is queued when the I/O thread writes leaves
+        as one ``PUTS CONFIRM each``, and the broker stores and answers them in one turn (one fsync on a
+        strong topic), yet refuses only the entries it cannot store. At most ``max_confirms`` are in flight;
+        beyond that this call waits up to ``timeout`` (the client's by default) for room. :meth:`flush` waits
+        for every confirmation asked for before it; :meth:`close` too, or fails the ones left."""
+        raw_topic = self._topics.get(topic)
+        if raw_topic is None:
+            raw_topic = self._topics[topic] = to_bytes(topic)
+        if type(body) is not bytes:
+            body = to_bytes(body)
+        item = (raw_topic, body, encode_headers(headers) if headers else NO_HEADERS)
+        return self._confirm(item, self.timeout if timeout is None else timeout)
+
+    def _confirm(self, item: Publish, wait: float) -> Future[dict[str, str]]:
+        self._check()
+        slots = self._confirm_slots
+        if not slots.acquire(timeout=wait):
+            raise ConnectorError(f"{self._max_confirms} confirmed publishes in flight for {wait:g}s: the "
+                                 "broker is not confirming them")
+        future: Future[dict[str, str]] = Future()
+        future.add_done_callback(lambda _: slots.release())
+        self._outbox.append(QueuedConfirm(item, future))
+        if not self._signaled:
+            self._wake()
+        return future
 
     def publish_batch(
         self,
@@ -202,7 +263,8 @@ class Client(ClientBase):
         self._call(declare_event(topic, settings), timeout, "DECLARE")
 
     def flush(self, timeout: float | None = None) -> None:
-        """Return once the broker has taken every message published before this call (a NOOP round trip)."""
+        """Return once the broker has taken every message published before this call (a NOOP round trip),
+        and every confirmation asked for before it has resolved: the broker answers in order."""
         self._call(mc0.Noop(), timeout, "NOOP")
 
     def stats(self, timeout: float | None = None) -> dict[str, Any]:
@@ -348,12 +410,11 @@ class Client(ClientBase):
                 self._connected.set_exception(ConnectorError(str(error)))
         finally:
             for request in self._waiting.values():
-                if not request.future.done():
-                    request.future.set_exception(ConnectorError("client stopped before the broker answered"))
+                request.fail("client stopped before the broker answered")
             while self._outbox:  # popleft, not iteration: other threads may still be appending
                 item = self._outbox.popleft()
-                if isinstance(item, _Request | _Close) and not item.future.done():
-                    item.future.set_exception(ConnectorError("client stopped"))
+                if isinstance(item, _Request | QueuedConfirm):
+                    item.fail("client stopped")
             if self._socket is not None:
                 self._socket.close(linger=0)
             with self._room:
@@ -367,7 +428,7 @@ class Client(ClientBase):
         self._socket = make_socket(self._context, self.endpoint, self._credentials)
         self._unsent.clear()
         for request in self._waiting.values():
-            request.future.set_exception(ConnectorError("connection to the broker was lost"))
+            request.fail("connection to the broker was lost")
         self._waiting.clear()
         now = time.monotonic()
         command_id, frames = self._core.connect(now)
@@ -429,12 +490,7 @@ class Client(ClientBase):
     def _resolve(self, reply: mc0.Ok | mc0.Error) -> None:
         request = self._waiting.pop(reply.id, None)  # type: ignore[arg-type] - the caller checked the id
         if request is not None:
-            self._settle(request, reply)
-
-    def _settle(self, request: _Request | _Close, reply: mc0.Ok | mc0.Error) -> None:
-        # A refused SUB was already undone in the core's subscriptions when its ERROR was read.
-        if not request.future.done():
-            request.future.set_result(reply)
+            request.settle(reply)
 
     def _write(self, now: float) -> None:
         """Send what callers queued, in order, up to and including the DISCONNECT of a close()."""
@@ -446,21 +502,31 @@ class Client(ClientBase):
             return  # nothing queued after close() goes out
         outbox = self._outbox
         core = self._core
-        batch: list[Publish] = []
         acks: dict[bytes, list[int]] = {}  # merged per topic until the next command or the end of the outbox
-        while outbox:
-            item = outbox.popleft()
-            if type(item) is tuple:
-                batch.append(item)
+
+        def queued() -> Iterator[Any]:
+            # popleft, not iteration: other threads may still be appending. Stops after a close()'s
+            # DISCONNECT: nothing queued after it goes out (what is left is failed when the thread ends).
+            while outbox:
+                item = outbox.popleft()
+                if type(item) is mc0.Ack:
+                    acks.setdefault(item.topic, []).extend(item.message_ids)
+                    continue
+                yield item
+                if type(item) is _Close:
+                    return
+
+        for kind, run in group_outbox(queued()):
+            if kind is tuple:
+                self._send_publishes(run, now)
                 continue
-            if type(item) is mc0.Ack:
-                acks.setdefault(item.topic, []).extend(item.message_ids)
+            if kind is QueuedConfirm:
+                self._send_confirms(run, now)
                 continue
-            self._send_publishes(batch, now)
-            batch = []
             self._send_acks(acks, now)
             acks = {}
-            if isinstance(item, _Close):
+            item = run[0]
+            if type(item) is _Close:
                 command_id, frames = core.request(item.event)
                 self._waiting[command_id] = item
                 self._closing = item
@@ -469,7 +535,6 @@ class Client(ClientBase):
             command_id, frames = core.command(item.event)
             self._waiting[command_id] = item
             self._send(frames, now)
-        self._send_publishes(batch, now)
         self._send_acks(acks, now)
         if self._room_wanted:
             with self._room:
@@ -478,6 +543,14 @@ class Client(ClientBase):
     def _send_publishes(self, batch: list[Publish], now: float) -> None:
         if batch:
             for frames in self._core.pack(batch):
+                self._send(frames, now)
+
+    def _send_confirms(self, confirms: list[QueuedConfirm], now: float) -> None:
+        if confirms:
+            start = 0
+            for command_id, frames, count in self._core.pack_confirms([c.item for c in confirms]):
+                self._waiting[command_id] = Confirms([c.future for c in confirms[start : start + count]])
+                start += count
                 self._send(frames, now)
 
     def _send_acks(self, acks: dict[bytes, list[int]], now: float) -> None:

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from protocol import ProtocolError, mc0
 
-#: The client asks for both extensions; a broker that does not echo one simply is not using it.
-WANTED_EXTENSIONS = frozenset({mc0.EXT_BATCH, mc0.EXT_IDS})
+#: The client asks for every extension it speaks; a broker that does not echo one simply is not using it.
+WANTED_EXTENSIONS = frozenset({mc0.EXT_BATCH, mc0.EXT_IDS, mc0.EXT_CONFIRMS})
 #: Publishes packed into one PUTS frame at most (the broker's MESSAGES batches use the same bound).
 BATCH_MAX_MESSAGES = 1024
 BATCH_MAX_BYTES = 1 << 20
@@ -213,6 +213,36 @@ def ok_headers(reply: mc0.Ok) -> dict[str, str]:
     return {k.decode(): v.decode("utf-8", "replace") for k, v in reply.headers.items()}
 
 
+def confirm_results(reply: mc0.Ok | mc0.Error, count: int) -> list[dict[str, str] | ConnectorError]:
+    """What the broker said of ``count`` confirmed publishes that left in one command: per publish, the OK's
+    headers (``MESSAGE-ID``, ``DURABILITY``) or the ConnectorError its refusal raises.
+
+    The reply to a ``PUTS CONFIRM each`` carries one result per entry; the reply to a single PUT is its OK
+    or its ERROR."""
+    # One exception object per publish: each is raised on its own, perhaps in its own thread.
+    if isinstance(reply, mc0.Error):
+        text = reply.message.decode("utf-8", "replace")
+        return [ConnectorError(f"broker refused PUT: {text}") for _ in range(count)]
+    if reply.body is None:  # the OK to one PUT with an ID
+        if count == 1:
+            return [ok_headers(reply)]
+        return [_malformed("an OK without results") for _ in range(count)]
+    try:
+        entries = mc0.decode_confirms(reply, count)
+    except ProtocolError as error:
+        return [_malformed(str(error)) for _ in range(count)]
+    return [
+        {"MESSAGE-ID": str(message_id), "DURABILITY": detail} if message_id is not None
+        else ConnectorError(f"broker refused PUT: {detail}")
+        for message_id, detail in entries
+    ]
+
+
+def _malformed(what: str) -> ConnectorError:
+    return ConnectorError(f"malformed reply to confirmed publishes ({what}): whether they were stored is "
+                          "unknown")
+
+
 #: One queued publish: (topic, body, headers) as bytes, headers possibly empty.
 Publish = tuple[bytes, bytes, dict[bytes, bytes]]
 
@@ -354,18 +384,38 @@ class ClientCore:
             for topic, body, headers in publishes:
                 yield mc0.encode(mc0.Put(topic, body, None, headers))
             return
+        for start, end in self._chunks(publishes):
+            yield [b"", b"PUTS", b"", mc0.pack_put_items(publishes[start:end])]
+
+    def pack_confirms(self, publishes: list[Publish]) -> Iterator[tuple[bytes, mc0.Frames, int]]:
+        """Confirmed publishes as ``(command id, frames, entries)``: PUTS with ``CONFIRM each`` if the broker
+        speaks ``confirms`` (publishes in flight travel together and are confirmed one by one), else one PUT
+        with an ID each (still pipelined: nobody waits for one OK before sending the next)."""
+        if mc0.EXT_CONFIRMS not in self.extensions:
+            for topic, body, headers in publishes:
+                command_id = self.next_id()
+                yield command_id, mc0.encode(mc0.Put(topic, body, command_id, headers)), 1
+            return
+        for start, end in self._chunks(publishes):
+            command_id = self.next_id()
+            head = [b"", b"PUTS", mc0.CONFIRM, mc0.CONFIRM_EACH, mc0.ID, command_id, b""]
+            yield command_id, [*head, mc0.pack_put_items(publishes[start:end])], end - start
+
+    @staticmethod
+    def _chunks(publishes: list[Publish]) -> Iterator[tuple[int, int]]:
+        """``[start, end)`` ranges of at most BATCH_MAX_MESSAGES publishes and about BATCH_MAX_BYTES of
+        bodies: a frame over the broker's max_message_size would cost the connection."""
         start = 0
         total = len(publishes)
         while start < total:
             end = min(total, start + BATCH_MAX_MESSAGES)
             size = 0
             for index in range(start, end):
-                # Bounded in bytes too: a frame over the broker's max_message_size would cost the connection.
                 size += len(publishes[index][1])
                 if size >= BATCH_MAX_BYTES:
                     end = index + 1
                     break
-            yield [b"", b"PUTS", b"", mc0.pack_put_items(publishes[start:end])]
+            yield start, end
             start = end
 
     @staticmethod

@@ -55,8 +55,11 @@ MAX_BYTES = b"MAX-BYTES"  # <n>: bodies up to n bytes in the reply (but always a
 FIRST_ID = b"FIRST-ID"  # on the OK to a FETCH: the oldest stored id
 NEXT_ID = b"NEXT-ID"  # on the OK to a FETCH: one past the newest stored id
 COUNT = b"COUNT"  # on the OK to a FETCH (and a PUTS): how many messages
+# PUTS: "CONFIRM each" (extension "confirms") asks for one result per entry instead of one for the batch.
+CONFIRM = b"CONFIRM"
+CONFIRM_EACH = b"each"
 CONTENT_TYPE = b"CONTENT-TYPE"
-FETCH_CONTENT_TYPE = b"application/msgpack"
+MSGPACK_CONTENT_TYPE = b"application/msgpack"  # the payload of a FETCH or a CONFIRM reply
 
 REPLAY_BEGINNING = "beginning"
 REPLAY_CURRENT = "current"
@@ -83,7 +86,9 @@ NO_HEADERS: Headers = {}
 #: Extension tokens a client may ask for in ``CONNECT EXTENSIONS``.
 EXT_BATCH = "batch"  # the broker may deliver MESSAGES batches instead of one MESSAGE per frame set
 EXT_IDS = "ids"  # MESSAGE carries MESSAGE-ID and TIMESTAMP
-KNOWN_EXTENSIONS = frozenset({EXT_BATCH, EXT_IDS})
+#: PUTS may carry CONFIRM each: entries stored or refused one by one, one result each.
+EXT_CONFIRMS = "confirms"
+KNOWN_EXTENSIONS = frozenset({EXT_BATCH, EXT_IDS, EXT_CONFIRMS})
 
 #: FETCH limits (docs/mc0.md): what a FETCH without MAX-MESSAGES / MAX-BYTES gets, and the most any FETCH
 #: gets whatever it asks (larger values are lowered to these, not refused). The byte cap is the broker's
@@ -156,11 +161,16 @@ class PutItem(NamedTuple):
 
 @dataclass(slots=True)
 class Puts:
-    """Extension: many PUTs in one frame set; an ID confirms the whole batch."""
+    """Extension: many PUTs in one frame set; an ID confirms the whole batch.
+
+    With ``confirm_each`` (extension "confirms", header ``CONFIRM each``, needs an ID) the entries are
+    separate publishes that travel together: each is stored or refused on its own, and the OK carries one
+    result per entry (:func:`confirms_ok`). This is how a client pipelines confirmed publishes."""
 
     items: list[tuple[bytes, bytes, Headers]]  # PutItem or plain tuples of the same shape
     id: bytes | None = None
     headers: Headers = field(default_factory=dict)
+    confirm_each: bool = False
 
 
 @dataclass(slots=True)
@@ -547,7 +557,13 @@ def decode(frames: Frames) -> Event:
         return Put(topic, body, command_id, publisher_headers(headers, command_id))
     if verb == b"PUTS":
         headers.pop(ID, None)
-        return Puts(_decode_puts(positional, command_id), command_id, headers)
+        confirm = headers.pop(CONFIRM, None)
+        if confirm is not None:
+            if confirm != CONFIRM_EACH:
+                raise ProtocolError(f"CONFIRM must be 'each', not {_text(confirm)!r}", command_id=command_id)
+            if command_id is None:
+                raise ProtocolError("PUTS with CONFIRM each needs an ID to answer to")
+        return Puts(_decode_puts(positional, command_id), command_id, headers, confirm is not None)
     if verb == b"MESSAGE":
         topic = headers.pop(TOPIC, None)
         if not topic:
@@ -642,7 +658,7 @@ def fetch_ok(
         FIRST_ID: b"%d" % first_id,
         NEXT_ID: b"%d" % next_id,
         COUNT: b"%d" % len(items),
-        CONTENT_TYPE: FETCH_CONTENT_TYPE,
+        CONTENT_TYPE: MSGPACK_CONTENT_TYPE,
     }
     return Ok(command_id, headers, msgpack.packb(items, use_bin_type=True))
 
@@ -677,6 +693,36 @@ def decode_fetch_reply(ok: Ok) -> FetchReply:
     return FetchReply(first_id, next_id, items)
 
 
+#: One entry of the OK to a ``PUTS CONFIRM each``: ``(message id, durability)`` for a stored entry, ``(None,
+#: error text)`` for a refused one. Durability is "fsync", "written" or "memory", as in DURABILITY.
+Confirmation: TypeAlias = tuple[int | None, str]
+
+
+def confirms_ok(command_id: bytes, results: Sequence[Confirmation]) -> Ok:
+    """The OK answering a ``PUTS CONFIRM each``: COUNT and a msgpack payload of one ``[id, durability]`` or
+    ``[nil, error]`` per entry, in entry order."""
+    headers = {COUNT: b"%d" % len(results), CONTENT_TYPE: MSGPACK_CONTENT_TYPE}
+    return Ok(command_id, headers, msgpack.packb(results, use_bin_type=True))
+
+
+def decode_confirms(ok: Ok, count: int) -> list[Confirmation]:
+    """The per-entry results of the OK to a ``PUTS CONFIRM each`` of ``count`` entries (the client side)."""
+    if ok.body is None:
+        raise ProtocolError("the OK to a PUTS with CONFIRM each has no payload", command_id=ok.id)
+    results: list[Confirmation] = []
+    for entry in _unpack_array(ok.body, "CONFIRM reply", ok.id):
+        if type(entry) is not list or len(entry) != 2 or type(entry[1]) is not str or not (
+            entry[0] is None or (type(entry[0]) is int and entry[0] >= 0)
+        ):
+            raise ProtocolError("each CONFIRM reply entry must be [id, durability] or [nil, error]",
+                                command_id=ok.id)
+        results.append((entry[0], entry[1]))
+    if len(results) != count:
+        raise ProtocolError(f"the OK to a PUTS of {count} entries carries {len(results)} results",
+                            command_id=ok.id)
+    return results
+
+
 def message_frames(
     out: Frames,
     topic: bytes,
@@ -708,8 +754,10 @@ def encode(event: Event, *, delimiter: bool = True) -> Frames:
             out += (b"", body)
         case Message(topic, body, headers, message_id, timestamp):
             message_frames(out, topic, body, headers, message_id, timestamp)
-        case Puts(items, command_id, headers):
+        case Puts(items, command_id, headers, confirm_each):
             out.append(b"PUTS")
+            if confirm_each:
+                out += (CONFIRM, CONFIRM_EACH)
             _headers(out, headers)
             _with_id(out, command_id)
             out += (b"", pack_put_items(items))

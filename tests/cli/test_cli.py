@@ -29,12 +29,14 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import ARRIVAL, free_port, receive_all
 
+from broker.topics import Persistence, Sync, TopicRule, TopicSpec
 from connector import Client, ConnectorError
 from connector import cli as cli_module
 from connector import keys as key_files
 from connector.cli import main
 
 if TYPE_CHECKING:
+    from conftest import BrokerFactory
 
     from broker.server import Broker
 
@@ -155,6 +157,27 @@ def test_pub_count_and_confirm(
     received = receive_all(observer, 50)
     assert {m.text for m in received} == {"x"}
     assert observer.receive(timeout=0.1) is None
+
+
+def test_pub_confirm_reports_what_the_broker_confirmed_and_fails_on_a_refusal(
+    runner: CliRunner, start_broker: BrokerFactory, keys_dir: Path
+) -> None:
+    strong = TopicRule("p.*", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG))
+    fixed = TopicRule("fixed", TopicSpec(element_size=1))
+    broker = start_broker(curve=True, keys_dir=keys_dir, topics=(strong, fixed))
+    result = runner.invoke(main, ["pub", "p.load", "x", "--count", "300", "--confirm",
+                                  *client_args(broker, keys_dir)])
+    assert result.exit_code == 0, result.output
+    assert "confirmed 300 message(s): last message id 300, durability fsync" in result.output
+    with Client(broker.endpoint, keys=keys_dir) as client:
+        assert client.offsets("p.load") == (1, 301)
+        # The 300 travelled together: far fewer commits (fsyncs) than messages.
+        assert client.topics()["p.load"]["fsyncs"] < 100
+    refused = runner.invoke(main, ["pub", "fixed", "two", "--count", "3", "--confirm",
+                                   *client_args(broker, keys_dir)])
+    assert refused.exit_code == 1
+    assert "3 message(s) not confirmed; the first: broker refused PUT: topic 'fixed' takes bodies of " \
+        "exactly 1 bytes, not 3" in refused.output
 
 
 def test_pub_publishes_stdin_lines_when_message_is_omitted(

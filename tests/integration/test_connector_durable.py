@@ -318,6 +318,135 @@ def test_async_confirmed_publish_to_a_persistent_topic_says_message_id_and_fsync
     assert (second["MESSAGE-ID"], second["DURABILITY"]) == ("2", "fsync")
 
 
+FIXED = TopicRule("fixed", TopicSpec(element_size=4))
+
+
+def test_pipelined_confirms_resolve_in_order_with_their_ids_and_travel_together(durable: Broker) -> None:
+    with Client(durable.endpoint, timeout=5.0) as client:
+        order: list[int] = []
+        futures = [client.publish_async("p.pipe", b"m%d" % n) for n in range(1000)]
+        for n, future in enumerate(futures):
+            future.add_done_callback(lambda _, n=n: order.append(n))
+        results = [future.result(5) for future in futures]
+        topic = client.topics()["p.pipe"]
+    assert [r["MESSAGE-ID"] for r in results] == [str(n) for n in range(1, 1001)]
+    assert {r["DURABILITY"] for r in results} == {"fsync"}
+    assert order == list(range(1000))
+    # 1,000 in flight cost a handful of commits, as publish_batch does, not one fsync each.
+    assert topic["fsyncs"] <= 50, topic["fsyncs"]
+
+
+def test_an_error_in_a_pipelined_run_fails_exactly_that_publish(start_broker: BrokerFactory) -> None:
+    broker = start_broker(topics=(FIXED,))
+    with Client(broker.endpoint, timeout=5.0) as client:
+        futures = [client.publish_async("fixed", body) for body in (b"aaaa", b"bbb", b"cccc", b"dd", b"eeee")]
+        outcomes = [future.exception(5) or future.result() for future in futures]
+    assert [o["MESSAGE-ID"] for o in outcomes if isinstance(o, dict)] == ["1", "2", "3"]
+    refused = [o for o in outcomes if not isinstance(o, dict)]
+    assert [type(o) for o in refused] == [ConnectorError, ConnectorError]
+    assert isinstance(outcomes[1], ConnectorError)
+    assert "exactly 4 bytes, not 3" in str(outcomes[1])
+    assert "exactly 4 bytes, not 2" in str(outcomes[3])
+
+
+def test_confirmed_publishes_from_many_threads_each_get_their_own_id(durable: Broker) -> None:
+    with Client(durable.endpoint, timeout=5.0) as client:
+        ids: list[str] = []
+        lock = threading.Lock()
+
+        def publish() -> None:
+            for _ in range(50):
+                reply = client.publish("p.threads", "x", confirm=True)
+                assert reply is not None
+                with lock:
+                    ids.append(reply["MESSAGE-ID"])
+
+        threads = [threading.Thread(target=publish) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+    assert sorted(ids, key=int) == [str(n) for n in range(1, 201)]
+
+
+def test_close_waits_for_the_confirms_in_flight(durable: Broker) -> None:
+    client = Client(durable.endpoint, timeout=5.0)
+    futures = [client.publish_async("p.closing", b"m%d" % n) for n in range(300)]
+    client.close()
+    assert all(future.done() for future in futures)
+    assert [future.result()["MESSAGE-ID"] for future in futures] == [str(n) for n in range(1, 301)]
+
+
+def test_confirms_a_silent_broker_never_answers_are_failed_at_close_never_dropped(fake: FakeBroker) -> None:
+    client = Client(fake.endpoint, timeout=2.0)
+    fake.ignore(connected_identity(fake))
+    futures = [client.publish_async("t", b"x") for _ in range(3)]
+    fake.wait_for(lambda received: any(reply.verb in (b"PUT", b"PUTS") for _, reply in received))
+    client.close(timeout=0.3)
+    for future in futures:
+        error = future.exception(1)
+        assert isinstance(error, ConnectorError)
+        assert "may or may not have been stored" in str(error)
+
+
+def test_publish_async_waits_for_room_beyond_max_confirms(fake: FakeBroker) -> None:
+    with Client(fake.endpoint, timeout=2.0, max_confirms=2) as client:
+        fake.ignore(connected_identity(fake))
+        first = client.publish_async("t", b"1")
+        second = client.publish_async("t", b"2")
+        started = time.monotonic()
+        with pytest.raises(ConnectorError, match=r"2 confirmed publishes in flight for 0\.3s"):
+            client.publish_async("t", b"3", timeout=0.3)
+        assert time.monotonic() - started >= 0.3
+        assert not first.done()
+        assert not second.done()
+        client.close(timeout=0.2)
+
+
+def test_a_broker_without_confirms_gets_one_put_with_an_id_each(fake: FakeBroker) -> None:
+    """The fake echoes only ``batch ids``: the client pipelines single PUTs with IDs, each answered alone."""
+    with Client(fake.endpoint, timeout=2.0) as client:
+        futures = [client.publish_async("t", b"m%d" % n) for n in range(5)]
+        assert [future.result(2) for future in futures] == [{}] * 5  # the fake's OKs carry no headers
+    puts = fake.commands(b"PUT")
+    assert [reply.body for reply in puts] == [b"m%d" % n for n in range(5)]
+    assert all(reply.header("ID") for reply in puts)
+    assert fake.commands(b"PUTS") == []
+
+
+def test_async_pipelined_confirms_in_order_with_an_error_in_the_middle(start_broker: BrokerFactory,
+                                                                        tmp_path: Path) -> None:
+    broker = start_broker(topics=(*RULES, FIXED), data_dir=tmp_path / "data")
+
+    async def main() -> tuple[list[dict[str, str]], list[object], int]:
+        async with AsyncClient(broker.endpoint, timeout=5.0) as client:
+            futures = [await client.publish_async("p.apipe", b"m%d" % n) for n in range(500)]
+            stored = [await future for future in futures]
+            mixed = [await client.publish_async("fixed", body) for body in (b"aaaa", b"bbb", b"cccc")]
+            outcomes = await asyncio.gather(*mixed, return_exceptions=True)
+            fsyncs = (await client.topics())["p.apipe"]["fsyncs"]
+            return stored, outcomes, fsyncs
+
+    stored, outcomes, fsyncs = run(main)
+    assert [r["MESSAGE-ID"] for r in stored] == [str(n) for n in range(1, 501)]
+    assert fsyncs <= 5, fsyncs  # one loop turn's publishes leave as one PUTS CONFIRM each
+    assert outcomes[0] == {"MESSAGE-ID": "1", "DURABILITY": "memory"}
+    assert isinstance(outcomes[1], ConnectorError)
+    assert "exactly 4 bytes, not 3" in str(outcomes[1])
+    assert outcomes[2] == {"MESSAGE-ID": "2", "DURABILITY": "memory"}
+
+
+def test_async_close_waits_for_the_confirms_in_flight(durable: Broker) -> None:
+    async def main() -> list[asyncio.Future[dict[str, str]]]:
+        client = await AsyncClient(durable.endpoint, timeout=5.0).connect()
+        futures = [await client.publish_async("p.aclose", b"x") for _ in range(200)]
+        await client.close()
+        return futures
+
+    futures = run(main)
+    assert [future.result()["MESSAGE-ID"] for future in futures] == [str(n) for n in range(1, 201)]
+
+
 def test_replay_from_the_beginning_gives_stored_then_live_messages_without_gap_or_duplicate(
     durable: Broker,
 ) -> None:

@@ -72,7 +72,7 @@ def publishes(count: int, headers: dict[bytes, bytes] | None = None) -> list[tup
 # ---------------------------------------------------------------------------------------------------- CONNECT
 
 
-def test_connect_frames_carry_a_uuid_id_version_ttl_and_both_extensions() -> None:
+def test_connect_frames_carry_a_uuid_id_version_ttl_and_every_extension() -> None:
     core = ClientCore(30_000)
     command_id, frames = core.connect(10.0)
     verb, headers, positional = parse(frames)
@@ -82,7 +82,7 @@ def test_connect_frames_carry_a_uuid_id_version_ttl_and_both_extensions() -> Non
     assert str(uuid.UUID(command_id.decode())) == command_id.decode()
     assert headers[b"VERSION"] in mc0.SUPPORTED_VERSIONS
     assert headers[b"TTL"] == b"30000"
-    assert set(headers[b"EXTENSIONS"].decode().split()) == {"batch", "ids"}
+    assert set(headers[b"EXTENSIONS"].decode().split()) == {"batch", "ids", "confirms"}
     assert set(headers) == {b"ID", b"VERSION", b"TTL", b"EXTENSIONS"}
 
 
@@ -105,7 +105,7 @@ def test_connect_frames_decode_with_the_codec() -> None:
     assert isinstance(event, mc0.Connect)
     assert event.id == command_id
     assert event.ttl == 400
-    assert event.extensions == frozenset({"batch", "ids"})
+    assert event.extensions == frozenset({"batch", "ids", "confirms"})
 
 
 @pytest.mark.parametrize("ttl", [0, -1])

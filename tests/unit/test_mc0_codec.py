@@ -8,6 +8,7 @@ ProtocolError.
 from __future__ import annotations
 
 import itertools
+import re
 
 import msgpack
 import pytest
@@ -68,6 +69,10 @@ VECTORS: list[tuple[list[bytes], mc0.Event]] = [
     (
         [b"PUTS", b"ID", b"b1", b"", PUTS_ONE_WITH_HEADERS],
         mc0.Puts([mc0.PutItem(b"t", b"b", {b"X-k": b"v"})], b"b1"),
+    ),
+    (
+        [b"PUTS", b"CONFIRM", b"each", b"ID", b"b2", b"", PUTS_ONE],
+        mc0.Puts([mc0.PutItem(b"t", b"b")], b"b2", confirm_each=True),
     ),
     ([b"NOOP"], mc0.Noop()),
     ([b"NOOP", b"ID", b"n1"], mc0.Noop(b"n1")),
@@ -431,7 +436,7 @@ def test_long_garbage_is_shortened_in_the_error() -> None:
 # ------------------------------------------------------------------------------------ hypothesis
 
 RESERVED = {mc0.ID, mc0.TOPIC, mc0.VERSION, mc0.TTL, mc0.MESSAGE_KEY, mc0.EXTENSIONS, mc0.MESSAGE_ID,
-            mc0.TIMESTAMP, mc0.REPLAY, mc0.RESUME, mc0.CREDIT, mc0.ACKS, *mc0.DECLARE_SETTINGS}
+            mc0.TIMESTAMP, mc0.REPLAY, mc0.RESUME, mc0.CREDIT, mc0.ACKS, mc0.CONFIRM, *mc0.DECLARE_SETTINGS}
 
 small_bytes = st.binary(max_size=24)
 topics = st.binary(min_size=1, max_size=24)
@@ -491,6 +496,15 @@ events: st.SearchStrategy[mc0.Event] = st.one_of(
         ),
         id=command_ids,
         headers=headers,
+    ),
+    st.builds(  # CONFIRM each needs an ID
+        mc0.Puts,
+        items=st.lists(
+            st.builds(mc0.PutItem, topic=topics, body=small_bytes, headers=publish_item_headers), max_size=4
+        ),
+        id=st.binary(max_size=16),
+        headers=headers,
+        confirm_each=st.just(True),
     ),
     st.builds(mc0.Noop, id=command_ids, headers=headers),
     st.builds(
@@ -786,3 +800,52 @@ def test_fetch_reply_round_trip(first_id: int, next_id: int, items: list[mc0.Fet
 @given(event=fetch_events, delimiter=st.booleans(), data=st.data())
 def test_fuzz_mutated_fetch_encodings(event: mc0.Fetch, delimiter: bool, data: st.DataObject) -> None:
     test_fuzz_mutated_encodings.hypothesis.inner_test(event, delimiter, data)  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------- CONFIRM each
+
+
+def test_confirm_each_needs_an_id_and_the_word_each() -> None:
+    with pytest.raises(ProtocolError, match="needs an ID"):
+        mc0.decode([b"PUTS", b"CONFIRM", b"each", b"", PUTS_ONE])
+    with pytest.raises(ProtocolError, match="CONFIRM must be 'each'") as refused:
+        mc0.decode([b"PUTS", b"CONFIRM", b"every", b"ID", b"c1", b"", PUTS_ONE])
+    assert refused.value.command_id == b"c1"
+
+
+def test_confirms_ok_produces_the_documented_reply() -> None:
+    ok = mc0.confirms_ok(b"c1", [(1, "fsync"), (None, "refused"), (2, "memory")])
+    assert ok.id == b"c1"
+    assert ok.headers == {b"COUNT": b"3", b"CONTENT-TYPE": b"application/msgpack"}
+    assert ok.body is not None
+    assert msgpack.unpackb(ok.body) == [[1, "fsync"], [None, "refused"], [2, "memory"]]
+    assert mc0.decode_confirms(ok, 3) == [(1, "fsync"), (None, "refused"), (2, "memory")]
+
+
+@pytest.mark.parametrize(
+    ("body", "count", "fragment"),
+    [
+        (None, 1, "no payload"),
+        (msgpack.packb([[1, "fsync"]]), 2, "carries 1 results"),
+        (msgpack.packb([[1]]), 1, "must be [id, durability]"),
+        (msgpack.packb([["1", "fsync"]]), 1, "must be [id, durability]"),
+        (msgpack.packb([[-1, "fsync"]]), 1, "must be [id, durability]"),
+        (msgpack.packb([[1, b"fsync"]], use_bin_type=True), 1, "must be [id, durability]"),
+        (msgpack.packb({"a": 1}), 1, "must be a msgpack array"),
+        (b"\xc1", 1, "not valid msgpack"),
+    ],
+)
+def test_a_malformed_confirms_reply_raises_protocol_error(
+    body: bytes | None, count: int, fragment: str
+) -> None:
+    with pytest.raises(ProtocolError, match=re.escape(fragment)):
+        mc0.decode_confirms(mc0.Ok(b"c1", {}, body), count)
+
+
+@ROUND_TRIP
+@given(results=st.lists(st.tuples(st.none(), st.text(max_size=20)) | st.tuples(u64, st.sampled_from(
+    ["fsync", "written", "memory"])), max_size=20))
+def test_confirms_reply_round_trip(results: list[tuple[int | None, str]]) -> None:
+    ok = mc0.decode(mc0.encode(mc0.confirms_ok(b"c", results)))
+    assert isinstance(ok, mc0.Ok)
+    assert mc0.decode_confirms(ok, len(results)) == results
