@@ -257,8 +257,9 @@ def _report(confirmations: _Confirmations | None) -> None:
     confirmations.finish()
     last = confirmations.last
     if last:
-        click.echo(f"confirmed {confirmations.confirmed} message(s): last message id {last['MESSAGE-ID']}, "
-                   f"durability {last.get('DURABILITY', '-')}", err=True)
+        what = "" if confirmations.confirmed == 1 else f" {confirmations.confirmed} messages, last"
+        durability = last.get("DURABILITY", "-")
+        click.echo(f"confirmed:{what} message id {last['MESSAGE-ID']}, durability {durability}", err=True)
     if confirmations.refused:
         raise click.ClickException(f"{confirmations.refused} message(s) not confirmed; the first: "
                                    f"{confirmations.first_refusal}")

@@ -168,7 +168,7 @@ def test_pub_confirm_reports_what_the_broker_confirmed_and_fails_on_a_refusal(
     result = runner.invoke(main, ["pub", "p.load", "x", "--count", "300", "--confirm",
                                   *client_args(broker, keys_dir)])
     assert result.exit_code == 0, result.output
-    assert "confirmed 300 message(s): last message id 300, durability fsync" in result.output
+    assert "confirmed: 300 messages, last message id 300, durability fsync" in result.output
     with Client(broker.endpoint, keys=keys_dir) as client:
         assert client.offsets("p.load") == (1, 301)
         # The 300 travelled together: far fewer commits (fsyncs) than messages.
