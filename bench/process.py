@@ -10,9 +10,9 @@ from typing import Any
 
 
 @contextmanager
-def broker_process(serve: Callable[[int, str, Any], None], port: int) -> Iterator[None]:
-    """Run ``serve(port, data_dir, ready)`` in a spawned process until the block ends; the data directory is
-    a temporary one, removed afterwards."""
+def broker_process(serve: Callable[[int, str, Any], None], port: int) -> Iterator[int]:
+    """Run ``serve(port, data_dir, ready)`` in a spawned process until the block ends (the block gets its
+    pid); the data directory is a temporary one, removed afterwards."""
     spawn = mp.get_context("spawn")
     ready = spawn.Event()
     with tempfile.TemporaryDirectory() as data_dir:
@@ -21,7 +21,8 @@ def broker_process(serve: Callable[[int, str, Any], None], port: int) -> Iterato
         try:
             if not ready.wait(30):
                 raise RuntimeError("the broker did not start")
-            yield
+            assert process.pid is not None  # started
+            yield process.pid
         finally:
             process.terminate()
             process.join(10)

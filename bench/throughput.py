@@ -17,6 +17,7 @@ shared and noisy.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import socket
 import struct
 import time
@@ -314,6 +315,17 @@ class Result:
     rate: float  # deliveries per second, all subscribers together
     p50_us: float = 0.0
     p99_us: float = 0.0
+    cpu_us: float | None = None  # the server process's CPU time (every thread) per message published
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of process ``pid``, every thread included (Linux /proc; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_case(system: str, mode: str, subscribers: int, messages: int, rate: float = 0.0) -> Result:
@@ -344,8 +356,10 @@ def run_case(system: str, mode: str, subscribers: int, messages: int, rate: floa
         publisher = spawn.Process(target=publisher_process, args=(system, mode, port, messages, rate, go),
                                   daemon=True)
         publisher.start()
+        cpu_before = process_cpu_seconds(server.pid)  # type: ignore[arg-type] - started above
         go.set()
         outcomes = [results.get(timeout=300) for _ in subs]
+        cpu_after = process_cpu_seconds(server.pid)  # type: ignore[arg-type]
         publisher.join(30)
         for proc in subs:
             proc.join(10)
@@ -355,6 +369,8 @@ def run_case(system: str, mode: str, subscribers: int, messages: int, rate: floa
     delivered = sum(o["count"] for o in outcomes)
     seconds = max(o["seconds"] for o in outcomes) or 1e-9
     result = Result(delivered, per_subscriber * subscribers, delivered / seconds)
+    if cpu_before is not None and cpu_after is not None:
+        result.cpu_us = (cpu_after - cpu_before) / messages * 1e6
     delays = sorted(d for o in outcomes for d in o["delays"])
     if delays:
         result.p50_us = delays[len(delays) // 2] / 1000

@@ -64,7 +64,8 @@ class AsyncClient(ClientBase):
         self._acks: dict[bytes, list[int]] = {}  # acked this loop turn, per topic: one ACK each at the flush
         # A command's reply goes to its future, or to the futures of the publishes it confirms.
         self._waiting: dict[bytes, asyncio.Future[mc0.Ok | mc0.Error] | Confirms] = {}
-        self._confirm_slots: asyncio.Semaphore | None = None  # made on the loop, by the first publish_async
+        self._in_flight = 0  # confirmed publishes queued or sent and not yet settled
+        self._confirm_room = asyncio.Event()  # set whenever confirmations settle
         self._context = zmq.asyncio.Context()
         self._socket: zmq.asyncio.Socket | None = None
         self._raw: zmq.Socket | None = None
@@ -171,23 +172,26 @@ class AsyncClient(ClientBase):
         return await self._confirm(item, self.timeout if timeout is None else timeout)
 
     async def _confirm(self, item: Publish, wait: float) -> asyncio.Future[dict[str, str]]:
-        slots = self._confirm_slots
-        if slots is None:
-            slots = self._confirm_slots = asyncio.Semaphore(self._max_confirms)
-        if slots.locked():
-            try:
-                await asyncio.wait_for(slots.acquire(), wait)
-            except TimeoutError:
-                raise ConnectorError(f"{self._max_confirms} confirmed publishes in flight for {wait:g}s: the "
-                                     "broker is not confirming them") from None
-            self._check()
-        else:
-            await slots.acquire()  # free: returns at once
+        if self._in_flight >= self._max_confirms:
+            deadline = time.monotonic() + wait
+            while self._in_flight >= self._max_confirms:
+                self._confirm_room.clear()
+                try:
+                    await asyncio.wait_for(self._confirm_room.wait(), max(0.0, deadline - time.monotonic()))
+                except TimeoutError:
+                    raise ConnectorError(f"{self._max_confirms} confirmed publishes in flight for {wait:g}s: "
+                                         "the broker is not confirming them") from None
+                self._check()
+        self._in_flight += 1
         future: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(lambda _: slots.release())
         self._outbox.append(QueuedConfirm(item, future))
         self._schedule_flush()
         return future
+
+    def _release_confirms(self, count: int) -> None:
+        """``count`` confirmations settled: room for more."""
+        self._in_flight -= count
+        self._confirm_room.set()
 
     async def subscribe(
         self,
@@ -298,6 +302,7 @@ class AsyncClient(ClientBase):
             self._context.term()
             self._arrived.set()
             self._room.set()
+            self._confirm_room.set()
 
     # ---------------------------------------------------------------------------------------------- internals
 
@@ -310,6 +315,7 @@ class AsyncClient(ClientBase):
         self._fail_outbox(f"client stopped: {self._failure}")
         self._arrived.set()
         self._room.set()
+        self._confirm_room.set()
 
     async def _call(self, event: Any, timeout: float | None, what: str) -> mc0.Ok:  # noqa: ASYNC109
         self._check()
@@ -349,10 +355,9 @@ class AsyncClient(ClientBase):
 
     def _fail_outbox(self, why: str) -> None:
         """The client stops: fail the confirmed publishes it never sent (none is dropped in silence)."""
-        for item in self._outbox:
-            if type(item) is QueuedConfirm:
-                item.fail(why)
+        unsent = [item.future for item in self._outbox if type(item) is QueuedConfirm]
         self._outbox.clear()
+        Confirms(unsent, self._release_confirms).fail(why)
 
     def _fail_waiting(self, why: str) -> None:
         for waiting in self._waiting.values():
@@ -384,7 +389,8 @@ class AsyncClient(ClientBase):
                 if kind is QueuedConfirm:
                     start = 0
                     for command_id, frames, count in self._core.pack_confirms([c.item for c in run]):
-                        self._waiting[command_id] = Confirms([c.future for c in run[start : start + count]])
+                        futures = [c.future for c in run[start : start + count]]
+                        self._waiting[command_id] = Confirms(futures, self._release_confirms)
                         start += count
                         self._send(frames, now)
                 else:

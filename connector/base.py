@@ -8,7 +8,7 @@ keyword options of ``declare`` are :class:`TopicSettings`, written once here for
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol, TypedDict
@@ -45,27 +45,36 @@ class _Future(Protocol):
 class Confirms:
     """The futures of confirmed publishes that left in one command (a ``PUTS CONFIRM each``, or one PUT with
     an ID): settled together by its reply, or failed together when no reply can come. Never dropped: every
-    path that forgets a command fails its futures."""
+    path that forgets a command fails its futures. ``release(n)`` gives the client back n slots of its
+    ``max_confirms`` once they are settled: once per command, not once per message."""
 
-    __slots__ = ("futures",)
+    __slots__ = ("futures", "release")
 
-    def __init__(self, futures: list[_Future]) -> None:
+    def __init__(self, futures: list[_Future], release: Callable[[int], None]) -> None:
         self.futures = futures
+        self.release = release
 
     def settle(self, reply: mc0.Ok | mc0.Error) -> None:
         for future, result in zip(self.futures, confirm_results(reply, len(self.futures)), strict=True):
             if future.done():
-                continue
+                continue  # cancelled by its owner (an asyncio future)
             if isinstance(result, ConnectorError):
                 future.set_exception(result)
             else:
                 future.set_result(result)
+        self.release(len(self.futures))
 
     def fail(self, why: str) -> None:
-        for future in self.futures:
-            if not future.done():
-                future.set_exception(ConnectorError(
-                    f"{why} before the broker confirmed this publish: it may or may not have been stored"))
+        fail_confirms(self.futures, why)
+        self.release(len(self.futures))
+
+
+def fail_confirms(futures: Iterable[_Future], why: str) -> None:
+    """Fail confirmed publishes that will never hear from the broker, saying what that means."""
+    for future in futures:
+        if not future.done():
+            future.set_exception(ConnectorError(
+                f"{why} before the broker confirmed this publish: it may or may not have been stored"))
 
 
 class QueuedConfirm:
@@ -76,9 +85,6 @@ class QueuedConfirm:
     def __init__(self, item: Publish, future: _Future) -> None:
         self.item = item
         self.future = future
-
-    def fail(self, why: str) -> None:
-        Confirms([self.future]).fail(why)
 
 
 def group_outbox(items: Iterable[Any]) -> Iterator[tuple[type, list[Any]]]:

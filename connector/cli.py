@@ -14,15 +14,13 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 import zmq
 
-from connector.client import DEFAULT_ENDPOINT, Client
+from connector.client import DEFAULT_ENDPOINT, Client, Confirmation
 from connector.core import REPLAY_WORDS, ConnectorError, Message
 from connector.keys import KeyFileError
 from connector.lumberjack_client import DEFAULT_PORT as LUMBERJACK_PORT
@@ -221,13 +219,13 @@ class _Confirmations:
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self.waiting: deque[Future[dict[str, str]]] = deque()
+        self.waiting: deque[Confirmation] = deque()
         self.confirmed = 0
         self.refused = 0
         self.first_refusal = ""
         self.last: dict[str, str] = {}
 
-    def add(self, future: Future[dict[str, str]]) -> None:
+    def add(self, future: Confirmation) -> None:
         self.waiting.append(future)
         while self.waiting and self.waiting[0].done():
             self._settle(self.waiting.popleft())
@@ -236,11 +234,11 @@ class _Confirmations:
         while self.waiting:
             future = self.waiting.popleft()
             # Waits for it; _settle counts the outcome (a timeout as a refusal: nothing confirmed it).
-            with contextlib.suppress(ConnectorError, FutureTimeout):
+            with contextlib.suppress(ConnectorError, TimeoutError):
                 future.result(self.timeout)
             self._settle(future)
 
-    def _settle(self, future: Future[dict[str, str]]) -> None:
+    def _settle(self, future: Confirmation) -> None:
         error = future.exception() if future.done() else ConnectorError("no confirmation in time")
         if error is None:
             self.confirmed += 1

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Unpack
@@ -88,6 +88,68 @@ class _Close(_Request):
 _Waiting = _Request | Confirms
 
 
+class Confirmation:
+    """The future of one confirmed publish, as :meth:`Client.publish_async` returns it.
+
+    It offers what a ``concurrent.futures.Future`` offers for one result (``done()``, ``result(timeout)``,
+    ``exception(timeout)``, ``add_done_callback(fn)``; a timeout raises TimeoutError), but costs a fraction
+    of one: it has no lock of its own, and waiting uses its client's condition, which the I/O thread
+    notifies once per command the broker answered, not once per message. Callbacks run on the I/O thread,
+    or at once if the confirmation is already settled."""
+
+    __slots__ = ("_callbacks", "_condition", "_done", "_error", "_result")
+
+    def __init__(self, condition: threading.Condition) -> None:
+        self._condition = condition
+        self._done = False
+        self._result: dict[str, str] | None = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Confirmation], object]] | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def result(self, timeout: float | None = None) -> dict[str, str]:
+        """The OK's headers (``MESSAGE-ID``, ``DURABILITY``); raises the ConnectorError that refused or lost
+        the message, or TimeoutError after ``timeout`` seconds (None: wait as long as it takes)."""
+        error = self.exception(timeout)
+        if error is not None:
+            raise error
+        return self._result  # type: ignore[return-value] - set when done without an error
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self._done:
+            with self._condition:
+                if not self._condition.wait_for(lambda: self._done, timeout):
+                    raise TimeoutError(f"the broker has not confirmed this publish within {timeout:g}s")
+        return self._error
+
+    def add_done_callback(self, callback: Callable[[Confirmation], object]) -> None:
+        with self._condition:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def set_result(self, result: dict[str, str]) -> None:
+        self._settle(result, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._settle(None, error)
+
+    def _settle(self, result: dict[str, str] | None, error: BaseException | None) -> None:
+        # Waiters are woken by the client once per settled command (Client._release_confirms).
+        with self._condition:
+            self._result = result
+            self._error = error
+            self._done = True
+            callbacks, self._callbacks = self._callbacks, None
+        for callback in callbacks or ():
+            callback(self)
+
+
 class Client(ClientBase):
     """A blocking mc0 client.
 
@@ -101,8 +163,7 @@ class Client(ClientBase):
         """Connect and wait for the broker's OK. Options: see :class:`connector.base.ClientBase`."""
         super().__init__(endpoint, **options)
         self._outbox: deque[Publish | mc0.Ack | _Request | QueuedConfirm] = deque()
-        # Confirmed publishes in flight: taken by publish_async, given back when its future is done.
-        self._confirm_slots = threading.BoundedSemaphore(self._max_confirms)
+        self._in_flight = 0  # confirmed publishes queued or sent and not yet settled (guarded by _room)
         self._arrived = threading.Event()
         self._room = threading.Condition()
         self._signaled = False
@@ -177,9 +238,10 @@ class Client(ClientBase):
         headers: dict[str, str] | None = None,
         *,
         timeout: float | None = None,
-    ) -> Future[dict[str, str]]:
-        """Publish one message and return at once a future of the broker's confirmation, as RabbitMQ's
-        publisher confirms and JetStream's ``publish_async`` do: it resolves to the OK's headers
+    ) -> Confirmation:
+        """Publish one message and return at once a future of the broker's confirmation (a
+        :class:`Confirmation`), as RabbitMQ's publisher confirms and JetStream's ``publish_async`` do: it
+        resolves to the OK's headers
         (``MESSAGE-ID``, ``DURABILITY``: sent only once the topic's sync level is met) or raises the
         broker's refusal of this message (ConnectorError), and fails (ConnectorError) if the connection is
         lost before the broker answered. Futures resolve in the order the messages were published.
@@ -197,18 +259,29 @@ class Client(ClientBase):
         item = (raw_topic, body, encode_headers(headers) if headers else NO_HEADERS)
         return self._confirm(item, self.timeout if timeout is None else timeout)
 
-    def _confirm(self, item: Publish, wait: float) -> Future[dict[str, str]]:
+    def _confirm(self, item: Publish, wait: float) -> Confirmation:
         self._check()
-        slots = self._confirm_slots
-        if not slots.acquire(timeout=wait):
-            raise ConnectorError(f"{self._max_confirms} confirmed publishes in flight for {wait:g}s: the "
-                                 "broker is not confirming them")
-        future: Future[dict[str, str]] = Future()
-        future.add_done_callback(lambda _: slots.release())
-        self._outbox.append(QueuedConfirm(item, future))
+        room = self._room
+        limit = self._max_confirms
+        with room:
+            if self._in_flight >= limit and not room.wait_for(
+                lambda: self._in_flight < limit or self._failure is not None or self._closed, wait
+            ):
+                raise ConnectorError(f"{self._max_confirms} confirmed publishes in flight for {wait:g}s: the "
+                                     "broker is not confirming them")
+            self._check()
+            self._in_flight += 1
+        confirmation = Confirmation(room)
+        self._outbox.append(QueuedConfirm(item, confirmation))
         if not self._signaled:
             self._wake()
-        return future
+        return confirmation
+
+    def _release_confirms(self, count: int) -> None:
+        """``count`` confirmations settled (on the I/O thread): room for more, and their waiters wake."""
+        with self._room:
+            self._in_flight -= count
+            self._room.notify_all()
 
     def publish_batch(
         self,
@@ -413,8 +486,10 @@ class Client(ClientBase):
                 request.fail("client stopped before the broker answered")
             while self._outbox:  # popleft, not iteration: other threads may still be appending
                 item = self._outbox.popleft()
-                if isinstance(item, _Request | QueuedConfirm):
+                if isinstance(item, _Request):
                     item.fail("client stopped")
+                elif type(item) is QueuedConfirm:
+                    Confirms([item.future], self._release_confirms).fail("client stopped")
             if self._socket is not None:
                 self._socket.close(linger=0)
             with self._room:
@@ -549,7 +624,8 @@ class Client(ClientBase):
         if confirms:
             start = 0
             for command_id, frames, count in self._core.pack_confirms([c.item for c in confirms]):
-                self._waiting[command_id] = Confirms([c.future for c in confirms[start : start + count]])
+                futures = [c.future for c in confirms[start : start + count]]
+                self._waiting[command_id] = Confirms(futures, self._release_confirms)
                 start += count
                 self._send(frames, now)
 

@@ -699,10 +699,10 @@ Confirmation: TypeAlias = tuple[int | None, str]
 
 
 def confirms_ok(command_id: bytes, results: Sequence[Confirmation]) -> Ok:
-    """The OK answering a ``PUTS CONFIRM each``: COUNT and a msgpack payload of one ``[id, durability]`` or
-    ``[nil, error]`` per entry, in entry order."""
-    headers = {COUNT: b"%d" % len(results), CONTENT_TYPE: MSGPACK_CONTENT_TYPE}
-    return Ok(command_id, headers, msgpack.packb(results, use_bin_type=True))
+    """The OK answering a ``PUTS CONFIRM each``: a msgpack payload of one ``[id, durability]`` or ``[nil,
+    error]`` per entry, in entry order, and no headers but the ID. It answers every pipelined publish, so it
+    is kept to the fewest frames (the number of results is the number of entries the client sent)."""
+    return Ok(command_id, {}, msgpack.packb(results, use_bin_type=True))
 
 
 def decode_confirms(ok: Ok, count: int) -> list[Confirmation]:

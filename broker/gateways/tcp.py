@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 from collections.abc import Callable
 from typing import Any, Protocol, cast
@@ -36,6 +37,11 @@ WRITE_HIGH_WATER = 256 << 10
 #: Deliveries are encoded and handed to the transport in chunks of about this size: one write per chunk, and
 #: a paused transport is noticed after at most one chunk too many.
 WRITE_CHUNK = 64 << 10
+#: Linux only. A writer that splits a frame over two sends without TCP_NODELAY (a Lumberjack window, then its
+#: data) holds the second send back (Nagle) until the first is acknowledged, and a delayed ACK makes that
+#: about 40 ms a batch. TCP_QUICKACK acknowledges at once, but the kernel drops back to delayed ACKs on its
+#: own, so it is set again after every read (one setsockopt per read: microseconds, not milliseconds).
+TCP_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 
 class Gateway:
@@ -143,6 +149,7 @@ class Connection(asyncio.Protocol):
         self.writable = True
         self.closing = False
         self.last_heard = self.hub.monotonic()
+        self.quickack: Any = None  # the connection's socket, while TCP_QUICKACK is to be re-armed on it
 
     # ------------------------------------------------------------------------------------ asyncio callbacks
 
@@ -154,10 +161,22 @@ class Connection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.gateway.connections.add(self)
         self.gateway.counters["accepted"] += 1
+        sock = transport.get_extra_info("socket")
+        if TCP_QUICKACK is not None and sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, TCP_QUICKACK, 1)
+                self.quickack = sock
+            except OSError:
+                pass  # not a TCP socket (a test's pipe): nothing to re-arm
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        if self.quickack is not None:
+            try:
+                self.quickack.setsockopt(socket.IPPROTO_TCP, TCP_QUICKACK, 1)  # see TCP_QUICKACK
+            except OSError:
+                self.quickack = None  # a socket going away: its peer's ACK timing no longer matters
         self.last_heard = self.hub.monotonic()
         try:
             self.received(data)

@@ -382,7 +382,16 @@ def test_confirms_a_silent_broker_never_answers_are_failed_at_close_never_droppe
     fake.ignore(connected_identity(fake))
     futures = [client.publish_async("t", b"x") for _ in range(3)]
     fake.wait_for(lambda received: any(reply.verb in (b"PUT", b"PUTS") for _, reply in received))
+    with pytest.raises(TimeoutError):
+        futures[0].result(0.1)
+    assert not futures[0].done()
+    late: list[object] = []
+    futures[2].add_done_callback(late.append)
     client.close(timeout=0.3)
+    assert late == [futures[2]], "a callback added before the failure runs when it fails"
+    early: list[object] = []
+    futures[2].add_done_callback(early.append)
+    assert early == [futures[2]], "a callback added after the failure runs at once"
     for future in futures:
         error = future.exception(1)
         assert isinstance(error, ConnectorError)
