@@ -29,6 +29,7 @@ import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any
 
 import zmq
@@ -106,22 +107,27 @@ class RouterShell:
         self.fetch_bytes = FETCH_TURN_BYTES
         self.fetch_messages = FETCH_TURN_MESSAGES
         self.fetch_deferred = False
+        # messages_*: published through this door, and deliveries written to its clients; bytes_*: every
+        # frame read from and sent to them (what the monitoring shows per door).
         self.counters = {"commands": 0, "errors": 0, "expired": 0, "unreachable": 0, "blocked": 0,
-                         "fetches": 0}
+                         "fetches": 0, "messages_in": 0, "messages_out": 0, "bytes_in": 0, "bytes_out": 0}
 
     # ----------------------------------------------------------------------------------------------- the loop
 
     async def run(self) -> None:
         next_tick = self.monotonic() + self.tick
         flush = self.hub.flush
+        turns = self.hub.turn_seconds
         while True:
             wait = next_tick - self.monotonic()
             ready = await self.socket.poll(max(0, int(wait * 1000)), zmq.POLLIN)
             now = self.monotonic()
             if ready:
+                started = perf_counter()
                 self.receive(now)
                 # At once, not scheduled: a turn's answers and deliveries leave in the same loop iteration.
                 flush(now)
+                turns.observe(perf_counter() - started)
             if now >= next_tick:
                 self.heartbeat(now)
                 next_tick = now + self.tick
@@ -140,12 +146,15 @@ class RouterShell:
         wall = self.wall_ms()
         budget = self.recv_budget
         taken = 0
+        size = 0
         while taken < budget:
             try:
                 frames = raw.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
+            size += sum(map(len, frames))
             taken += self.handle(frames, now, wall)
+        self.counters["bytes_in"] += size
         return taken
 
     # ---------------------------------------------------------------------------------------------- commands
@@ -180,11 +189,13 @@ class RouterShell:
         match event:
             case mc0.Put(topic, body, command_id, headers):
                 message = engine.publish(topic, body, headers, wall)
+                self.counters["messages_in"] += 1
                 if command_id is not None:
                     self.ok(session, command_id, self._published(session, message, (topic,)))
             case mc0.Puts(items, command_id):
                 # The codec checked every entry before this line: a batch is refused whole or published whole.
                 last = engine.publish_batch(items, wall)
+                self.counters["messages_in"] += len(items)
                 if command_id is not None:
                     extra = {b"COUNT": b"%d" % len(items)}
                     if last is not None:
@@ -417,6 +428,7 @@ class RouterShell:
                 self.drop(session, "unreachable")
             return False
         session.last_sent = now
+        self.counters["bytes_out"] += sum(map(len, frames))
         return True
 
     # ----------------------------------------------------------------------------------------------- liveness

@@ -92,13 +92,16 @@ def _connect(endpoint: str, keys_dir: Path, no_curve: bool, **options: Any) -> C
               help="reactive-streams gateway address, or off [default: 127.0.0.1:61618].")
 @click.option("--lumberjack", metavar="HOST:PORT|off",
               help="Lumberjack gateway address, or off [default: 127.0.0.1:5044].")
+@click.option("--http", metavar="HOST:PORT|off",
+              help="Monitoring endpoint (metrics, health, dashboard), or off [default: 127.0.0.1:8222, "
+                   "if free].")
 @click.option("--no-curve", is_flag=True, help="Plaintext, any client admitted: development only.")
 @click.option("--allow-any-client", is_flag=True, help="CURVE encryption without the client allow-list.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               help="Logging level [default: INFO].")
 def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, data_dir: Path | None,
            sexp: str | None, msgq: str | None, rstreams: str | None, lumberjack: str | None,
-           no_curve: bool, allow_any_client: bool, log_level: str | None) -> None:
+           http: str | None, no_curve: bool, allow_any_client: bool, log_level: str | None) -> None:
     """Run the broker until SIGINT or SIGTERM."""
     from broker import config as broker_config
     from broker import server
@@ -106,10 +109,11 @@ def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, da
     config = broker_config.load(config_file).replace(
         bind=bind, keys_dir=keys_dir, data_dir=data_dir, log_level=log_level.upper() if log_level else None,
         curve=False if no_curve else None, allow_any_client=True if allow_any_client else None, sexp=sexp,
-        msgq=msgq, rstreams=rstreams, lumberjack=lumberjack,
+        msgq=msgq, rstreams=rstreams, lumberjack=lumberjack, http=http,
     )
     for name in broker_config.GATEWAYS:
         config.gateway_address(name)  # a malformed address is a one-line error before anything starts
+    config.http_address  # noqa: B018 - likewise
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not config.curve:
         click.secho("WARNING: CURVE is off. Traffic is plaintext and any client may connect.", fg="red",
@@ -132,6 +136,8 @@ def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, da
         for name in running.gateways:
             host, port = running.gateway_address(name)
             click.echo(f"{name} gateway listening on {host}:{port}", err=True)
+        if running.monitor is not None:
+            click.echo(f"monitoring on http://{running.monitor.where}/", err=True)
 
     server.run(config, ready)
 
