@@ -129,7 +129,9 @@ class Monitor:
         self.broker = broker
 
     def close(self) -> None:
-        """Stop answering and stop the server thread (the broker is stopping)."""
+        """Stop answering and stop the server thread (the broker is stopping). Idempotent."""
+        if self.stopping:
+            return
         self.stopping = True
         self.server.shutdown()
         self.server.server_close()
