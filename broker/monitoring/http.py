@@ -88,6 +88,9 @@ class Monitor:
         self._lock = threading.Lock()  # one snapshot at a time; the others wait for it and share it
         self._cached: Snapshot | None = None
         self._cached_at = 0.0
+        # Pages rendered from the cached snapshot, by name: rendering 10,000 topics costs CPU that the loop's
+        # thread competes for (the GIL), so a page is rendered once per snapshot however many ask for it.
+        self._rendered: dict[str, bytes] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(BrokerCollector(self.latest, topic_labels, data_dir))
         ProcessCollector(registry=self.registry)  # process_open_fds, process_max_fds, CPU, memory, start
@@ -166,7 +169,20 @@ class Monitor:
             if self._cached is None or time.monotonic() - self._cached_at > SNAPSHOT_MAX_AGE:
                 self._cached = self.on_loop(take)
                 self._cached_at = time.monotonic()
+                self._rendered = {}
             return self._cached
+
+    def rendered(self, page: str, render: Callable[[Snapshot], bytes]) -> bytes:
+        """``render(snapshot)`` of the current snapshot, rendered once per snapshot and page."""
+        snapshot = self.snapshot()
+        with self._lock:
+            body = self._rendered.get(page) if self._cached is snapshot else None
+        if body is None:
+            body = render(snapshot)
+            with self._lock:
+                if self._cached is snapshot:
+                    self._rendered[page] = body
+        return body
 
     def latest(self) -> Snapshot | None:
         """For the metrics: a snapshot, or None while the broker starts."""
@@ -290,9 +306,11 @@ class _Handler(BaseHTTPRequestHandler):
                 code, document = monitor.health(ready=path == "/readyz")
                 self._send(code, _json(document), "application/json")
             elif path == "/api/overview":
-                self._json(views.overview(monitor.snapshot(), monitor.broker_info()))
+                self._send(HTTPStatus.OK, monitor.rendered(path, lambda snapshot: _json(
+                    views.overview(snapshot, monitor.broker_info()))), "application/json")
             elif path == "/api/stats":
-                self._json(views.stats(monitor.snapshot()))
+                body = monitor.rendered(path, lambda snapshot: _json(views.stats(snapshot)))
+                self._send(HTTPStatus.OK, body, "application/json")
             elif path in ("/api/topics", "/api/topics/"):
                 self._json(views.topics(monitor.snapshot(), **_topic_query(query)))
             elif path.startswith("/api/topics/"):
@@ -311,7 +329,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _metrics(self, monitor: Monitor) -> None:
         encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-        self._send(HTTPStatus.OK, encoder(monitor.registry), content_type)
+        if monitor.broker is None:  # starting: what there is (process metrics, mc0_ready 0), not cached
+            body = encoder(monitor.registry)
+        else:
+            body = monitor.rendered(content_type, lambda _: encoder(monitor.registry))
+        self._send(HTTPStatus.OK, body, content_type)
 
     def _topic(self, monitor: Monitor, name: str) -> None:
         found = monitor.topic(name).topics
