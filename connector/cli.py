@@ -683,6 +683,43 @@ def keys_generate(keys_dir: Path, clients: tuple[str, ...], force: bool) -> None
 
 
 @main.command()
+@click.option("--http", "address", default="127.0.0.1:8222", envvar="MC0_HTTP", show_default=True,
+              metavar="HOST:PORT", help="The broker's monitoring endpoint.")
+@click.option("--ready", is_flag=True, help="Ask whether it serves (/readyz), not only whether it is alive.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+              help="Seconds to wait for the answer.")
+def health(address: str, ready: bool, timeout: float) -> None:
+    """Ask the broker's monitoring endpoint whether it is healthy; exit 1 if not (for healthchecks).
+
+    Needs no keys: the endpoint is plain HTTP on loopback by default."""
+    import urllib.error
+    import urllib.request
+
+    from broker.config import listen_address
+
+    where = listen_address(address, "--http")
+    if where is None:
+        raise click.ClickException("--http off: there is no endpoint to ask")
+    host, port = where
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/{'readyz' if ready else 'healthz'}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            status = json.loads(response.read()).get("status", "ok")
+    except urllib.error.HTTPError as error:
+        try:
+            answer = json.loads(error.read())
+        except ValueError:
+            answer = {}
+        reason = answer.get("reason") or answer.get("status") or error.reason
+        raise click.ClickException(f"{url}: {error.code}, {reason}") from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise click.ClickException(f"cannot reach {url}: {reason} (is the broker running, with --http on?)"
+                                   ) from None
+    click.echo(status)
+
+
+@main.command()
 @_client_options
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
 def stats(endpoint: str, keys_dir: Path, no_curve: bool, as_json: bool) -> None:
