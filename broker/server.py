@@ -212,6 +212,8 @@ async def _serve(
                 task.cancel()
         log.info("mc0 broker stopped")
     finally:
+        if monitor is not None:
+            monitor.detach()  # before the logs close: nothing reads them any more
         hub.close()
         for gateway in gateways.values():
             gateway.close()

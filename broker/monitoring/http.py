@@ -85,6 +85,7 @@ class Monitor:
         self.broker: Broker | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stopping = False
+        self._closed = False
         self._lock = threading.Lock()  # one snapshot at a time; the others wait for it and share it
         self._cached: Snapshot | None = None
         self._cached_at = 0.0
@@ -131,11 +132,16 @@ class Monitor:
         self.loop = asyncio.get_running_loop()
         self.broker = broker
 
-    def close(self) -> None:
-        """Stop answering and stop the server thread (the broker is stopping). Idempotent."""
-        if self.stopping:
-            return
+    def detach(self) -> None:
+        """The broker is stopping: from now on requests are answered "stopping", never read the broker."""
         self.stopping = True
+
+    def close(self) -> None:
+        """Stop answering and stop the server thread. Idempotent."""
+        self.stopping = True
+        if self._closed:
+            return
+        self._closed = True
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(5)
@@ -145,10 +151,10 @@ class Monitor:
     def on_loop(self, work: Callable[[Broker], Coroutine[Any, Any, T]]) -> T:
         """Run ``work(broker)`` on the broker's loop and wait for it (Unavailable if it cannot answer)."""
         broker, loop = self.broker, self.loop
-        if broker is None or loop is None:
-            raise Unavailable("starting: the broker is opening its store and its doors")
         if self.stopping:
             raise Unavailable("stopping")
+        if broker is None or loop is None:
+            raise Unavailable("starting: the broker is opening its store and its doors")
         coroutine = work(broker)
         try:
             future = asyncio.run_coroutine_threadsafe(coroutine, loop)

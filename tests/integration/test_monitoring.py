@@ -9,6 +9,7 @@ import asyncio
 import http.client
 import json
 import logging
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -83,11 +84,10 @@ def eventually(check: Callable[[], Any], within: float = ARRIVAL) -> Any:
         time.sleep(0.1)
 
 
-def published_all(broker: Broker, count: int) -> Samples:
-    """The scrape that first counts ``count`` messages published in all."""
-    samples = eventually(lambda: (s := scrape(broker)) and value(s, "mc0_published_messages_total") == count
-                         and s)
-    assert samples, f"{count} published messages never showed"
+def scrape_until(broker: Broker, name: str, expected: float, **labels: str) -> Samples:
+    """The first scrape in which the sample ``name`` with ``labels`` is ``expected``."""
+    samples = eventually(lambda: (s := scrape(broker)) and value(s, name, **labels) == expected and s)
+    assert samples, f"{name} {labels} never showed {expected}"
     return samples
 
 
@@ -111,14 +111,7 @@ def test_metrics_count_what_was_published_through_two_doors(start_broker: Broker
             sexp.publish("news", f"over sexp {n}")
         received = [client.receive(timeout=ARRIVAL) for _ in range(30)]
         assert all(message is not None for message in received)
-
-        def settled() -> Samples | None:
-            samples = scrape(broker)
-            news = value(samples, "mc0_topic_published_messages_total", topic="news")
-            return samples if news == 12 else None
-
-        samples = eventually(settled)
-        assert samples, "the news topic never showed 12 messages"
+        samples = scrape_until(broker, "mc0_topic_published_messages_total", 12, topic="news")
         assert value(samples, "mc0_topic_published_messages_total", topic="orders.eu") == 30
         assert value(samples, "mc0_topic_delivered_messages_total", topic="orders.eu") == 30
         assert value(samples, "mc0_topic_subscribers", topic="orders.eu") == 1
@@ -160,14 +153,7 @@ def test_a_lagging_subscription_shows_its_lag(start_broker: BrokerFactory, deale
     reader.ok("SUB", "CREDIT", "3", "ACKS", "explicit", "", "orders.slow")  # 3 in flight, never acked
     with Client(broker.endpoint, curve=False) as client:
         publish(client, "orders.slow", 20)
-
-    def lagging() -> Samples | None:
-        samples = scrape(broker)
-        lag = value(samples, "mc0_topic_consumer_lag_messages", topic="orders.slow")
-        return samples if lag == 17 else None
-
-    samples = eventually(lagging)
-    assert samples, "the lag never showed"
+    samples = scrape_until(broker, "mc0_topic_consumer_lag_messages", 17, topic="orders.slow")
     (labels, lag), = samples["mc0_subscription_lag_messages"].items()
     assert lag == 17
     assert dict(labels)["topic"] == "orders.slow"
@@ -181,7 +167,7 @@ def test_topic_labels_are_capped_with_the_rest_summed(start_broker: BrokerFactor
     with Client(broker.endpoint, curve=False) as client:
         for topic, count in (("a", 5), ("b", 40), ("c", 3), ("d", 20)):
             publish(client, topic, count)
-    samples = published_all(broker, 68)
+    samples = scrape_until(broker, "mc0_published_messages_total", 68)
     published = {dict(labels)["topic"]: count
                  for labels, count in samples["mc0_topic_published_messages_total"].items()}
     assert published == {"b": 40, "d": 20, "_other": 8}
@@ -191,7 +177,7 @@ def test_topic_labels_can_be_turned_off(start_broker: BrokerFactory) -> None:
     broker = start_broker(http_topic_labels=0)
     with Client(broker.endpoint, curve=False) as client:
         publish(client, "a", 4)
-    samples = published_all(broker, 4)
+    samples = scrape_until(broker, "mc0_published_messages_total", 4)
     assert not [name for name in samples if name.startswith("mc0_topic_")]
     assert value(samples, "mc0_topics") == 1
 
@@ -421,3 +407,37 @@ def test_an_explicit_port_taken_stops_the_start(tmp_path: Path) -> None:
 
 def test_off_means_no_endpoint(start_broker: BrokerFactory) -> None:
     assert start_broker(http="off").http_address is None
+
+
+# --------------------------------------------------------------------------------------------------- docs
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "monitoring.md"
+
+
+def test_the_docs_toml_block_is_a_configuration(tmp_path: Path) -> None:
+    blocks = re.findall(r"```toml\n(.*?)```", DOCS.read_text(), flags=re.S)
+    assert blocks
+    for number, block in enumerate(blocks):
+        path = tmp_path / f"block{number}.toml"
+        path.write_text(block, encoding="utf-8")
+        loaded = broker_config.load(path)
+        assert loaded.http_address == ("0.0.0.0", 8222)
+        assert loaded.http_topic_labels == 20
+
+
+def test_every_metric_is_documented_and_every_documented_metric_exists(
+    start_broker: BrokerFactory, dealer: DealerFactory
+) -> None:
+    broker = start_broker(topics=(STRONG,))
+    reader = dealer(broker.endpoint)
+    reader.connect()
+    reader.ok("SUB", "CREDIT", "1", "ACKS", "explicit", "", "orders.docs")
+    with Client(broker.endpoint, curve=False) as client:
+        publish(client, "orders.docs", 3)
+    samples = scrape_until(broker, "mc0_topic_consumer_lag_messages", 2, topic="orders.docs")
+    assert samples["mc0_subscription_lag_messages"], "no lagging subscription showed"
+    exposed = {name.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum")
+               for name in samples if name.startswith("mc0_")}
+    exposed = {name.removesuffix("_created") for name in exposed}
+    documented = set(re.findall(r"^\| `(mc0_[a-z0-9_]+)`", DOCS.read_text(), flags=re.M))
+    assert exposed == documented
