@@ -107,8 +107,9 @@ class RouterShell:
         self.fetch_bytes = FETCH_TURN_BYTES
         self.fetch_messages = FETCH_TURN_MESSAGES
         self.fetch_deferred = False
-        # messages_*: published through this door, and deliveries written to its clients; bytes_*: every
-        # frame read from and sent to them (what the monitoring shows per door).
+        # messages_*: published through this door, and deliveries written to its clients; bytes_*: the last
+        # frame of each frame set read from and sent to them, the payload (a body, a batch), which is nearly
+        # all of the bytes; the verb and header frames are not counted (what the monitoring shows per door).
         self.counters = {"commands": 0, "errors": 0, "expired": 0, "unreachable": 0, "blocked": 0,
                          "fetches": 0, "messages_in": 0, "messages_out": 0, "bytes_in": 0, "bytes_out": 0}
 
@@ -152,7 +153,7 @@ class RouterShell:
                 frames = raw.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            size += sum(map(len, frames))
+            size += len(frames[-1])  # the payload: a summing of every frame cost 8x as much per message
             taken += self.handle(frames, now, wall)
         self.counters["bytes_in"] += size
         return taken
@@ -428,7 +429,7 @@ class RouterShell:
                 self.drop(session, "unreachable")
             return False
         session.last_sent = now
-        self.counters["bytes_out"] += sum(map(len, frames))
+        self.counters["bytes_out"] += len(frames[-1])
         return True
 
     # ----------------------------------------------------------------------------------------------- liveness

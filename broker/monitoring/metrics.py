@@ -144,7 +144,7 @@ class BrokerCollector(Collector):
         refused = CounterMetricFamily("mc0_handshakes_refused",
                                       "Handshakes the mc0 port refused: reason auth (key not in the "
                                       "allow-list), protocol (wrong server key, plaintext or garbage), "
-                                      "other.",
+                                      "other (ended without a reason).",
                                       labels=["reason"])
         for reason, count in sorted(snapshot.refused_handshakes.items()):
             refused.add_metric([reason], count)
