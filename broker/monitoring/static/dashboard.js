@@ -12,7 +12,7 @@ const SVG = "http://www.w3.org/2000/svg";
 
 const state = { history: [], topicHistory: [], paused: false, route: "", timer: null, fsyncHistory: [] };
 
-// ----------------------------------------------------------------------------------------------- helpers
+// -------------------------------------------------------------------------------------------- formatting
 
 const $ = (id) => document.getElementById(id);
 
