@@ -36,7 +36,7 @@ STRONG = TopicRule("orders.*", TopicSpec(persistence=Persistence.PERSISTENT, syn
 Samples = dict[str, dict[frozenset[tuple[str, str]], float]]
 
 
-# ----------------------------------------------------------------------------------------------- helpers
+# ----------------------------------------------------------------------------------------------- scraping
 
 
 def get(broker: Broker, path: str, *, method: str = "GET", headers: dict[str, str] | None = None
