@@ -38,9 +38,11 @@ ENV MC0_KEYS=/keys \
 USER mc0
 EXPOSE 61616
 
-# The client key pair written on first start is in the allow-list, so `mc0 stats` is admitted over CURVE.
+# The broker's monitoring endpoint listens on the container's loopback (127.0.0.1:8222): `mc0 health` asks its
+# /healthz, which needs no keys and fails when the loop stalls or the store fails. To scrape /metrics from
+# outside, add `--http 0.0.0.0:8222` to the command and publish the port (docs/monitoring.md).
 HEALTHCHECK --interval=30s --timeout=10s --start-period=10s --retries=3 \
-    CMD ["mc0", "stats", "--broker", "tcp://127.0.0.1:61616", "--keys", "/keys"]
+    CMD ["mc0", "health", "--http", "127.0.0.1:8222"]
 
 # Exec form: the broker is PID 1 and gets SIGTERM (graceful stop) and SIGHUP (re-read the allow-list) itself.
 # Other subcommands run the same way: `docker run --rm -v mc0-keys:/keys mc0 keys generate --client alice`.

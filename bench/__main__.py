@@ -19,6 +19,9 @@ written in two sends (see ``bench/cost.py``).
 
 ``python -m bench spark [options]``: a topic of 1,000,000 messages counted by Spark through the ``mc0`` data
 source, next to the connector reading it in one process, same run (see ``bench/spark.py``).
+
+``python -m bench monitoring [options]``: what a scrape of the monitoring endpoint costs the broker's loop
+with 10,000 topics, against no scraping, same run (see ``bench/monitoring.py``).
 """
 
 from __future__ import annotations
@@ -60,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import spark
 
         return spark.main(argv[1:])
+    if argv[:1] == ["monitoring"]:
+        from bench import monitoring
+
+        return monitoring.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      epilog="python -m bench durability --help: the durability benchmark")
     parser.add_argument("--messages", type=int, default=200_000, help="messages per throughput run")

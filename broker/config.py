@@ -23,6 +23,10 @@ DEFAULT_MSGQ = "127.0.0.1:9912"
 DEFAULT_RSTREAMS = "127.0.0.1:61618"
 #: The Lumberjack gateway's default address: loopback, the Beats port.
 DEFAULT_LUMBERJACK = "127.0.0.1:5044"
+#: The monitoring endpoint's default address: loopback, the port NATS users know for monitoring.
+DEFAULT_HTTP = "127.0.0.1:8222"
+#: Topics that get their own ``topic`` label in /metrics by default (the busiest; the rest are summed).
+DEFAULT_HTTP_TOPIC_LABELS = 100
 #: A gateway address that turns the gateway off.
 OFF = "off"
 #: Relative to the broker's working directory; created only when the first persistent topic is opened.
@@ -62,6 +66,10 @@ class BrokerConfig:
     lumberjack_tls_key: str = ""
     lumberjack_tls_client_ca: str = ""  # PEM CA bundle: clients must present a certificate it signed
     event_loop: str = "auto"  # auto (uvloop where installed) | uvloop | asyncio
+    # HOST:PORT of the monitoring endpoint (metrics, health, JSON, dashboard), or "off". None: DEFAULT_HTTP,
+    # and only if that port is free (several brokers on one machine still start with their defaults).
+    http: str | None = None
+    http_topic_labels: int = DEFAULT_HTTP_TOPIC_LABELS  # topics labelled in /metrics; 0: no topic labels
 
     @property
     def allowlist_dir(self) -> Path:
@@ -70,6 +78,11 @@ class BrokerConfig:
     def gateway_address(self, name: str) -> tuple[str, int] | None:
         """Where gateway ``name`` listens, or None when it is off (the value was checked on load)."""
         return listen_address(getattr(self, name), name)
+
+    @property
+    def http_address(self) -> tuple[str, int] | None:
+        """Where the monitoring endpoint listens, or None when it is off (the value was checked on load)."""
+        return listen_address(DEFAULT_HTTP if self.http is None else self.http, "http")
 
     def topic_rules(self) -> TopicRules:
         return TopicRules(list(self.topics))
@@ -87,7 +100,7 @@ _BROKER_KEYS = {
     "sexp": str, "sexp_ping_interval": (int, float), "msgq": str, "msgq_max_message": int,
     "rstreams": str, "rstreams_part_size": int, "lumberjack": str, "lumberjack_topic": str,
     "lumberjack_topic_field": str, "lumberjack_tls_cert": str, "lumberjack_tls_key": str,
-    "lumberjack_tls_client_ca": str, "event_loop": str,
+    "lumberjack_tls_client_ca": str, "event_loop": str, "http": str, "http_topic_labels": int,
 }
 #: Keys holding a gateway's HOST:PORT (or "off").
 GATEWAYS = ("sexp", "msgq", "rstreams", "lumberjack")
@@ -220,8 +233,10 @@ def load(path: Path | None, base: BrokerConfig = DEFAULTS) -> BrokerConfig:
             raise ConfigError(f"{path}: [broker].event_loop: {value!r} is not one of {choices}")
         if key in _POSITIVE and value <= 0:
             raise ConfigError(f"{path}: [broker].{key} must be greater than 0, not {value!r}")
-        if key in GATEWAYS:
+        if key in GATEWAYS or key == "http":
             listen_address(value, f"{path}: [broker].{key}")
+        if key == "http_topic_labels" and value < 0:
+            raise ConfigError(f"{path}: [broker].{key} must be 0 (no topic labels) or more, not {value}")
         changes[key] = Path(value) if key in ("keys_dir", "data_dir") else value
     entries = data.get("topics", [])
     if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):

@@ -170,6 +170,7 @@ class Topic:
     next_dispatch: int = FIRST_MESSAGE_ID
     redeliver: list[int] = field(default_factory=list)
     dirty: bool = False  # appended or acked since the last commit
+    committed_id: int = FIRST_MESSAGE_ID  # persistent: next_id at the last commit (a commit's size: the gap)
     messages_in: int = 0
     messages_out: int = 0
     dropped: int = 0
@@ -232,6 +233,8 @@ class Engine:
         self._dispatch: dict[Topic, None] = {}
         self._pump_exhausted = False
         self._next_topic_id = 1
+        #: Messages the last :meth:`commit` wrote (the group commit's size, for the monitoring).
+        self.last_commit_messages = 0
         if store is not None:
             # Persistent topics exist from the start: a queue holds its messages for consumers yet to come,
             # and ids continue where the log ends. Their topic ids are recorded with them, so they are stable
@@ -282,7 +285,7 @@ class Engine:
             log = self.store.open(name, spec, topic_id)
         topic = Topic(name, topic_id, spec, log=log)
         if log is not None:
-            topic.next_id = log.next_id
+            topic.next_id = topic.committed_id = log.next_id
             topic.next_dispatch = max(log.acked_watermark + 1, log.first_id)
         self.topics[name] = topic
         return topic
@@ -686,14 +689,18 @@ class Engine:
         """Group commit: make every message and ack of this turn as durable as its topic promises.
 
         One write per dirty topic, and one fsync per strong topic, however many messages the turn took.
-        Returns the number of topics committed."""
+        Returns the number of topics committed; :attr:`last_commit_messages` says how many messages."""
         dirty = self._dirty
         if not dirty:
             return 0
         self._dirty = []
+        messages = 0
         for topic in dirty:
             topic.dirty = False
             topic.log.commit()  # type: ignore[union-attr] - only topics with a log are marked dirty
+            messages += topic.next_id - topic.committed_id
+            topic.committed_id = topic.next_id
+        self.last_commit_messages = messages
         return len(dirty)
 
     def _mark_dirty(self, topic: Topic) -> None:

@@ -33,9 +33,11 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any, Protocol
 
 from broker.engine import PUMP_BUDGET, Engine, Message, Subscriber
+from broker.histogram import COMMIT_MESSAGES, TURN_SECONDS, Histogram
 from broker.topics import Sync
 
 #: While a polled outlet is full, write again after this long, doubling (up to ``max_retry``) while no write
@@ -104,6 +106,10 @@ class Hub:
         self._failed = asyncio.Event()
         self._scheduled = False
         self._retry_timer: asyncio.TimerHandle | None = None
+        # For the monitoring: how long each turn took (a door's read and this flush, or a scheduled flush
+        # alone), and how many messages each group commit wrote.
+        self.turn_seconds = Histogram(TURN_SECONDS)
+        self.commit_messages = Histogram(COMMIT_MESSAGES)
 
     def add(self, door: Door) -> None:
         self.doors.append(door)
@@ -118,10 +124,12 @@ class Hub:
 
     def _scheduled_flush(self) -> None:
         self._scheduled = False
+        started = perf_counter()
         try:
             self.flush()
         except Exception as error:
             self.fail(error)
+        self.turn_seconds.observe(perf_counter() - started)
 
     def fail(self, error: BaseException) -> None:
         """Stop the broker with ``error``, raised outside any task (see the module docstring)."""
@@ -141,7 +149,9 @@ class Hub:
         if now is None:
             now = self.monotonic()
         engine = self.engine
-        engine.commit()  # before any answer or delivery leaves: acknowledgements must be honest
+        # Before any answer or delivery leaves: acknowledgements must be honest.
+        if engine.commit() and engine.last_commit_messages:
+            self.commit_messages.observe(engine.last_commit_messages)
         waiting = False
         for door in self.doors:
             waiting = door.answer(now) or waiting

@@ -30,6 +30,7 @@ from broker.gateways.rstreams import RStreamsConnection, RStreamsOptions
 from broker.gateways.sexp import SexpConnection, SexpOptions
 from broker.gateways.tcp import Gateway
 from broker.hub import Hub
+from broker.monitoring import Monitor
 from broker.router import RouterShell
 from broker.store.files import FileStore
 from connector import keys
@@ -55,6 +56,13 @@ class Broker:
     endpoint: str  # the resolved bind address, e.g. tcp://127.0.0.1:49152
     gateways: dict[str, Gateway] = field(default_factory=dict)  # the ones turned on, by name
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)
+    handshakes: auth.HandshakeWatch | None = None  # the mc0 port's connection and handshake counters
+    monitor: Monitor | None = None  # the HTTP monitoring endpoint, when on
+
+    @property
+    def http_address(self) -> tuple[str, int] | None:
+        """Where the monitoring endpoint listens (None: off, or its default port was taken)."""
+        return None if self.monitor is None else self.monitor.address
 
     def gateway_address(self, name: str) -> tuple[str, int]:
         """Where gateway ``name`` really listens (a configured port 0 resolved)."""
@@ -138,6 +146,19 @@ def _router_socket(context: zmq.asyncio.Context, config: BrokerConfig) -> zmq.as
 
 async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None = None) -> None:
     """Run a broker until ``Broker.stop()`` (or a signal in :func:`run`)."""
+    # The monitoring endpoint first: /healthz answers (and /readyz says "starting") while the store recovers,
+    # and a monitoring port asked for that is taken stops the start before any work.
+    monitor = Monitor.start(config)
+    try:
+        await _serve(config, monitor, on_ready)
+    finally:
+        if monitor is not None:
+            monitor.close()
+
+
+async def _serve(
+    config: BrokerConfig, monitor: Monitor | None, on_ready: Callable[[Broker], None] | None
+) -> None:
     # Opening the store recovers every persistent topic (torn tails cut, ids continued) before any client
     # can connect; a corrupt sealed segment stops the start here, loudly.
     engine = Engine(config.topic_rules(), FileStore(config.data_dir))
@@ -148,6 +169,7 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
     context = zmq.asyncio.Context()
     socket = _router_socket(context, config)
     authenticator = None
+    handshakes = auth.HandshakeWatch(socket)
     try:
         if config.curve:
             authenticator = auth.secure(context, socket, config.keys_dir, config.allow_any_client)
@@ -160,7 +182,8 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
         for gateway in gateways.values():
             await gateway.start()
             hub.add(gateway)
-        broker = Broker(config, engine, hub, router, endpoint, gateways)
+        broker = Broker(config, engine, hub, router, endpoint, gateways, handshakes=handshakes,
+                        monitor=monitor)
         log.info("mc0 broker listening on %s (CURVE %s)", endpoint, "on" if config.curve else "OFF")
         for name in gateways:
             log.info("%s gateway listening on %s:%d", name, *broker.gateway_address(name))
@@ -173,11 +196,14 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
                 )
             else:
                 loop.add_signal_handler(signal.SIGHUP, log.info, "SIGHUP: CURVE is off, nothing to reload")
+        if monitor is not None:
+            monitor.attach(broker)
         if on_ready is not None:
             on_ready(broker)
         async with asyncio.TaskGroup() as group:
             tasks = {group.create_task(router.run(), name="mc0-router"),
-                     group.create_task(hub.run(), name="hub")}
+                     group.create_task(hub.run(), name="hub"),
+                     group.create_task(handshakes.run(), name="mc0-handshakes")}
             tasks |= {group.create_task(gateway.run(), name=f"{name}-gateway")
                       for name, gateway in gateways.items()}
             stopper = group.create_task(broker.stop_event.wait(), name="stop")
@@ -186,6 +212,8 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
                 task.cancel()
         log.info("mc0 broker stopped")
     finally:
+        if monitor is not None:
+            monitor.detach()  # before the logs close: nothing reads them any more
         hub.close()
         for gateway in gateways.values():
             gateway.close()
@@ -194,6 +222,7 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
         finally:
             if authenticator is not None:
                 authenticator.stop()
+            handshakes.close()
             socket.close(linger=0)
             context.term()
 

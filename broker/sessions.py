@@ -61,9 +61,16 @@ class Session:
         """Still the session of its identity (not dropped, and not replaced by a reconnect)."""
         return self.door is not None and self.door.sessions.by_identity.get(self.identity) is self
 
+    @property
+    def who(self) -> tuple[str, str]:
+        """The door and the client, as the monitoring names a subscriber."""
+        return "mc0", self.identity.hex()
+
     def deliver(self, messages: list[Message], now: float) -> int:
         assert self.door is not None
-        return self.door.deliver(self, messages, now)
+        sent = self.door.deliver(self, messages, now)
+        self.door.counters["messages_out"] += sent
+        return sent
 
 
 class Sessions:

@@ -94,13 +94,16 @@ def _connect(endpoint: str, keys_dir: Path, no_curve: bool, **options: Any) -> C
               help="reactive-streams gateway address, or off [default: 127.0.0.1:61618].")
 @click.option("--lumberjack", metavar="HOST:PORT|off",
               help="Lumberjack gateway address, or off [default: 127.0.0.1:5044].")
+@click.option("--http", metavar="HOST:PORT|off",
+              help="Monitoring endpoint (metrics, health, dashboard), or off [default: 127.0.0.1:8222, "
+                   "if free].")
 @click.option("--no-curve", is_flag=True, help="Plaintext, any client admitted: development only.")
 @click.option("--allow-any-client", is_flag=True, help="CURVE encryption without the client allow-list.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               help="Logging level [default: INFO].")
 def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, data_dir: Path | None,
            sexp: str | None, msgq: str | None, rstreams: str | None, lumberjack: str | None,
-           no_curve: bool, allow_any_client: bool, log_level: str | None) -> None:
+           http: str | None, no_curve: bool, allow_any_client: bool, log_level: str | None) -> None:
     """Run the broker until SIGINT or SIGTERM."""
     from broker import config as broker_config
     from broker import server
@@ -108,10 +111,11 @@ def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, da
     config = broker_config.load(config_file).replace(
         bind=bind, keys_dir=keys_dir, data_dir=data_dir, log_level=log_level.upper() if log_level else None,
         curve=False if no_curve else None, allow_any_client=True if allow_any_client else None, sexp=sexp,
-        msgq=msgq, rstreams=rstreams, lumberjack=lumberjack,
+        msgq=msgq, rstreams=rstreams, lumberjack=lumberjack, http=http,
     )
     for name in broker_config.GATEWAYS:
         config.gateway_address(name)  # a malformed address is a one-line error before anything starts
+    config.http_address  # noqa: B018 - likewise
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not config.curve:
         click.secho("WARNING: CURVE is off. Traffic is plaintext and any client may connect.", fg="red",
@@ -134,6 +138,8 @@ def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, da
         for name in running.gateways:
             host, port = running.gateway_address(name)
             click.echo(f"{name} gateway listening on {host}:{port}", err=True)
+        if running.monitor is not None:
+            click.echo(f"monitoring on http://{running.monitor.where}/", err=True)
 
     server.run(config, ready)
 
@@ -729,6 +735,43 @@ def keys_generate(keys_dir: Path, clients: tuple[str, ...], force: bool) -> None
         click.echo(f"{keys_dir}: every requested key pair exists already (use --force to replace)")
     for path in written:
         click.echo(f"wrote {path}")
+
+
+@main.command()
+@click.option("--http", "address", default="127.0.0.1:8222", envvar="MC0_HTTP", show_default=True,
+              metavar="HOST:PORT", help="The broker's monitoring endpoint.")
+@click.option("--ready", is_flag=True, help="Ask whether it serves (/readyz), not only whether it is alive.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+              help="Seconds to wait for the answer.")
+def health(address: str, ready: bool, timeout: float) -> None:
+    """Ask the broker's monitoring endpoint whether it is healthy; exit 1 if not (for healthchecks).
+
+    Needs no keys: the endpoint is plain HTTP on loopback by default."""
+    import urllib.error
+    import urllib.request
+
+    from broker.config import listen_address
+
+    where = listen_address(address, "--http")
+    if where is None:
+        raise click.ClickException("--http off: there is no endpoint to ask")
+    host, port = where
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/{'readyz' if ready else 'healthz'}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            status = json.loads(response.read()).get("status", "ok")
+    except urllib.error.HTTPError as error:
+        try:
+            answer = json.loads(error.read())
+        except ValueError:
+            answer = {}
+        reason = answer.get("reason") or answer.get("status") or error.reason
+        raise click.ClickException(f"{url}: {error.code}, {reason}") from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise click.ClickException(f"cannot reach {url}: {reason} (is the broker running, with --http on?)"
+                                   ) from None
+    click.echo(status)
 
 
 @main.command()

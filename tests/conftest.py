@@ -38,9 +38,9 @@ from connector import keys as key_files
 LOOPBACK = "tcp://127.0.0.1:*"
 #: A TCP gateway on loopback, port chosen by the kernel.
 GATEWAY_LOOPBACK = "127.0.0.1:0"
-#: BrokerConfig settings that keep a test broker's gateways off the fixed default ports (two brokers, or a
-#: broker running on the machine, would collide there).
-FREE_GATEWAY_PORTS = {name: GATEWAY_LOOPBACK for name in ("sexp", "msgq", "rstreams", "lumberjack")}
+#: BrokerConfig settings that keep a test broker's gateways and monitoring endpoint off the fixed default
+#: ports (two brokers, or a broker running on the machine, would collide there).
+FREE_GATEWAY_PORTS = {name: GATEWAY_LOOPBACK for name in ("sexp", "msgq", "rstreams", "lumberjack", "http")}
 #: How long a receive waits for something that should arrive (generous: a loaded CI machine is slow).
 RECV_TIMEOUT = 2.0
 #: How long we listen to be sure that nothing more arrives.
@@ -118,8 +118,8 @@ def start_broker(tmp_path: Path) -> Iterator[BrokerFactory]:
     with CURVE on, missing keys are created there the way the broker does on first run), ``heartbeat_tick``,
     ``topics`` (a tuple of :class:`TopicRule`), ``data_dir`` (default ``tmp_path/data``, shared by every
     broker of the test, so a second broker restarts on the first one's logs), ``bind`` (default a free
-    loopback port), ``sexp``, ``msgq``, ``rstreams`` and ``lumberjack`` (default a free loopback port each;
-    ``"off"`` turns a gateway off), and any other :class:`BrokerConfig` field.
+    loopback port), ``sexp``, ``msgq``, ``rstreams``, ``lumberjack`` and ``http`` (the monitoring endpoint)
+    (default a free loopback port each; ``"off"`` turns one off), and any other :class:`BrokerConfig` field.
     """
     running: list[BrokerThread] = []
 
@@ -136,6 +136,7 @@ def start_broker(tmp_path: Path) -> Iterator[BrokerFactory]:
         msgq: str = GATEWAY_LOOPBACK,
         rstreams: str = GATEWAY_LOOPBACK,
         lumberjack: str = GATEWAY_LOOPBACK,
+        http: str = GATEWAY_LOOPBACK,
         **overrides: Any,
     ) -> Broker:
         config = BrokerConfig(
@@ -144,6 +145,7 @@ def start_broker(tmp_path: Path) -> Iterator[BrokerFactory]:
             msgq=msgq,
             rstreams=rstreams,
             lumberjack=lumberjack,
+            http=http,
             data_dir=data_dir if data_dir is not None else tmp_path / "data",
             keys_dir=keys_dir if keys_dir is not None else tmp_path / "keys",
             curve=curve,

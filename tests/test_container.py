@@ -2,7 +2,8 @@
 
 Parses the Dockerfile, docker-compose.yml and .dockerignore and checks what a broken image would get
 wrong: the base image, a non-root user, the project installed with pip, port 61616, the /keys and /data
-volumes, and a command and healthcheck that are real ``mc0`` invocations (asked of the CLI itself through
+volumes, and a command and healthcheck (``mc0 health``, the monitoring endpoint's /healthz) that are real
+``mc0`` invocations (asked of the CLI itself through
 click's test runner when it can be imported). Also checks with ``git check-ignore`` that the keys folder
 keeps secrets out of git.
 """
@@ -29,7 +30,8 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 PORT = 61616
 BROKER_COMMAND = ["mc0", "broker", "--bind", f"tcp://0.0.0.0:{PORT}", "--keys", "/keys", "--data-dir",
                   "/data"]
-HEALTH_COMMAND = ["mc0", "stats", "--broker", f"tcp://127.0.0.1:{PORT}", "--keys", "/keys"]
+#: The healthcheck asks the monitoring endpoint on the container's loopback (no keys needed).
+HEALTH_COMMAND = ["mc0", "health", "--http", "127.0.0.1:8222"]
 
 
 # ------------------------------------------------------------------------------------------------- parsing
@@ -215,7 +217,7 @@ def test_dockerfile_command_is_the_broker_in_exec_form(instructions: list[tuple[
     assert container_argv(instructions) == BROKER_COMMAND
 
 
-def test_dockerfile_healthcheck_asks_the_broker_for_stats(instructions: list[tuple[str, str]]) -> None:
+def test_dockerfile_healthcheck_asks_the_monitoring_endpoint(instructions: list[tuple[str, str]]) -> None:
     healthcheck = last(instructions, "HEALTHCHECK")
     assert healthcheck is not None, "no HEALTHCHECK"
     _, _, command = healthcheck.partition("CMD ")
@@ -278,14 +280,14 @@ def health_argv(service: dict) -> list[str]:
     return shlex.split(argv[0]) if kind == "CMD-SHELL" else argv
 
 
-def test_compose_healthcheck_is_mc0_stats(broker_service: dict) -> None:
+def test_compose_healthcheck_is_mc0_health(broker_service: dict) -> None:
     assert health_argv(broker_service) == HEALTH_COMMAND
 
 
 def test_compose_healthcheck_is_a_real_cli_invocation(broker_service: dict) -> None:
     argv = health_argv(broker_service)
     assert_real_invocation(argv)
-    assert argv[1] == "stats"
+    assert argv[1] == "health"
 
 
 def test_compose_command_runs_the_broker(instructions: list[tuple[str, str]], broker_service: dict) -> None:

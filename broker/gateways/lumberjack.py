@@ -60,7 +60,7 @@ class LumberjackConnection(Connection):
             self.hold(self.window.window(event, now))
             return
         try:
-            self.engine.publish(self.topic_of(event.fields), _body(event), {}, self.hub.wall_ms())
+            self.publish_message(self.topic_of(event.fields), _body(event), {})
         except EngineError as error:
             raise ProtocolError(f"event {event.seq} refused: {error}") from None
         self.gateway.counters["events"] += 1

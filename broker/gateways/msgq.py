@@ -141,7 +141,7 @@ class MsgqConnection(Connection):
         if extra:
             headers[EXTRA] = msgq.encode_item(extra)
         try:
-            self.engine.publish(group, body, headers, self.hub.wall_ms())
+            self.publish_message(group, body, headers)
         except EngineError as error:
             raise ProtocolError(f"send refused: {error}") from None
         self.gateway.counters["sent"] += 1

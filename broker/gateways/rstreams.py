@@ -64,6 +64,12 @@ class Stream:
     def attached(self) -> bool:
         return self.open and not self.connection.closing
 
+    @property
+    def who(self) -> tuple[str, str]:
+        """The door and the peer's stream, as the monitoring names a subscriber."""
+        door, peer = self.connection.who
+        return door, f"{peer} stream {self.id}"
+
     def deliver(self, messages: list[Message], now: float) -> int:
         return self.connection.deliver_stream(self, messages)
 
@@ -251,7 +257,7 @@ class RStreamsConnection(Connection):
         wall = self.hub.wall_ms()
         try:
             for element in elements:
-                self.engine.publish(offered.topic, element, {}, wall)
+                self.publish_message(offered.topic, element, {}, wall)
         except EngineError as error:
             self.write(self.codec.send(rstreams.Cancel(offer_id)))
             del self.offered[offer_id]
@@ -280,6 +286,7 @@ class RStreamsConnection(Connection):
                     for message in messages[:count]]
         out = self._packed(stream, elements) if stream.element_size else self._variable(stream, elements)
         self.write(b"".join(out))
+        self.gateway.counters["messages_out"] += count
         stream.demand.take(count)
         if stream.queue:
             # Written ones used their demand up; the hub counts them out of the engine's in-flight next.

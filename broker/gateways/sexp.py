@@ -82,7 +82,7 @@ class SexpConnection(Connection):
                 self.write(codec.send(sexp.Unsubscribed(subscription.topic.topic_id, topic)))
             case sexp.Publish(topic, body):
                 try:
-                    self.engine.publish(topic, body, {}, self.hub.wall_ms())
+                    self.publish_message(topic, body, {})
                 except EngineError as error:
                     self.error(str(error))
             case sexp.Ack():

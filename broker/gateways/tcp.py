@@ -75,7 +75,9 @@ class Gateway:
         self.address: tuple[str, int] | None = None  # where it really listens (port 0 resolved)
         # paused: times a connection's transport was full (the peer reads slower than we write). A dialect
         # adds its own counters by naming them in its connection class's ``counters``.
-        self.counters = {"accepted": 0, "errors": 0, "closed": 0, "expired": 0, "paused": 0}
+        # messages_*: published through this door and deliveries written to it; bytes_*: read and written.
+        self.counters = {"accepted": 0, "errors": 0, "closed": 0, "expired": 0, "paused": 0,
+                         "messages_in": 0, "messages_out": 0, "bytes_in": 0, "bytes_out": 0}
         self.counters.update(dict.fromkeys(getattr(connection, "counters", ()), 0))
 
     async def start(self) -> None:
@@ -178,6 +180,7 @@ class Connection(asyncio.Protocol):
             except OSError:
                 self.quickack = None  # a socket going away: its peer's ACK timing no longer matters
         self.last_heard = self.hub.monotonic()
+        self.gateway.counters["bytes_in"] += len(data)
         try:
             self.received(data)
         except ProtocolError as error:
@@ -229,6 +232,7 @@ class Connection(asyncio.Protocol):
             return 0
         encode = self.encode_delivery
         write = self.transport.write
+        counters = self.gateway.counters
         chunk: list[bytes] = []
         size = 0
         sent = 0
@@ -239,19 +243,36 @@ class Connection(asyncio.Protocol):
             sent += 1
             if size >= WRITE_CHUNK:
                 write(b"".join(chunk))
+                counters["bytes_out"] += size
                 chunk = []
                 size = 0
                 if not self.writable:  # pause_writing ran inside write(): the rest waits for resume_writing
-                    return sent
-        if chunk:
-            write(b"".join(chunk))
+                    break
+        else:
+            if chunk:
+                write(b"".join(chunk))
+                counters["bytes_out"] += size
+        counters["messages_out"] += sent
         return sent
 
     # ------------------------------------------------------------------------------------- for the dialects
 
+    @property
+    def who(self) -> tuple[str, str]:
+        """The door and the peer, as the monitoring names a subscriber."""
+        return self.gateway.name, self.peer
+
     def write(self, data: bytes) -> None:
         if not self.closing and self.transport is not None:
             self.transport.write(data)
+            self.gateway.counters["bytes_out"] += len(data)
+
+    def publish_message(self, topic: bytes, body: bytes, headers: dict[bytes, bytes],
+                        wall: int | None = None) -> Message:
+        """Publish one message the peer sent into the engine (``wall``: its timestamp, now if not given)."""
+        message = self.engine.publish(topic, body, headers, self.hub.wall_ms() if wall is None else wall)
+        self.gateway.counters["messages_in"] += 1
+        return message
 
     def close(self, why: str) -> None:
         """Close after what was written so far has gone out."""

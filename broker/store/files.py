@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from broker.histogram import FSYNC_SECONDS, Histogram
 from broker.store import StoredTopic, StoreError
 from broker.store.log import SegmentLog
 from broker.store.segment import fsync_directory, write_all
@@ -172,6 +173,8 @@ class FileStore:
             raise ValueError("index_interval must be at least 1")
         self.root = Path(root)
         self.index_interval = index_interval
+        # Every log's segment fsyncs, timed (one histogram for the whole store: what the monitoring shows).
+        self.fsync_seconds = Histogram(FSYNC_SECONDS)
         self._logs: dict[bytes, SegmentLog] = {}
         self._lock_fd: int | None = None
 
@@ -258,7 +261,8 @@ class FileStore:
                 write_file_atomically(directory / META_FILE, encode_meta(topic, spec, topic_id))
         else:
             self._create_directory(directory, topic, spec, topic_id)
-        log = SegmentLog(topic, directory, spec, index_interval=self.index_interval)
+        log = SegmentLog(topic, directory, spec, index_interval=self.index_interval,
+                         fsync_seconds=self.fsync_seconds)
         self._logs[topic] = log
         return log
 

@@ -18,10 +18,12 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from itertools import pairwise
 from pathlib import Path
+from time import perf_counter
 
 import msgpack
 
 from broker.engine import Message
+from broker.histogram import FSYNC_SECONDS, Histogram
 from broker.store import StoreError
 from broker.store.acks import AckJournal
 from broker.store.segment import (
@@ -62,7 +64,8 @@ _unpackb = msgpack.unpackb
 class SegmentLog:
     """The on-disk log of one topic. Single-threaded: the broker's loop is the only caller."""
 
-    def __init__(self, topic: bytes, directory: Path, spec: TopicSpec, *, index_interval: int = 4096) -> None:
+    def __init__(self, topic: bytes, directory: Path, spec: TopicSpec, *, index_interval: int = 4096,
+                 fsync_seconds: Histogram | None = None) -> None:
         if index_interval < 1:
             raise ValueError("index_interval must be at least 1")
         self.topic = topic
@@ -70,6 +73,8 @@ class SegmentLog:
         self.spec = spec
         self.index_interval = index_interval
         self.fsyncs = 0  # fsyncs of .log files (the benchmark's "messages per fsync")
+        # ... and how long each took (the store shares one histogram among its logs).
+        self.fsync_seconds = fsync_seconds if fsync_seconds is not None else Histogram(FSYNC_SECONDS)
         self.truncated_bytes = 0
         self._strong = spec.sync is Sync.STRONG
         self._segment_bytes = spec.segment_bytes
@@ -264,9 +269,7 @@ class SegmentLog:
         """Make a full segment durable with its index before anything lands in the next one."""
         # Always, not only if written since the last fsync: a segment recovered at open may hold bytes a
         # crashed process wrote and nobody fsynced.
-        assert segment.fd is not None
-        fsync(segment.fd, segment.path)
-        self.fsyncs += 1
+        self._fsync_segment(segment)
         if segment in self._unsynced:
             self._unsynced.remove(segment)
         if segment.index_fd is not None:
@@ -281,11 +284,17 @@ class SegmentLog:
         segment.sealed = True
         self._remember_open(segment)
 
+    def _fsync_segment(self, segment: Segment) -> None:
+        """fsync one segment file, counted and timed (a perf_counter pair costs nothing next to an fsync)."""
+        assert segment.fd is not None
+        started = perf_counter()
+        fsync(segment.fd, segment.path)
+        self.fsync_seconds.observe(perf_counter() - started)
+        self.fsyncs += 1
+
     def _fsync_written(self) -> None:
         for segment in self._unsynced:
-            assert segment.fd is not None
-            fsync(segment.fd, segment.path)
-            self.fsyncs += 1
+            self._fsync_segment(segment)
         self._unsynced.clear()
         acks = self._acks
         acks.fsync()

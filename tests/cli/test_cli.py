@@ -552,9 +552,10 @@ def test_version(runner: CliRunner) -> None:
 
 # ------------------------------------------------------------------------------------------- real processes
 
-#: Real broker processes here take no fixed gateway port (one would collide with another broker).
+#: Real broker processes here take no fixed gateway or monitoring port (one would collide with another
+#: broker).
 NO_GATEWAY_PORTS = ("--sexp", "127.0.0.1:0", "--msgq", "127.0.0.1:0", "--rstreams", "127.0.0.1:0",
-                    "--lumberjack", "127.0.0.1:0")
+                    "--lumberjack", "127.0.0.1:0", "--http", "127.0.0.1:0")
 
 
 def mc0_command() -> list[str]:

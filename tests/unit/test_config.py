@@ -295,3 +295,36 @@ def test_element_size_from_a_rule_and_a_declare() -> None:
     assert rule.spec.element_size == 8
     assert declared_spec({"element_size": "16"}).element_size == 16
     assert rule.spec.describe()["element_size"] == 8
+
+
+# -------------------------------------------------------------------------------------- monitoring endpoint
+
+
+def test_the_monitoring_endpoint_is_on_by_default_on_loopback() -> None:
+    assert DEFAULTS.http is None  # not given: the default address, only if its port is free
+    assert DEFAULTS.http_address == ("127.0.0.1", 8222)
+    assert DEFAULTS.http_topic_labels == 100
+
+
+def test_monitoring_settings_from_the_file(tmp_path: Path) -> None:
+    loaded = load(write(tmp_path, "[broker]\nhttp = '0.0.0.0:9090'\nhttp_topic_labels = 0\n"))
+    assert loaded.http == "0.0.0.0:9090"
+    assert loaded.http_address == ("0.0.0.0", 9090)
+    assert loaded.http_topic_labels == 0
+    assert load(write(tmp_path, "[broker]\nhttp = 'off'\n")).http_address is None
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("[broker]\nhttp = '8222'\n", "[broker].http: '8222' is not HOST:PORT (or 'off')"),
+        ("[broker]\nhttp = 8222\n", "[broker].http has the wrong type"),
+        ("[broker]\nhttp_topic_labels = -1\n",
+         "[broker].http_topic_labels must be 0 (no topic labels) or more"),
+        ("[broker]\nhttp_topic_labels = true\n", "[broker].http_topic_labels has the wrong type"),
+    ],
+)
+def test_bad_monitoring_settings_are_refused(tmp_path: Path, text: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+                       .replace(")", r"\)")):
+        load(write(tmp_path, text))
