@@ -41,6 +41,7 @@ from typing import Any
 import zmq
 
 from bench.durability import serve_durable
+from bench.lumberjack import serve as serve_lumberjack
 from bench.process import broker_process
 from bench.throughput import BODY_SIZE, _free_pair, free_port, process_cpu_seconds
 
@@ -73,23 +74,6 @@ def serve_py_confirmer(port: int, data_dir: str, ready: Any) -> None:
         except (ValueError, IndexError):
             continue  # no ID: nothing to answer
         send([identity, b"", b"OK", b"ID", command_id])
-
-
-def serve_lumberjack(port: int, data_dir: str, ready: Any) -> None:
-    """mc0 with its Lumberjack door on ``port + 1``, events into a strong topic."""
-    import logging
-    from pathlib import Path
-
-    from broker import server
-    from broker.config import BrokerConfig
-    from broker.topics import Persistence, Sync, TopicRule, TopicSpec
-
-    logging.basicConfig(level=logging.ERROR)
-    rules = (TopicRule("*", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG)),)
-    config = BrokerConfig(bind=f"tcp://127.0.0.1:{port}", curve=False, topics=rules, data_dir=Path(data_dir),
-                          sexp="off", msgq="off", rstreams="off", lumberjack=f"127.0.0.1:{port + 1}",
-                          lumberjack_topic="shipped")
-    server.run(config, lambda _broker: ready.set())
 
 
 # ---------------------------------------------------------------------------------------------------- clients

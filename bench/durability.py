@@ -64,13 +64,9 @@ REPLAY_TARGET = 1.0
 
 def serve_durable(port: int, data_dir: str, ready: Any) -> None:
     """The broker with one topic per sync level (named after it) and everything else transient broadcast."""
-    import logging
-
-    from broker import server
-    from broker.config import BrokerConfig
+    from bench.process import serve_broker
     from broker.topics import Persistence, Sync, TopicRule, TopicSpec
 
-    logging.basicConfig(level=logging.ERROR)
     persistent = Persistence.PERSISTENT
     rules = (
         TopicRule("strong", TopicSpec(persistence=persistent, sync=Sync.STRONG)),
@@ -78,10 +74,7 @@ def serve_durable(port: int, data_dir: str, ready: Any) -> None:
         TopicRule("async", TopicSpec(persistence=persistent, sync=Sync.ASYNC)),
         TopicRule(REPLAY_TOPIC.decode(), TopicSpec(persistence=persistent, sync=Sync.WEAK)),
     )
-    config = BrokerConfig(bind=f"tcp://127.0.0.1:{port}", curve=False, topics=rules, data_dir=Path(data_dir),
-                          sexp="off", msgq="off", rstreams="off",
-                          lumberjack="off")
-    server.run(config, lambda _broker: ready.set())
+    serve_broker(port, ready, topics=rules, data_dir=data_dir)
 
 
 class BrokerProcess:

@@ -21,7 +21,6 @@ import multiprocessing as mp
 import platform
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 from bench.process import broker_process
@@ -31,18 +30,13 @@ BATCH = 2048
 
 
 def serve(port: int, data_dir: str, ready: Any) -> None:
-    import logging
-
-    from broker import server
-    from broker.config import BrokerConfig
+    """mc0 with its Lumberjack door on ``port + 1``; topics persistent and strong; events to "shipped"."""
+    from bench.process import serve_broker
     from broker.topics import Persistence, Sync, TopicRule, TopicSpec
 
-    logging.basicConfig(level=logging.ERROR)
     rules = (TopicRule("*", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG)),)
-    config = BrokerConfig(bind=f"tcp://127.0.0.1:{port}", curve=False, topics=rules, data_dir=Path(data_dir),
-                          sexp="off", msgq="off", rstreams="off", lumberjack=f"127.0.0.1:{port + 1}",
-                          lumberjack_topic="shipped")
-    server.run(config, lambda _broker: ready.set())
+    serve_broker(port, ready, topics=rules, data_dir=data_dir, lumberjack=f"127.0.0.1:{port + 1}",
+                 lumberjack_topic="shipped")
 
 
 def event(n: int) -> dict[str, Any]:

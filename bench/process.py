@@ -9,6 +9,25 @@ from contextlib import contextmanager
 from typing import Any
 
 
+def serve_broker(port: int, ready: Any, *, data_dir: str | None = None, **settings: Any) -> None:
+    """Run a benchmark's broker until it is killed: plaintext mc0 on loopback ``port``, every TCP door and the
+    monitoring endpoint off unless ``settings`` (BrokerConfig fields) turn one on, errors only in the log;
+    ``ready`` is set once it listens. Without ``data_dir`` (transient topics only) the broker is pointed at a
+    path under the temporary folder that nothing creates, never at the current folder's data directory."""
+    import logging
+    import os
+    from pathlib import Path
+
+    from broker import server
+    from broker.config import BrokerConfig
+
+    logging.basicConfig(level=logging.ERROR)
+    settings["data_dir"] = Path(data_dir or Path(tempfile.gettempdir()) / f"mc0-bench-{os.getpid()}")
+    config = BrokerConfig(**{"bind": f"tcp://127.0.0.1:{port}", "curve": False, "sexp": "off", "msgq": "off",
+                             "rstreams": "off", "lumberjack": "off", "http": "off", **settings})
+    server.run(config, lambda _broker: ready.set())
+
+
 @contextmanager
 def broker_process(serve: Callable[[int, str, Any], None], port: int) -> Iterator[int]:
     """Run ``serve(port, data_dir, ready)`` in a spawned process until the block ends (the block gets its

@@ -86,19 +86,12 @@ def serve_py_forwarder(port: int, mode: str, ready: Any) -> None:
 
 def serve_mc0(port: int, mode: str, ready: Any, sexp: str = "off", msgq: str = "off",
               rstreams: str = "off") -> None:
-    import logging
-
-    from broker import server
-    from broker.config import BrokerConfig
+    from bench.process import serve_broker
     from broker.topics import Delivery, TopicRule, TopicSpec
 
-    logging.basicConfig(level=logging.ERROR)
     delivery = Delivery.BROADCAST if mode == "broadcast" else Delivery.ROUND_ROBIN
-    config = BrokerConfig(
-        bind=f"tcp://127.0.0.1:{port}", curve=False, topics=(TopicRule("*", TopicSpec(delivery=delivery)),),
-        sexp=sexp, msgq=msgq, rstreams=rstreams, lumberjack="off",
-    )
-    server.run(config, lambda _broker: ready.set())
+    serve_broker(port, ready, topics=(TopicRule("*", TopicSpec(delivery=delivery)),), sexp=sexp, msgq=msgq,
+                 rstreams=rstreams)
 
 
 def serve_mc0_sexp(port: int, mode: str, ready: Any) -> None:
