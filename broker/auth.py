@@ -3,7 +3,8 @@ count of the handshakes it refused.
 
 The ZAP handler runs on the broker's own asyncio loop (pyzmq's ``AsyncioAuthenticator``). It admits the
 client public keys found in the allow-list folder, or any client key when the operator asked for encryption
-without an allow-list. The allow-list is re-read by :func:`reload` (the server calls it on SIGHUP).
+without an allow-list (:class:`AllowList`: re-read when the folder changes, refusals logged at WARNING). The
+allow-list is also re-read by :func:`reload` (the server calls it on SIGHUP).
 
 :class:`HandshakeWatch` reads the ROUTER's socket events (libzmq's monitor): connections accepted and closed,
 handshakes completed, and handshakes refused, by the allow-list (``auth``) or because the peer broke the
@@ -13,6 +14,10 @@ handshake (``protocol``: a wrong server key, a plaintext client on a CURVE port,
 from __future__ import annotations
 
 import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq
@@ -25,6 +30,72 @@ from connector import keys
 log = logging.getLogger("mc0.auth")
 
 ZAP_DOMAIN = "mc0"
+
+
+#: A refused key is logged at WARNING at most once per this many seconds (a client retrying every 100 ms would
+#: fill the log), and refusals of at most this many distinct keys are remembered for that.
+REFUSAL_LOG_INTERVAL = 60.0
+REFUSALS_REMEMBERED = 1024
+
+
+class AllowList:
+    """The CURVE client keys the broker admits: the public certificates in the allow-list folder.
+
+    It is pyzmq's credentials provider for the ZAP handler (``callback`` per handshake). The folder is read
+    again whenever its modification time changes, checked on every handshake (one stat): a certificate added
+    by ``mc0 keys generate --client`` or ``mc0 keys admit`` on the broker's machine is admitted at once.
+    SIGHUP still re-reads it whole (a certificate rewritten in place does not change the folder's time). Every
+    refusal is logged at WARNING with the key and the command that admits it, at most once a minute per key.
+    """
+
+    def __init__(self, folder: Path, clock: Callable[[], float] = time.monotonic) -> None:
+        self.folder = Path(folder)
+        self.clock = clock
+        self.keys: frozenset[bytes] = frozenset()
+        self._seen_mtime: int | None = None
+        self._refusals: OrderedDict[bytes, float] = OrderedDict()  # key -> when it was last logged
+        self.reload()
+
+    def reload(self) -> int:
+        """Read the folder's certificates again; returns how many keys are admitted."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._seen_mtime = self._mtime()
+        try:
+            self.keys = frozenset(zmq.auth.load_certificates(str(self.folder)))
+        except (OSError, ValueError) as error:  # keep those read before: one bad file must not lock out all
+            log.error("CURVE allow-list %s: cannot read it (%s); keeping the %d key(s) read before",
+                      self.folder, error, len(self.keys))
+        log.info("CURVE allow-list %s: %d client key(s)", self.folder, len(self.keys))
+        return len(self.keys)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """pyzmq's ZAP hook: admit ``key`` (Z85) or not."""
+        if self._mtime() != self._seen_mtime:
+            self.reload()
+        if key in self.keys:
+            return True
+        self._refused(key)
+        return False
+
+    def _refused(self, key: bytes) -> None:
+        now = self.clock()
+        last = self._refusals.get(key)
+        if last is not None and now - last < REFUSAL_LOG_INTERVAL:
+            log.debug("refused CURVE client key %s again", key.decode("ascii", "replace"))
+            return
+        self._refusals[key] = now
+        self._refusals.move_to_end(key)
+        while len(self._refusals) > REFUSALS_REMEMBERED:
+            self._refusals.popitem(last=False)
+        shown = key.decode("ascii", "replace")
+        log.warning("refused a CURVE client: its key %s is not in %s; to admit it, run `mc0 keys admit NAME "
+                    "%s` beside the broker's keys folder", shown, self.folder, shown)
+
+    def _mtime(self) -> int | None:
+        try:
+            return os.stat(self.folder).st_mtime_ns
+        except OSError:
+            return None
 
 
 def secure(
@@ -46,11 +117,12 @@ def _configure(authenticator: AsyncioAuthenticator, keys_dir: Path, allow_any_cl
     if allow_any_client:
         authenticator.configure_curve(domain=ZAP_DOMAIN, location=zmq.auth.CURVE_ALLOW_ANY)
         return
-    allowed = Path(keys_dir) / keys.ALLOWED
-    allowed.mkdir(parents=True, exist_ok=True)
-    authenticator.configure_curve(domain=ZAP_DOMAIN, location=str(allowed))
-    count = len(list(allowed.glob("*.key")))
-    log.info("CURVE allow-list %s: %d client key(s)", allowed, count)
+    provider = authenticator.credentials_providers.get(ZAP_DOMAIN)
+    if isinstance(provider, AllowList):
+        provider.reload()
+        return
+    authenticator.configure_curve_callback(domain=ZAP_DOMAIN,
+                                           credentials_provider=AllowList(Path(keys_dir) / keys.ALLOWED))
 
 
 def reload(authenticator: AsyncioAuthenticator, keys_dir: Path, allow_any_client: bool) -> None:

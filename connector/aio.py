@@ -26,11 +26,14 @@ from connector.base import (
     Confirms,
     QueuedConfirm,
     TopicSettings,
+    broker_mechanism,
+    close_socket,
     group_outbox,
     make_socket,
     reply_or_raise,
     topics_of,
 )
+from connector.connection import CHECK_EVERY
 from connector.core import (
     ConnectorError,
     FetchResult,
@@ -69,6 +72,10 @@ class AsyncClient(ClientBase):
         self._context = zmq.asyncio.Context()
         self._socket: zmq.asyncio.Socket | None = None
         self._raw: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None  # the socket's connection events (a shadow, read raw)
+        self._monitor_owner: zmq.Socket | None = None  # the monitor socket itself, closed with the socket
+        self._monitor_fd: int | None = None
+        self._probe: asyncio.Task[None] | None = None  # asking the broker's mechanism, when libzmq cannot say
         self._arrived = asyncio.Event()
         self._room = asyncio.Event()
         self._flush_scheduled = False
@@ -98,13 +105,10 @@ class AsyncClient(ClientBase):
                         raise
                     reply = self._connecting  # the reader gave up on a silent broker and sent a new CONNECT
             self._core.connected(reply_or_raise(answer, "CONNECT"))
-            self._ready = True
+            self._ready = self._established = True
         except TimeoutError:
             await self.close()
-            raise ConnectorError(
-                f"no answer to CONNECT from {self.endpoint} within {self.timeout:g}s "
-                "(broker down, wrong server key, or this client's key is not admitted)"
-            ) from None
+            raise ConnectorError(self._watch.timed_out(self.timeout)) from None
         except zmq.ZMQError as error:  # e.g. a malformed endpoint
             await self.close()
             raise ConnectorError(f"cannot connect to {self.endpoint}: {error}") from None
@@ -297,8 +301,7 @@ class AsyncClient(ClientBase):
                     await self._reader
             self._fail_waiting("client closed")
             self._fail_outbox("client closed")
-            if self._socket is not None:
-                self._socket.close(linger=0)
+            self._close_socket()
             self._context.term()
             self._arrived.set()
             self._room.set()
@@ -335,23 +338,65 @@ class AsyncClient(ClientBase):
 
     def _open(self) -> asyncio.Future[mc0.Ok | mc0.Error]:
         """A new DEALER, CONNECT, and SUB for everything subscribed before; returns the CONNECT's reply."""
-        if self._socket is not None:
-            self._socket.close(linger=0)
-        self._fail_waiting("connection to the broker was lost")
-        self._socket = make_socket(self._context, self.endpoint, self._credentials)  # type: ignore[arg-type]
-        self._raw = zmq.Socket.shadow(self._socket.underlying)
+        self._close_socket()
+        socket, monitor = make_socket(self._context, self.endpoint, self._credentials)  # type: ignore[arg-type]
+        self._socket = socket  # type: ignore[assignment] - an asyncio socket, made by the asyncio context
+        self._raw = zmq.Socket.shadow(socket.underlying)
+        # Connection events are few: read them in a reader callback on the monitor's descriptor.
+        self._monitor = zmq.Socket.shadow(monitor.underlying)
+        self._monitor_owner = monitor
+        self._monitor_fd = self._monitor.getsockopt(zmq.FD)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._monitor_fd, self._monitor_readable)
+        # The descriptor signals changes only once EVENTS has been asked: ask now, or the first events (all of
+        # them, for a broker that never answers) would never wake the reader.
+        loop.call_soon(self._monitor_readable)
+        self._watch = self._new_watch()
         self._unsent.clear()
-        now = time.monotonic()
+        self._handshake(time.monotonic())
+        assert self._connecting is not None
+        return self._connecting
+
+    def _handshake(self, now: float) -> None:
+        self._fail_waiting("connection to the broker was lost")
         loop = asyncio.get_running_loop()
         command_id, frames = self._core.connect(now)
         connected: asyncio.Future[mc0.Ok | mc0.Error] = loop.create_future()
+        if self._ready:
+            connected.add_done_callback(self._reconnected)
         self._connecting = connected
         self._waiting[command_id] = connected
         self._send(frames, now)
         for command_id, frames in self._core.resubscribe():
             self._waiting[command_id] = loop.create_future()
             self._send(frames, now)
-        return connected
+
+    def _unreachable(self, reason: str) -> None:
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.set_exception(ConnectorError(reason))
+
+    def _ask_mechanism(self, now: float) -> None:
+        """As the blocking client does, but the probe's connect and read run in a worker thread."""
+
+        async def ask() -> None:
+            mechanism = await asyncio.to_thread(broker_mechanism, self.endpoint)
+            if not self._closed:
+                self._verdict(self._watch.mechanism(mechanism), time.monotonic())
+
+        self._probe = asyncio.get_running_loop().create_task(ask(), name="mc0-client-probe")
+
+    def _monitor_readable(self) -> None:
+        if self._monitor is not None and not self._closed:
+            self._read_events(self._monitor, time.monotonic())
+
+    def _close_socket(self) -> None:
+        if self._monitor_fd is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                asyncio.get_event_loop().remove_reader(self._monitor_fd)
+            self._monitor_fd = None
+        if self._socket is not None:
+            close_socket(self._socket, self._monitor_owner)
+        self._monitor = self._monitor_owner = None
 
     def _fail_outbox(self, why: str) -> None:
         """The client stops: fail the confirmed publishes it never sent (none is dropped in silence)."""
@@ -447,6 +492,8 @@ class AsyncClient(ClientBase):
             assert socket is not None
             assert raw is not None
             timer = core.next_timer(time.monotonic())
+            if not self._watch.connected:  # refused connects are judged on a timer, not only on events
+                timer = CHECK_EVERY if timer is None else min(timer, CHECK_EVERY)
             paused = self._paused
             if paused:
                 await asyncio.sleep(0.01 if timer is None else min(0.01, timer))
@@ -457,11 +504,12 @@ class AsyncClient(ClientBase):
                 self._read(raw, now)
             if core.noop_due(now):
                 self._send(mc0.encode(mc0.Noop()), now)
+            if not self._watch.connected:
+                self._verdict(self._watch.check(now), now)
             alive = paused and bool(raw.get(zmq.EVENTS) & zmq.POLLIN)
             if core.broker_silent(now) and not alive:
                 self.reconnects += 1
-                connected = self._open()
-                connected.add_done_callback(self._reconnected)
+                self._open()
 
     def _reconnected(self, future: asyncio.Future[mc0.Ok | mc0.Error]) -> None:
         if not future.cancelled() and future.exception() is None:

@@ -7,14 +7,18 @@ keyword options of ``declare`` are :class:`TopicSettings`, written once here for
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from socket import create_connection
 from types import MappingProxyType
 from typing import Any, Protocol, TypedDict
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
+from connector import connection
 from connector.core import ClientCore, ConnectorError, Message, Publish, confirm_results
 from connector.keys import Credentials
 from connector.zsock import readable, recv_frames
@@ -23,6 +27,9 @@ from protocol import mc0
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:61616"
 #: Frame sets read per wake-up before the client looks at its other work (fairness, not a limit).
 READ_BUDGET = 512
+#: Reconnect attempts while the broker is away: the first after this many ms, doubling up to the second.
+RECONNECT_FIRST_MS = 20
+RECONNECT_MAX_MS = 200
 #: Confirmed publishes in flight per client by default (NATS JetStream's publish_async bounds 4,000; ours is
 #: the broker's batch size, so a full window is one PUTS CONFIRM each and one fsync on a strong topic).
 DEFAULT_MAX_CONFIRMS = 1024
@@ -128,20 +135,58 @@ def resolve_credentials(
     return None
 
 
-def make_socket(context: zmq.Context, endpoint: str, credentials: Credentials | None) -> zmq.Socket:
-    """A DEALER connected to ``endpoint``, CURVE-pinned when ``credentials`` are given."""
+def make_socket(
+    context: zmq.Context, endpoint: str, credentials: Credentials | None
+) -> tuple[zmq.Socket, zmq.Socket]:
+    """A DEALER connected to ``endpoint``, CURVE-pinned when ``credentials`` are given, and the PAIR socket on
+    which libzmq reports its connection events (watched from before the connect, so none is missed)."""
     socket = context.socket(zmq.DEALER)
+    monitor: zmq.Socket | None = None
     try:
         socket.linger = 0
         socket.sndhwm = 100_000
         socket.rcvhwm = 100_000
+        # Back within RECONNECT_MAX_MS of a restarted broker (libzmq's default retries every 100 ms forever;
+        # starting lower and backing off keeps a long outage quiet and a short one short).
+        socket.reconnect_ivl = RECONNECT_FIRST_MS
+        socket.reconnect_ivl_max = RECONNECT_MAX_MS
         if credentials is not None:
             credentials.apply(socket)
+        monitor = socket.get_monitor_socket(connection.EVENTS)
         socket.connect(endpoint)
     except BaseException:
-        socket.close(linger=0)  # an open socket would make Context.term() wait forever
+        close_socket(socket, monitor)  # an open socket would make Context.term() wait forever
         raise
-    return socket
+    return socket, monitor
+
+
+def broker_mechanism(endpoint: str, timeout: float = 1.0) -> str | None:
+    """The security mechanism the ZMTP peer at ``endpoint`` (``tcp://HOST:PORT``) names in its greeting, read
+    over a plain TCP connection closed at once; None if it cannot be read."""
+    host, colon, port = endpoint.removeprefix("tcp://").rpartition(":")
+    if not endpoint.startswith("tcp://") or not colon or not port.isdigit():
+        return None
+    try:
+        with create_connection((host.strip("[]"), int(port)), timeout=timeout) as probe:
+            probe.sendall(connection.GREETING_OPENING)
+            greeting = b""
+            while len(greeting) < connection.GREETING_SIZE:
+                chunk = probe.recv(connection.GREETING_SIZE - len(greeting))
+                if not chunk:
+                    break
+                greeting += chunk
+    except OSError:
+        return None
+    return connection.greeting_mechanism(greeting)
+
+
+def close_socket(socket: zmq.Socket, monitor: zmq.Socket | None) -> None:
+    """Close a client socket and its monitor."""
+    if monitor is not None:
+        with contextlib.suppress(zmq.ZMQError):
+            socket.disable_monitor()
+        monitor.close(linger=0)
+    socket.close(linger=0)
 
 
 def reply_or_raise(reply: mc0.Ok | mc0.Error, what: str) -> mc0.Ok:
@@ -220,6 +265,10 @@ class ClientBase:
         self._unsent: deque[mc0.Frames] = deque()  # frame sets that met a full pipe, in order
         self._closed = False
         self._failure: BaseException | None = None  # what stopped the client's I/O, if anything did
+        self._established = False  # the broker answered the first CONNECT with OK
+        #: Why the broker cannot be reached, while it cannot (one line); None while connected.
+        self.connection_problem: str | None = None
+        self._watch = self._new_watch()
 
     def _check(self) -> None:
         if self._failure is not None:
@@ -259,4 +308,48 @@ class ClientBase:
 
     def _resolve(self, reply: mc0.Ok | mc0.Error) -> None:
         """Hand the broker's answer to whoever sent the command with ``reply.id``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------- connection events
+
+    def _new_watch(self) -> connection.ConnectionWatch:
+        """A fresh watch, for a fresh socket."""
+        curve = self._credentials.public if self._credentials is not None else None
+        return connection.ConnectionWatch(self.endpoint, curve_public=curve)
+
+    def _read_events(self, monitor: zmq.Socket, now: float) -> None:
+        """Take the socket's connection events without blocking and act on what they say."""
+        while readable(monitor):
+            event = parse_monitor_message(recv_frames(monitor))
+            self._verdict(self._watch.event(event["event"], event["value"], now), now)
+
+    def _verdict(self, verdict: connection.Verdict, now: float) -> None:
+        if verdict is None:
+            return
+        if type(verdict) is connection.AskMechanism:
+            self._ask_mechanism(now)
+            return
+        if type(verdict) is connection.Reconnected:
+            self.connection_problem = None
+            self.reconnects += 1
+            self._handshake(now)
+            return
+        self.connection_problem = verdict.reason  # type: ignore[union-attr] - an Unreachable
+        if not self._established:
+            self._unreachable(verdict.reason)  # type: ignore[union-attr]
+
+    def _ask_mechanism(self, now: float) -> None:
+        """Read the broker's mechanism from its greeting (a plain TCP probe, a second at most) and act on the
+        verdict. The blocking client does it on its I/O thread; the asyncio client in a worker thread."""
+        self._verdict(self._watch.mechanism(broker_mechanism(self.endpoint)), now)
+
+    def _handshake(self, now: float) -> None:
+        """The connection came back (the broker restarted, or dropped us): CONNECT and subscribe again on this
+        socket at once, resuming each topic after its last id. Commands in flight were lost with the old
+        connection and fail."""
+        raise NotImplementedError
+
+    def _unreachable(self, reason: str) -> None:
+        """The broker cannot be reached, before the first CONNECT was answered: the constructor (or
+        ``connect()``) raises ``reason`` now instead of waiting out its timeout."""
         raise NotImplementedError

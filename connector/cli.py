@@ -315,8 +315,41 @@ def sub(topics: tuple[str, ...], endpoint: str, keys_dir: Path, no_curve: bool, 
     with _connect(endpoint, keys_dir, no_curve) as client:
         client.subscribe(*topics, replay=replay, credit=credit, explicit_acks=explicit_acks)
         # Acked after it is printed: a message this process dies holding goes to another consumer.
-        _print_each(lambda: client.receive(timeout=timeout), _as_json if as_json else _as_text, count,
+        _print_each(_ConnectionReport(client, timeout).receive, _as_json if as_json else _as_text, count,
                     client.ack if explicit_acks else None)
+
+
+class _ConnectionReport:
+    """``mc0 sub``'s receive: the next message (None after ``timeout`` seconds of silence), saying on stderr
+    when the broker is lost and why, and when the client is back with its subscriptions restored."""
+
+    #: How often a waiting receive looks up from the inbox to report on the connection.
+    LOOK_EVERY = 0.25
+
+    def __init__(self, client: Client, timeout: float | None) -> None:
+        self.client = client
+        self.timeout = timeout
+        self.reconnects = client.reconnects
+        self.problem: str | None = None
+
+    def receive(self) -> Message | None:
+        client = self.client
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while True:
+            wait = self.LOOK_EVERY if deadline is None else min(self.LOOK_EVERY, deadline - time.monotonic())
+            message = client.receive(timeout=max(0.0, wait))
+            self.report()
+            if message is not None or (deadline is not None and time.monotonic() >= deadline):
+                return message
+
+    def report(self) -> None:
+        client = self.client
+        if client.connection_problem and client.connection_problem != self.problem:
+            click.echo(f"lost the broker: {client.connection_problem}; retrying", err=True)
+        self.problem = client.connection_problem
+        if client.reconnects != self.reconnects:
+            self.reconnects = client.reconnects
+            click.echo(f"reconnected to {client.endpoint}: subscriptions restored", err=True)
 
 
 T = TypeVar("T")
@@ -735,6 +768,21 @@ def keys_generate(keys_dir: Path, clients: tuple[str, ...], force: bool) -> None
         click.echo(f"{keys_dir}: every requested key pair exists already (use --force to replace)")
     for path in written:
         click.echo(f"wrote {path}")
+
+
+@keys.command("admit")
+@click.argument("name")
+@click.argument("key")
+@click.option("--keys", "keys_dir", default="keys", envvar="MC0_KEYS", show_default=True,
+              type=click.Path(path_type=Path), help="The broker's keys folder.")
+def keys_admit(name: str, key: str, keys_dir: Path) -> None:
+    """Admit a client: put its public KEY (Z85 text, or its .key file) on the allow-list as NAME.
+
+    Run it beside the broker: a running broker admits the key at its next handshake."""
+    from connector import keys as key_files
+
+    path = key_files.admit(keys_dir, name, key_files.public_key(key))
+    click.echo(f"wrote {path}: the broker admits this client from its next connection")
 
 
 @main.command()

@@ -32,11 +32,13 @@ from connector.base import (
     Confirms,
     QueuedConfirm,
     TopicSettings,
+    close_socket,
     group_outbox,
     make_socket,
     reply_or_raise,
     topics_of,
 )
+from connector.connection import CHECK_EVERY
 from connector.core import (
     NO_HEADERS,
     ConnectorError,
@@ -176,6 +178,7 @@ class Client(ClientBase):
         os.set_blocking(self._wake_r, False)
         self._context = zmq.Context()
         self._socket: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None  # the socket's connection events
         self._waiting: dict[bytes, _Waiting] = {}
         self._connected: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, name=f"mc0-client {endpoint}", daemon=True)
@@ -184,10 +187,7 @@ class Client(ClientBase):
             self._connected.result(self.timeout)
         except FutureTimeout:
             self._shutdown()
-            raise ConnectorError(
-                f"no answer to CONNECT from {endpoint} within {self.timeout:g}s "
-                "(broker down, wrong server key, or this client's key is not admitted)"
-            ) from None
+            raise ConnectorError(self._watch.timed_out(self.timeout)) from None
         except BaseException:
             self._shutdown()
             raise
@@ -491,7 +491,7 @@ class Client(ClientBase):
                 elif type(item) is QueuedConfirm:
                     Confirms([item.future], self._release_confirms).fail("client stopped")
             if self._socket is not None:
-                self._socket.close(linger=0)
+                close_socket(self._socket, self._monitor)
             with self._room:
                 self._room.notify_all()
             self._arrived.set()
@@ -499,13 +499,16 @@ class Client(ClientBase):
     def _open(self) -> None:
         """A new DEALER (new identity), CONNECT, and SUB for everything subscribed before."""
         if self._socket is not None:
-            self._socket.close(linger=0)
-        self._socket = make_socket(self._context, self.endpoint, self._credentials)
+            close_socket(self._socket, self._monitor)
+        self._socket, self._monitor = make_socket(self._context, self.endpoint, self._credentials)
+        self._watch = self._new_watch()
         self._unsent.clear()
+        self._handshake(time.monotonic())
+
+    def _handshake(self, now: float) -> None:
         for request in self._waiting.values():
             request.fail("connection to the broker was lost")
         self._waiting.clear()
-        now = time.monotonic()
         command_id, frames = self._core.connect(now)
         connect = _Request(None)
         connect.future.add_done_callback(self._on_connected)
@@ -515,11 +518,16 @@ class Client(ClientBase):
             self._waiting[command_id] = _Request(None)
             self._send(frames, now)
 
+    def _unreachable(self, reason: str) -> None:
+        if not self._connected.done():
+            self._connected.set_exception(ConnectorError(reason))
+
     def _on_connected(self, future: Future[mc0.Ok]) -> None:
         with contextlib.suppress(BaseException):
             reply = future.result()
             if isinstance(reply, mc0.Ok):
                 self._core.connected(reply)
+                self._established = True
                 if not self._connected.done():
                     self._connected.set_result(None)
             elif not self._connected.done():
@@ -530,16 +538,21 @@ class Client(ClientBase):
         poller.register(self._wake_r, zmq.POLLIN)
         core = self._core
         while True:
-            socket = self._socket
+            socket, monitor = self._socket, self._monitor
             assert socket is not None
+            assert monitor is not None
             self._read_paused = self._paused_reading
             flags = 0 if self._read_paused else zmq.POLLIN
             if self._unsent:
                 flags |= zmq.POLLOUT
             poller.register(socket, flags)  # register() on a registered socket modifies its flags
+            poller.register(monitor, zmq.POLLIN)
             timer = core.next_timer(time.monotonic())
+            if not self._watch.connected:  # refused connects are judged on a timer, not only on events
+                timer = CHECK_EVERY if timer is None else min(timer, CHECK_EVERY)
             events = dict(poller.poll(None if timer is None else int(timer * 1000) + 1))
             poller.register(socket, 0)  # unregisters; a no-op when paused reading left it unregistered
+            poller.unregister(monitor)  # a reconnect may replace both
             if self._wake_r in events:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
@@ -547,6 +560,9 @@ class Client(ClientBase):
             now = time.monotonic()
             if self._stopping:
                 return  # close() stopped waiting, or the constructor gave up
+            self._read_events(monitor, now)
+            if not self._watch.connected:
+                self._verdict(self._watch.check(now), now)
             if not self._paused_reading:
                 self._read(socket, now)
             if self._closing is not None and self._closing.future.done():

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import zmq
 import zmq.auth
+from zmq.utils import z85
 
 BROKER = "broker"
 CLIENT = "client"
@@ -76,6 +77,41 @@ def generate(keys_dir: Path, clients: tuple[str, ...] = (CLIENT,), force: bool =
             shutil.copyfile(keys_dir / f"{name}.key", allowed / f"{name}.key")
             written.append(allowed / f"{name}.key")
     return written
+
+
+def public_key(text: str) -> bytes:
+    """A client's public key from what a person pastes: its Z85 text (40 characters) or a ``.key`` file."""
+    candidate = Path(text)
+    if len(text) != 40 or candidate.exists():
+        if not candidate.exists():
+            raise KeyFileError(f"{text!r} is neither a public key (40 Z85 characters) nor a certificate file")
+        return load(candidate).public
+    try:
+        if len(z85.decode(text.encode("ascii"))) == 32:
+            return text.encode("ascii")
+    except (ValueError, KeyError, UnicodeEncodeError):  # pyzmq's z85 raises KeyError for a foreign character
+        pass
+    raise KeyFileError(f"{text!r} is not a Z85 public key (40 characters of the Z85 alphabet)")
+
+
+def admit(keys_dir: Path, name: str, public: bytes) -> Path:
+    """Put a client's public key on the broker's allow-list (``allowed/NAME.key``); returns the file written.
+
+    A running broker reads the folder again at its next handshake: the client is admitted at once."""
+    if not name or "/" in name or name.startswith("."):
+        raise KeyFileError(f"{name!r} cannot name a certificate file: use letters, digits, '-' and '_'")
+    allowed = Path(keys_dir) / ALLOWED
+    allowed.mkdir(parents=True, exist_ok=True)
+    path = allowed / f"{name}.key"
+    # pyzmq's public certificate format (what zmq.auth.load_certificate reads), written whole then renamed in.
+    text = ("#   ZeroMQ CURVE Public Certificate, admitted by mc0 keys admit\n"
+            "metadata\n"
+            "curve\n"
+            f'    public-key = "{public.decode("ascii")}"\n')
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
 
 
 def broker_pair(keys_dir: Path) -> KeyPair:

@@ -312,6 +312,11 @@ def test_replay_values(given: str | int, expected: str | int) -> None:
 class StandInClient:
     """A Client that opens nothing: tests monkeypatch the CLI's Client with a subclass recording its calls."""
 
+    reconnects = 0
+    connection_problem = None
+    endpoint = "tcp://127.0.0.1:61616"
+    timeout = 5.0
+
     def __init__(self, *args: object, **options: object) -> None:
         pass
 
@@ -328,7 +333,7 @@ def test_sub_passes_the_durable_options_to_subscribe(
     """No broker: a stand-in client records the subscribe call and hands out one message to ack."""
     calls: list[tuple[str, object]] = []
 
-    class StandIn:
+    class StandIn(StandInClient):
         def __init__(self, *args: object, **options: object) -> None:
             self.messages = [cli_module.Message("q.jobs", b"job", {}, 5, 1)]
 
@@ -501,8 +506,7 @@ def test_no_broker_listening_is_one_line(runner: CliRunner, command: list[str]) 
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     result = runner.invoke(main, [*command, "--broker", endpoint, "--no-curve"])
     line = assert_one_line_error(result)
-    assert "no answer to CONNECT" in line
-    assert endpoint in line
+    assert f"nothing is listening at {endpoint}: start the broker" in line
 
 
 @pytest.mark.parametrize("command",
@@ -700,7 +704,7 @@ def test_sighup_admits_a_client_added_to_the_allow_list(tmp_path: Path) -> None:
     stderr = StderrLines(broker)
     try:
         stderr.wait_for("listening on", timeout=15)
-        with pytest.raises(ConnectorError, match="no answer to CONNECT"):
+        with pytest.raises(ConnectorError, match="refused this client's key"):
             Client(endpoint, credentials=credentials, timeout=1.0)
         shutil.copyfile(newcomer / "alice.key", keys / "allowed" / "alice.key")
         broker.send_signal(signal.SIGHUP)

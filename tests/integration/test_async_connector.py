@@ -302,8 +302,9 @@ def test_close_is_prompt_with_a_full_inbox(broker: Broker) -> None:
 def test_no_broker_listening_raises_within_the_timeout() -> None:
     async def main() -> None:
         start = time.monotonic()
-        with pytest.raises(ConnectorError, match="CONNECT"):
-            await AsyncClient(free_endpoint(), timeout=0.5).connect()
+        endpoint = free_endpoint()
+        with pytest.raises(ConnectorError, match=f"nothing is listening at {endpoint}: start the broker"):
+            await AsyncClient(endpoint, timeout=0.5).connect()
         assert time.monotonic() - start < 2.0
 
     run(main)
@@ -312,7 +313,7 @@ def test_no_broker_listening_raises_within_the_timeout() -> None:
 def test_no_broker_with_a_short_ttl_still_raises_within_the_timeout() -> None:
     async def main() -> None:
         start = time.monotonic()
-        with pytest.raises(ConnectorError, match="CONNECT"):
+        with pytest.raises(ConnectorError, match="nothing is listening at"):
             await AsyncClient(free_endpoint(), ttl=100, timeout=0.6).connect()
         assert time.monotonic() - start < 2.0
 
