@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.topics import DEFAULT_SPEC, Delivery, Persistence, Sync, TopicRule, TopicRules, TopicSpec
+from connector import addresses
 
 DEFAULT_BIND = "tcp://*:61616"
 #: The sexp gateway's default address: loopback, the mc0 port plus one (the seed names no port).
@@ -119,16 +120,24 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def listen_address(text: str, where: str) -> tuple[str, int] | None:
-    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as a host and port, or None for ``off``. Port 0 picks a free
-    port."""
+    """A TCP door's ``HOST:PORT`` (or ``tcp://HOST:PORT``, ``[v6]:PORT``, or a bare port on loopback), or None
+    for ``off``. Port 0 picks a free port. One reader for the file and the command line
+    (:mod:`connector.addresses`)."""
     if text.strip().lower() == OFF:
         return None
-    host, colon, port_text = text.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not colon or not host or not port_text.isdigit() or int(port_text) > 65535:
-        raise ConfigError(f"{where}: {text!r} is not HOST:PORT (or {OFF!r})")
-    return host, int(port_text)
+    try:
+        return addresses.host_port(text, what=where)
+    except addresses.AddressError as error:
+        raise ConfigError(f"{error} (or {OFF!r})") from None
+
+
+def bind_endpoint(text: str, where: str = "bind") -> str:
+    """The mc0 door's ZeroMQ endpoint to bind (``tcp://HOST:PORT``, ``HOST:PORT``, or a port on every
+    interface)."""
+    try:
+        return addresses.zmq_endpoint(text, what=where, bind=True)
+    except addresses.AddressError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _enum(kind: type, raw: Any, where: str) -> Any:
@@ -235,6 +244,8 @@ def load(path: Path | None, base: BrokerConfig = DEFAULTS) -> BrokerConfig:
             raise ConfigError(f"{path}: [broker].{key} must be greater than 0, not {value!r}")
         if key in GATEWAYS or key == "http":
             listen_address(value, f"{path}: [broker].{key}")
+        if key == "bind":
+            value = bind_endpoint(value, f"{path}: [broker].bind")
         if key == "http_topic_labels" and value < 0:
             raise ConfigError(f"{path}: [broker].{key} must be 0 (no topic labels) or more, not {value}")
         changes[key] = Path(value) if key in ("keys_dir", "data_dir") else value

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypedDict
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from connector import connection
+from connector import addresses, connection
 from connector.core import ClientCore, ConnectorError, Message, Publish, confirm_results
 from connector.keys import Credentials
 from connector.zsock import readable, recv_frames
@@ -253,7 +253,10 @@ class ClientBase:
     ) -> None:
         if max_confirms < 1:
             raise ValueError("max_confirms must be at least 1")
-        self.endpoint = endpoint
+        try:
+            self.endpoint = addresses.zmq_endpoint(endpoint, what="broker endpoint")
+        except addresses.AddressError as error:
+            raise ConnectorError(str(error)) from None
         self.timeout = timeout
         self.reconnects = 0
         self._credentials = resolve_credentials(keys, credentials, curve)

@@ -81,7 +81,9 @@ def _connect(endpoint: str, keys_dir: Path, no_curve: bool, **options: Any) -> C
 @main.command()
 @click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False),
               help="TOML configuration (optional; defaults are embedded).")
-@click.option("--bind", help="mc0 ROUTER endpoint [default: tcp://*:61616].")
+@click.option("--bind", metavar="ADDRESS",
+              help="Where the mc0 door listens: tcp://HOST:PORT, HOST:PORT, or a port on every interface "
+                   "[default: tcp://*:61616].")
 @click.option("--keys", "keys_dir", type=click.Path(path_type=Path), envvar="MC0_KEYS",
               help="Keys folder [default: keys].")
 @click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False),
@@ -109,7 +111,8 @@ def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, da
     from broker import server
 
     config = broker_config.load(config_file).replace(
-        bind=bind, keys_dir=keys_dir, data_dir=data_dir, log_level=log_level.upper() if log_level else None,
+        bind=broker_config.bind_endpoint(bind, "--bind") if bind else None, keys_dir=keys_dir,
+        data_dir=data_dir, log_level=log_level.upper() if log_level else None,
         curve=False if no_curve else None, allow_any_client=True if allow_any_client else None, sexp=sexp,
         msgq=msgq, rstreams=rstreams, lumberjack=lumberjack, http=http,
     )

@@ -73,5 +73,7 @@ def test_health_with_no_address_to_ask_is_one_line(address: str, wrong: str) -> 
 
 
 def test_broker_with_a_bad_http_address_is_one_line() -> None:
-    result = CliRunner().invoke(main, ["broker", "--no-curve", "--http", "8222"])
-    assert result.output.splitlines()[-1] == "Error: http: '8222' is not HOST:PORT (or 'off')"
+    result = CliRunner().invoke(main, ["broker", "--no-curve", "--http", "eighty"])
+    assert result.output.splitlines()[-1] == (
+        "Error: http: 'eighty' is not an address; use HOST:PORT, tcp://HOST:PORT or a port number "
+        "(e.g. 127.0.0.1:61617) (or 'off')")

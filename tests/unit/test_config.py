@@ -177,10 +177,13 @@ def test_patterns_match_whole_names_and_any_bytes() -> None:
         ("[[topics]]\npattern = 'a'\nmax_backlog = '10'\n", "topics[0].max_backlog: must be an integer"),
         ("[[topics]]\npattern = 'a'\nmax_backlog = [1]\n", "topics[0].max_backlog: must be an integer"),
         ("[[topics]]\npattern = 'a'\nmax_backlog = 2.5\n", "topics[0].max_backlog: must be an integer"),
-        ("[broker]\nsexp = '61617'\n", "[broker].sexp: '61617' is not HOST:PORT (or 'off')"),
-        ("[broker]\nsexp = 'localhost:port'\n", "is not HOST:PORT"),
-        ("[broker]\nsexp = 'localhost:70000'\n", "is not HOST:PORT"),
-        ("[broker]\nsexp = ':61617'\n", "is not HOST:PORT"),
+        ("[broker]\nsexp = 'localhost'\n",
+         "[broker].sexp: 'localhost' is not an address; use HOST:PORT, tcp://HOST:PORT or a port number "
+         "(e.g. 127.0.0.1:61617) (or 'off')"),
+        ("[broker]\nsexp = 'localhost:port'\n", "is not an address; use HOST:PORT"),
+        ("[broker]\nsexp = 'localhost:70000'\n", "has no port 70000 (0 to 65535)"),
+        ("[broker]\nsexp = ':61617'\n", "is not an address"),
+        ("[broker]\nbind = 'tcp://127.0.0.1'\n", "[broker].bind: 'tcp://127.0.0.1' is not an address"),
         ("[broker]\nsexp_ping_interval = 0\n", "[broker].sexp_ping_interval must be greater than 0"),
         ("[[topics]]\npattern = 'a'\nelement_size = -1\n", "topics[0]: element_size must not be negative"),
         ("[[topics]]\npattern = 'a'\nelement_size = '8'\n", "topics[0].element_size: must be an integer"),
@@ -278,11 +281,22 @@ def test_data_dir_and_sync_interval_come_from_the_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "address"),
     [("127.0.0.1:61617", ("127.0.0.1", 61617)), ("0.0.0.0:0", ("0.0.0.0", 0)), ("[::1]:9", ("::1", 9)),
-     ("localhost:1", ("localhost", 1)), ("off", None), ("OFF", None)],
+     ("localhost:1", ("localhost", 1)), ("off", None), ("OFF", None),
+     ("61617", ("127.0.0.1", 61617)), ("tcp://0.0.0.0:61617", ("0.0.0.0", 61617))],
 )
 def test_gateway_addresses(text: str, address: tuple[str, int] | None) -> None:
     assert config.listen_address(text, "sexp") == address
     assert BrokerConfig(sexp=text).gateway_address("sexp") == address
+
+
+@pytest.mark.parametrize(
+    ("text", "endpoint"),
+    [("61700", "tcp://*:61700"), ("127.0.0.1:61700", "tcp://127.0.0.1:61700"), ("tcp://*:61616", "tcp://*:61616"),
+     ("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"), ("[::1]:5", "tcp://[::1]:5"), ("ipc:///tmp/mc0", "ipc:///tmp/mc0")],
+)
+def test_the_bind_address_is_read_in_every_spelling(tmp_path: Path, text: str, endpoint: str) -> None:
+    assert config.bind_endpoint(text) == endpoint
+    assert load(write(tmp_path, f"[broker]\nbind = '{text}'\n")).bind == endpoint
 
 
 def test_the_sexp_gateway_is_on_by_default_on_loopback() -> None:
@@ -317,7 +331,7 @@ def test_monitoring_settings_from_the_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
-        ("[broker]\nhttp = '8222'\n", "[broker].http: '8222' is not HOST:PORT (or 'off')"),
+        ("[broker]\nhttp = 'eighty'\n", "[broker].http: 'eighty' is not an address; use HOST:PORT"),
         ("[broker]\nhttp = 8222\n", "[broker].http has the wrong type"),
         ("[broker]\nhttp_topic_labels = -1\n",
          "[broker].http_topic_labels must be 0 (no topic labels) or more"),
