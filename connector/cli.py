@@ -8,12 +8,13 @@ exception (:class:`ConnectorError`, key files, configuration, sockets) becomes a
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -166,21 +167,73 @@ def _stdin_lines() -> Iterator[bytes]:
         yield line.rstrip(b"\r\n")
 
 
+def _repeat_options(func: Any) -> Any:
+    """``--count`` and ``--rate``, the load-generating options every ``pub`` command shares."""
+    func = click.option("--rate", type=click.FloatRange(min=0), default=0,
+                        help="Messages per second (0 = as fast as possible).")(func)
+    return click.option("--count", "-n", type=click.IntRange(min=1), default=1, show_default=True,
+                        help="Publish MESSAGE this many times (load generation).")(func)
+
+
+def _publish_each(publish: Callable[[bytes], object], message: str | None, count: int, rate: float,
+                  label: str) -> int:
+    """``publish`` MESSAGE ``count`` times, or each line of stdin once when there is no MESSAGE, ``rate`` a
+    second at most (0: no limit), with a progress bar for long runs; returns how many."""
+    _check_repeat(message, count)
+    if message is None:
+        if click.get_binary_stream("stdin").isatty():
+            click.echo("publishing each line typed here; Ctrl-D ends", err=True)
+        bodies: Iterable[bytes] = _stdin_lines()
+        total = 0
+    else:
+        bodies = itertools.repeat(message.encode(), count)
+        total = count
+    interval = 1.0 / rate if rate else 0.0
+    start = time.monotonic()
+    sent = 0
+    with click.progressbar(length=total, label=label, file=sys.stderr, hidden=total < PROGRESS_FROM) as bar:
+        for body in bodies:
+            if interval:
+                delay = start + sent * interval - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            publish(body)
+            sent += 1
+            if sent % 1000 == 0:
+                bar.update(1000)
+        bar.update(sent % 1000)
+    return sent
+
+
+def _check_repeat(message: str | None, count: int) -> None:
+    """Refuse ``--count`` without MESSAGE, before anything connects."""
+    if message is None and count != 1:
+        raise click.ClickException("--count repeats MESSAGE: give one (pub TOPIC MESSAGE --count N); without "
+                                   "it, each line of stdin is published once")
+
+
+def _published(sent: int, what: str, start: float) -> None:
+    """The one line every ``pub`` ends with (on stderr), with the rate for long runs."""
+    line = f"published {sent} {what}"
+    if sent >= PROGRESS_FROM:
+        elapsed = time.monotonic() - start
+        line += f" in {elapsed:.2f}s ({sent / elapsed:,.0f}/s)"
+    click.echo(line, err=True)
+
+
 @main.command()
 @click.argument("topic")
 @click.argument("message", required=False)
 @_client_options
 @click.option("--header", "-H", "header_pairs", multiple=True, metavar="K=V", help="Header (repeatable).")
-@click.option("--count", "-n", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Publish MESSAGE this many times (load generation).")
-@click.option("--rate", type=click.FloatRange(min=0), default=0,
-              help="Messages per second (0 = as fast as possible).")
+@_repeat_options
 @click.option("--confirm", is_flag=True,
               help="Have the broker confirm every message (pipelined: up to 1,024 in flight); exits 1 if it "
                    "refused any.")
 def pub(topic: str, message: str | None, endpoint: str, keys_dir: Path, no_curve: bool,
         header_pairs: tuple[str, ...], count: int, rate: float, confirm: bool) -> None:
-    """Publish MESSAGE to TOPIC, or each line of stdin when MESSAGE is omitted."""
+    """Publish MESSAGE to TOPIC (COUNT times), or each line of stdin when MESSAGE is omitted."""
+    _check_repeat(message, count)
     headers = _parse_headers(header_pairs)
     with _connect(endpoint, keys_dir, no_curve) as client:
         confirmations = _Confirmations(client.timeout) if confirm else None
@@ -191,33 +244,10 @@ def pub(topic: str, message: str | None, endpoint: str, keys_dir: Path, no_curve
             else:
                 confirmations.add(client.publish_async(topic, body, headers))
 
-        if message is None:
-            sent = 0
-            for line in _stdin_lines():
-                publish(line)
-                sent += 1
-            client.flush()
-            click.echo(f"published {sent} message(s) to {topic}", err=True)
-            _report(confirmations)
-            return
-        body = message.encode()
-        interval = 1.0 / rate if rate else 0.0
         start = time.monotonic()
-        with click.progressbar(length=count, label=f"publishing to {topic}", file=sys.stderr,
-                               hidden=count < PROGRESS_FROM) as bar:
-            for n in range(count):
-                if interval:
-                    delay = start + n * interval - time.monotonic()
-                    if delay > 0:
-                        time.sleep(delay)
-                publish(body)
-                if n % 1000 == 999:
-                    bar.update(1000)
-            bar.update(count % 1000)
+        sent = _publish_each(publish, message, count, rate, f"publishing to {topic}")
         client.flush()
-        if count >= PROGRESS_FROM:
-            elapsed = time.monotonic() - start
-            click.echo(f"published {count} messages in {elapsed:.2f}s ({count / elapsed:,.0f}/s)", err=True)
+        _published(sent, f"message(s) to {topic}", start)
         _report(confirmations)
 
 
@@ -447,18 +477,19 @@ def sexp_sub(topics: tuple[str, ...], address: tuple[str, int], replay: str | in
 @click.argument("topic")
 @click.argument("message", required=False)
 @_sexp_options
-def sexp_pub(topic: str, message: str | None, address: tuple[str, int]) -> None:
-    """Publish MESSAGE (or each line of stdin) to TOPIC with the sexp dialect's Publish extension."""
+@_repeat_options
+def sexp_pub(topic: str, message: str | None, address: tuple[str, int], count: int, rate: float) -> None:
+    """Publish MESSAGE (COUNT times, or each line of stdin) to TOPIC with the sexp dialect's Publish
+    extension. The dialect carries no headers."""
     from connector.sexp_client import SexpClient
 
+    _check_repeat(message, count)
     with SexpClient(*address, client_id="mc0-cli") as client:
-        bodies = _stdin_lines() if message is None else iter([message.encode()])
-        sent = 0
-        for body in bodies:
-            client.publish(topic, body)
-            sent += 1
+        start = time.monotonic()
+        sent = _publish_each(lambda body: client.publish(topic, body), message, count, rate,
+                             f"publishing to {topic}")
         # Publish has no acknowledgement in this dialect; closing waits until the broker has read it all.
-    click.echo(f"published {sent} message(s) to {topic}", err=True)
+    _published(sent, f"message(s) to {topic}", start)
 
 
 # -------------------------------------------------------------------------------------------- msgq dialect
@@ -504,7 +535,7 @@ def msgq_sub(groups: tuple[str, ...], address: tuple[str, int], instance: str, s
     def render(send: Any) -> str:
         if as_json:
             fields = {"from": send.sender, "to": send.to, "group": send.group, "instance": send.instance,
-                      "seq": send.seq, "repl": send.repl, "msg": send.msg}
+                      "seq": send.seq, "repl": send.repl, "body": send.msg}
             shown = {name: _item_json(value) for name, value in fields.items()}
             shown.update({name.decode("utf-8", "replace"): _item_json(value)
                           for name, value in send.extra.items()})
@@ -525,18 +556,26 @@ def msgq_sub(groups: tuple[str, ...], address: tuple[str, int], instance: str, s
 @_msgq_options
 @click.option("--instance", default="*", show_default=True, help="The instance the message is for.")
 @click.option("--to", default="*", show_default=True, help="One connection's local name, or * for everyone.")
-def msgq_pub(group: str, message: str | None, address: tuple[str, int], instance: str, to: str) -> None:
-    """Send MESSAGE (or each line of stdin) to GROUP as a msgq send."""
+@click.option("--header", "-H", "header_pairs", multiple=True, metavar="X-K=V",
+              help="An X- field of the send, an mc0 header on other doors (repeatable).")
+@_repeat_options
+def msgq_pub(group: str, message: str | None, address: tuple[str, int], instance: str, to: str,
+             header_pairs: tuple[str, ...], count: int, rate: float) -> None:
+    """Send MESSAGE (COUNT times, or each line of stdin) to GROUP as a msgq send."""
     from connector.msgq_client import MsgqClient
 
+    _check_repeat(message, count)
+    fields = {key.encode(): value.encode() for key, value in _parse_headers(header_pairs).items()}
+    not_x = sorted(key.decode() for key in fields if not key.startswith(b"X-"))
+    if not_x:
+        raise click.ClickException(f"--header {not_x[0]}: msgq carries X- fields only as headers "
+                                   f"(X-{not_x[0]})")
     with MsgqClient(*address) as client:
-        bodies = _stdin_lines() if message is None else iter([message.encode()])
-        sent = 0
-        for body in bodies:
-            client.send(group, body, instance=instance, to=to)
-            sent += 1
+        start = time.monotonic()
+        sent = _publish_each(lambda body: client.send(group, body, instance=instance, to=to, fields=fields),
+                             message, count, rate, f"sending to {group}")
         client.stats()  # the reply comes after every send was taken
-    click.echo(f"sent {sent} message(s) to {group} as {client.lname.decode()}", err=True)
+    _published(sent, f"message(s) to {group} as {client.lname.decode()}", start)
 
 
 @msgq.command("stats")
@@ -584,7 +623,7 @@ def rstreams_sub(topic: str, address: tuple[str, int], demand: int, replay: str 
         def render(element: Element) -> str:
             if as_json:
                 return json.dumps({"topic": element.topic.decode("utf-8", "replace"), "id": element.id,
-                                   "data": element.data.decode("utf-8", "replace")})
+                                   "body": element.data.decode("utf-8", "replace")})
             return element.data.decode("utf-8", "replace")
 
         def more(_: Element) -> None:
@@ -600,18 +639,21 @@ def rstreams_sub(topic: str, address: tuple[str, int], demand: int, replay: str 
 @click.argument("topic")
 @click.argument("message", required=False)
 @_rstreams_options
-def rstreams_pub(topic: str, message: str | None, address: tuple[str, int]) -> None:
-    """Publish MESSAGE (or each line of stdin) to TOPIC by offering a publisher; every element waits for
-    the broker's demand."""
+@_repeat_options
+def rstreams_pub(
+    topic: str, message: str | None, address: tuple[str, int], count: int, rate: float
+) -> None:
+    """Publish MESSAGE (COUNT times, or each line of stdin) to TOPIC by offering a publisher; every element
+    waits for the broker's demand. The dialect carries no headers."""
     from connector.rstreams_client import RStreamsClient
 
+    _check_repeat(message, count)
     with RStreamsClient(*address) as client:
         client.offer(topic)
-        sent = 0
-        for body in (_stdin_lines() if message is None else iter([message.encode()])):
-            client.publish(topic, body)
-            sent += 1
-    click.echo(f"published {sent} element(s) to {topic}", err=True)
+        start = time.monotonic()
+        sent = _publish_each(lambda body: client.publish(topic, body), message, count, rate,
+                             f"publishing to {topic}")
+    _published(sent, f"element(s) to {topic}", start)
 
 
 # ------------------------------------------------------------------------------------------------ lumberjack

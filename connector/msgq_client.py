@@ -54,12 +54,14 @@ class MsgqClient(StreamClient):
         self.stats()
 
     def send(self, group: str | bytes, msg: msgq.Item | str, *, instance: str | bytes = "*",
-             to: str | bytes = "*", repl: str | bytes | None = None) -> bytes:
-        """Send ``msg`` (any item; a str is sent as UTF-8 DATA) to a group; returns the ``seq`` used."""
+             to: str | bytes = "*", repl: str | bytes | None = None,
+             fields: dict[bytes, msgq.Item] | None = None) -> bytes:
+        """Send ``msg`` (any item; a str is sent as UTF-8 DATA) to a group; returns the ``seq`` used.
+        ``fields`` are extra top-level fields: ``X-`` ones holding DATA reach mc0 subscribers as headers."""
         seq = b"%d" % next(self.sequence)
         item = msg.encode() if isinstance(msg, str) else msg
         self.send_event(msgq.Send(self.lname, _encode(to), _encode(group), _encode(instance), seq, item,
-                             None if repl is None else _encode(repl)))
+                             None if repl is None else _encode(repl), dict(fields or {})))
         return seq
 
     def stats(self) -> dict[bytes, msgq.Item]:

@@ -138,6 +138,11 @@ class MsgqConnection(Connection):
         else:
             body = msgq.encode_item(msg)
             headers[ITEM] = TLV
+        # X- fields carrying DATA are the sender's headers, as mc0 X- headers become fields on delivery; the
+        # other unmodelled fields travel encoded, together.
+        carried = [name for name, value in extra.items() if name.startswith(b"X-") and type(value) is bytes]
+        for name in carried:
+            headers[name] = extra.pop(name)  # type: ignore[assignment] - checked: DATA
         if extra:
             headers[EXTRA] = msgq.encode_item(extra)
         try:

@@ -429,7 +429,7 @@ def test_cli_rstreams_pub_and_sub(broker: Broker) -> None:
                                     "--demand", "2", "--count", "3", "--json"])
     assert received.exit_code == 0, received.output
     lines = [line for line in received.output.splitlines() if line.startswith("{")]
-    assert lines == [f'{{"topic": "log.cli", "id": {n}, "data": "{word}"}}'
+    assert lines == [f'{{"topic": "log.cli", "id": {n}, "body": "{word}"}}'
                      for n, word in ((1, "one"), (2, "two"), (3, "three"))]
 
 
