@@ -11,7 +11,10 @@ import contextlib
 import itertools
 import json
 import logging
+import queue
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -668,7 +671,9 @@ def lumberjack() -> None:
 @click.argument("source", type=click.File("rb"), default="-")
 @_gateway_option(LUMBERJACK_PORT, "Lumberjack")
 @click.option("--batch", type=click.IntRange(min=1), default=2048, show_default=True,
-              help="Events per window; each batch waits for the broker's ack.")
+              help="Events per window at most; each batch waits for the broker's ack.")
+@click.option("--idle", type=click.FloatRange(min=0.01, max=1.0), default=0.2, show_default=True,
+              help="Seconds without a new line after which the lines read so far leave as a batch.")
 @click.option("--field", "-f", "field_pairs", multiple=True, metavar="K=V",
               help="A field added to every event (repeatable), e.g. -f host=web1.")
 @click.option("--protocol", "version", type=click.Choice(["1", "2"]), default="2", show_default=True,
@@ -678,10 +683,14 @@ def lumberjack() -> None:
               help="Verify the broker against this CA.")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Client certificate (PEM).")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="Client certificate key (PEM).")
-def lumberjack_ship(source: Any, address: tuple[str, int], batch: int, field_pairs: tuple[str, ...],
-                    version: str, no_compress: bool, tls_ca: str | None, tls_cert: str | None,
-                    tls_key: str | None) -> None:
-    """Ship each line of SOURCE (a file, or - for stdin) as an event {"message": line, ...fields}."""
+def lumberjack_ship(source: Any, address: tuple[str, int], batch: int, idle: float,
+                    field_pairs: tuple[str, ...], version: str, no_compress: bool, tls_ca: str | None,
+                    tls_cert: str | None, tls_key: str | None) -> None:
+    """Ship each line of SOURCE (a file, or - for stdin) as an event {"message": line, ...fields}.
+
+    Lines leave as they come (tail -f works): a batch goes when it is full or when no line came for --idle
+    seconds. Ctrl-C ships what was read, waits for the broker's ack and exits (a second Ctrl-C does not
+    wait)."""
     import ssl
 
     from connector.lumberjack_client import LumberjackClient
@@ -692,18 +701,78 @@ def lumberjack_ship(source: Any, address: tuple[str, int], batch: int, field_pai
         tls = ssl.create_default_context(cafile=tls_ca)
         if tls_cert:
             tls.load_cert_chain(tls_cert, tls_key)
-    def batches() -> Iterator[list[dict[str, Any]]]:
-        events: list[dict[str, Any]] = []
-        for line in source:
-            events.append({"message": line.rstrip(b"\r\n").decode("utf-8", "replace"), **extra})
-            if len(events) == batch:
-                yield events
-                events = []
-        yield events
+    lines = _LineBatches(source, batch, idle)
+    with lines.stop_on_interrupt(), LumberjackClient(*address, version=int(version), tls=tls) as client:
+        events = ([{"message": line.rstrip(b"\r\n").decode("utf-8", "replace"), **extra} for line in chunk]
+                  for chunk in lines)
+        shipped = client.send_batches(events, compress=not no_compress)
+    ending = " (interrupted: what was read is shipped)" if lines.interrupted else ""
+    click.echo(f"shipped {shipped} event(s), every one acknowledged{ending}", err=True)
 
-    with LumberjackClient(*address, version=int(version), tls=tls) as client:
-        shipped = client.send_batches(batches(), compress=not no_compress)
-    click.echo(f"shipped {shipped} event(s), every one acknowledged", err=True)
+
+class _LineBatches:
+    """The lines of a stream in batches: one leaves when ``size`` lines are read or when none came for
+    ``idle`` seconds, so a ``tail -f`` is shipped as it grows. A thread reads (a pipe has no read timeout),
+    into a bounded queue: a slow broker holds the reading back, never memory."""
+
+    _END = b""  # a line always ends with a newline or has text: an empty item marks the end of the stream
+
+    def __init__(self, source: Any, size: int, idle: float) -> None:
+        self.size = size
+        self.idle = idle
+        self.lines: queue.Queue[bytes] = queue.Queue(maxsize=2 * size)
+        self.stopping = threading.Event()
+        self.interrupted = False
+        threading.Thread(target=self._read, args=(source,), name="mc0-ship-reader", daemon=True).start()
+
+    def _read(self, source: Any) -> None:
+        try:
+            for line in source:
+                if line:
+                    self.lines.put(line)
+        finally:
+            self.lines.put(self._END)
+
+    def __iter__(self) -> Iterator[list[bytes]]:
+        chunk: list[bytes] = []
+        deadline: float | None = None
+        while True:
+            wait = 0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic()))
+            try:
+                line = self.lines.get(timeout=wait)
+            except queue.Empty:
+                line = None
+            if line == self._END or (line is None and self.stopping.is_set()):
+                if chunk:
+                    yield chunk
+                return
+            if line is not None:
+                chunk.append(line)
+                deadline = deadline or time.monotonic() + self.idle
+            if chunk and (len(chunk) >= self.size or time.monotonic() >= (deadline or 0)):
+                yield chunk
+                chunk = []
+                deadline = None
+
+    @contextlib.contextmanager
+    def stop_on_interrupt(self) -> Iterator[None]:
+        """While shipping, the first SIGINT stops reading (what was read still leaves and is acknowledged);
+        the second is Python's usual KeyboardInterrupt."""
+
+        def interrupted(signum: int, frame: Any) -> None:
+            self.interrupted = True
+            self.stopping.set()
+            signal.signal(signal.SIGINT, previous)
+
+        try:
+            previous = signal.signal(signal.SIGINT, interrupted)
+        except ValueError:  # not the main thread (a test's runner): no handler to install
+            yield
+            return
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
 
 # ----------------------------------------------------------------------------------------- declare, topics

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import ssl
 import struct
+import subprocess
+import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -289,6 +292,53 @@ def test_the_cli_ships_lines(broker: Broker) -> None:
     assert result.exit_code == 0, result.output
     assert "shipped 3 event(s)" in result.output
     assert stored(broker) == [{"message": m, "host": "web1"} for m in "abc"]
+
+
+def ship_process(broker: Broker, *arguments: str) -> subprocess.Popen[bytes]:
+    """``mc0 lumberjack ship`` in a process of its own, reading lines from a pipe the test writes to."""
+    host, port = broker.gateway_address("lumberjack")
+    return subprocess.Popen([sys.executable, "-c", "from connector.cli import main; main()", "lumberjack",
+                             "ship", "--broker", f"{host}:{port}", *arguments],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_stored(broker: Broker, count: int) -> list[dict]:
+    deadline = time.monotonic() + WAIT
+    while len(events := stored(broker)) < count:
+        assert time.monotonic() < deadline, f"{len(events)} of {count} events stored"
+        time.sleep(0.02)
+    return events
+
+
+def test_ship_streams_lines_as_they_come_like_tail_f(broker: Broker) -> None:
+    shipper = ship_process(broker, "--idle", "0.1")
+    assert shipper.stdin is not None
+    try:
+        for n in range(3):
+            shipper.stdin.write(b"line %d\n" % n)
+            shipper.stdin.flush()
+            # Each line is stored while the input is still open: it left after --idle, not at the end.
+            assert [e["message"] for e in wait_stored(broker, n + 1)] == [f"line {i}" for i in range(n + 1)]
+    finally:
+        shipper.stdin.close()
+        assert shipper.wait(WAIT) == 0
+
+
+def test_ship_on_ctrl_c_ships_what_it_read_waits_for_the_ack_and_exits(broker: Broker) -> None:
+    shipper = ship_process(broker, "--idle", "1.0", "--batch", "1000")
+    assert shipper.stdin is not None
+    shipper.stdin.write(b"".join(b"event %d\n" % n for n in range(50)))
+    shipper.stdin.flush()
+    deadline = time.monotonic() + WAIT
+    while not broker.gateways["lumberjack"].connections:  # connected: its Ctrl-C handler is in place
+        assert time.monotonic() < deadline, "the shipper never connected"
+        time.sleep(0.02)
+    time.sleep(0.3)  # read, not yet shipped: the batch is neither full nor idle for a second
+    shipper.send_signal(signal.SIGINT)
+    _, err = shipper.communicate(timeout=WAIT)
+    assert shipper.returncode == 0, err
+    assert b"shipped 50 event(s), every one acknowledged (interrupted: what was read is shipped)" in err
+    assert [e["message"] for e in stored(broker)] == [f"event {n}" for n in range(50)]
 
 
 def test_two_batches_in_flight_like_beats_and_the_json_kept_as_sent(broker: Broker, raw: Callable) -> None:
