@@ -7,6 +7,7 @@ changes (see ``docs/configuration.md``); unknown keys are errors, so a typo neve
 from __future__ import annotations
 
 import dataclasses
+import glob
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,9 @@ DEFAULT_LUMBERJACK = "127.0.0.1:5044"
 DEFAULT_HTTP = "127.0.0.1:8222"
 #: Topics that get their own ``topic`` label in /metrics by default (the busiest; the rest are summed).
 DEFAULT_HTTP_TOPIC_LABELS = 100
+#: Topics whose names start with this are persistent and strong unless a configured rule says otherwise: the
+#: examples that replay use them, and so can anyone who wants durability without a configuration file.
+DURABLE_PREFIX = "durable."
 #: A gateway address that turns the gateway off.
 OFF = "off"
 #: Relative to the broker's working directory; created only when the first persistent topic is opened.
@@ -86,7 +90,18 @@ class BrokerConfig:
         return listen_address(DEFAULT_HTTP if self.http is None else self.http, "http")
 
     def topic_rules(self) -> TopicRules:
-        return TopicRules(list(self.topics))
+        """The configured rules, then the default ones (:meth:`default_rules`): the first match wins."""
+        return TopicRules([*self.topics, *self.default_rules()])
+
+    def default_rules(self) -> tuple[TopicRule, ...]:
+        """The rules every broker has after its configured ones: topics named ``durable.*`` are persistent
+        and strong, and so is the Lumberjack door's topic, whose ACK then means "on disk". A configured rule
+        for the same names comes first and wins (``persistence = "transient"`` undoes one)."""
+        strong = TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG)
+        rules = [TopicRule(glob.escape(DURABLE_PREFIX) + "*", strong)]
+        if self.lumberjack_topic:
+            rules.append(TopicRule(glob.escape(self.lumberjack_topic), strong))
+        return tuple(rules)
 
     def replace(self, **changes: Any) -> BrokerConfig:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})

@@ -342,3 +342,32 @@ def test_bad_monitoring_settings_are_refused(tmp_path: Path, text: str, fragment
     with pytest.raises(ConfigError, match=fragment.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
                        .replace(")", r"\)")):
         load(write(tmp_path, text))
+
+
+# --------------------------------------------------------------------------------------- default topic rules
+
+
+def test_durable_topics_and_the_lumberjack_topic_are_persistent_and_strong_by_default() -> None:
+    rules = DEFAULTS.topic_rules()
+    for name in (b"durable.orders", b"durable.", b"logs"):
+        spec = rules.spec_for(name)
+        assert (spec.persistence, spec.sync) == (Persistence.PERSISTENT, Sync.STRONG), name
+    for name in (b"orders", b"durable", b"logs.web", b"xdurable.orders"):
+        assert not rules.spec_for(name).persistent, name
+
+
+def test_a_configured_rule_comes_before_the_defaults(tmp_path: Path) -> None:
+    loaded = load(write(tmp_path, "[[topics]]\npattern = 'logs'\npersistence = 'transient'\n"
+                                  "[[topics]]\npattern = 'durable.cache.*'\npersistence = 'persistent'\n"
+                                  "sync = 'async'\n"))
+    rules = loaded.topic_rules()
+    assert not rules.spec_for(b"logs").persistent
+    assert rules.spec_for(b"durable.cache.x").sync is Sync.ASYNC
+    assert rules.spec_for(b"durable.other").sync is Sync.STRONG
+
+
+def test_the_lumberjack_topic_rule_follows_its_name_literally() -> None:
+    rules = BrokerConfig(lumberjack_topic="ship[ped]*").topic_rules()
+    assert rules.spec_for(b"ship[ped]*").persistent
+    assert not rules.spec_for(b"shipped").persistent, "the topic's name is not a pattern"
+    assert not rules.spec_for(b"logs").persistent
