@@ -216,8 +216,9 @@ def declared_spec(settings: dict[str, str]) -> TopicSpec:
         try:
             typed[key] = int(text) if wanted is int else float(text)
         except ValueError:
-            raise ConfigError(f"DECLARE {key}: {text!r} is not a number") from None
-    return topic_spec(typed, "DECLARE")
+            raise ConfigError(f"settings: {key} {text!r} is not a number") from None
+    # "settings", not "DECLARE": the client already says which command the broker refused.
+    return topic_spec(typed, "settings")
 
 
 def load(path: Path | None, base: BrokerConfig = DEFAULTS) -> BrokerConfig:

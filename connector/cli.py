@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import click
 import zmq
 
+from broker.topics import MIN_SEGMENT_BYTES
 from connector.client import DEFAULT_ENDPOINT, Client, Confirmation
 from connector.core import REPLAY_WORDS, ConnectorError, Message
 from connector.keys import KeyFileError
@@ -65,11 +66,12 @@ def main() -> None:
 def _client_options(func: Any) -> Any:
     func = click.option("--no-curve", is_flag=True,
                         help="Plaintext (only against a broker run with --no-curve).")(func)
-    func = click.option("--keys", "keys_dir", default="keys", envvar="MC0_KEYS", show_default=True,
-                        type=click.Path(path_type=Path),
+    func = click.option("--keys", "keys_dir", default="keys", envvar="MC0_KEYS", show_envvar=True,
+                        show_default=True, type=click.Path(path_type=Path),
                         help="Folder with broker.key and client.key_secret.")(func)
     func = click.option("--broker", "endpoint", default=DEFAULT_ENDPOINT, envvar="MC0_BROKER",
-                        show_default=True, help="Broker endpoint.")(func)
+                        show_envvar=True, show_default=True,
+                        help="The broker's mc0 address: tcp://HOST:PORT, HOST:PORT or a port.")(func)
     return func
 
 
@@ -88,7 +90,7 @@ def _connect(endpoint: str, keys_dir: Path, no_curve: bool, **options: Any) -> C
 @click.option("--bind", metavar="ADDRESS",
               help="Where the mc0 door listens: tcp://HOST:PORT, HOST:PORT, or a port on every interface "
                    "[default: tcp://*:61616].")
-@click.option("--keys", "keys_dir", type=click.Path(path_type=Path), envvar="MC0_KEYS",
+@click.option("--keys", "keys_dir", type=click.Path(path_type=Path), envvar="MC0_KEYS", show_envvar=True,
               help="Keys folder [default: keys].")
 @click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False),
               help="Where persistent topics keep their logs [default: mc0-data].")
@@ -435,18 +437,19 @@ class _Address(click.ParamType):
         return address
 
 
-def _gateway_option(port: int, door: str) -> Callable[[Any], Any]:
-    """``--broker HOST:PORT`` of a TCP door, defaulting to its loopback port."""
-    return click.option("--broker", "address", type=_Address(), default=f"127.0.0.1:{port}",
-                        show_default=True, help=f"The broker's {door} gateway.")
+def _gateway_option(port: int, door: str, envvar: str) -> Callable[[Any], Any]:
+    """``--broker HOST:PORT`` of a TCP door, defaulting to its loopback port (or ``envvar``)."""
+    return click.option("--broker", "address", type=_Address(), default=f"127.0.0.1:{port}", envvar=envvar,
+                        show_envvar=True, show_default=True,
+                        help=f"The broker's {door} door: HOST:PORT, tcp://HOST:PORT or a port.")
 
 
-_sexp_options = _gateway_option(SEXP_PORT, "sexp")
+_sexp_options = _gateway_option(SEXP_PORT, "sexp", "MC0_SEXP")
 
 
 @main.group()
 def sexp() -> None:
-    """Publish and subscribe through the sexp dialect (seed 000)."""
+    """Publish and subscribe through the sexp dialect."""
 
 
 @sexp.command("sub")
@@ -498,7 +501,7 @@ def sexp_pub(topic: str, message: str | None, address: tuple[str, int], count: i
 # -------------------------------------------------------------------------------------------- msgq dialect
 
 
-_msgq_options = _gateway_option(MSGQ_PORT, "msgq")
+_msgq_options = _gateway_option(MSGQ_PORT, "msgq", "MC0_MSGQ")
 
 
 def _item_json(item: Any) -> Any:
@@ -514,7 +517,7 @@ def _item_json(item: Any) -> Any:
 
 @main.group()
 def msgq() -> None:
-    """Send and subscribe through the msgq dialect (seed 003)."""
+    """Send and subscribe through the msgq dialect."""
 
 
 @msgq.command("sub")
@@ -595,12 +598,12 @@ def msgq_stats(address: tuple[str, int]) -> None:
 # ----------------------------------------------------------------------------------- reactive-streams dialect
 
 
-_rstreams_options = _gateway_option(RSTREAMS_PORT, "reactive-streams")
+_rstreams_options = _gateway_option(RSTREAMS_PORT, "reactive-streams", "MC0_RSTREAMS")
 
 
 @main.group()
 def rstreams() -> None:
-    """Subscribe with demand, and publish, through the reactive-streams dialect (seed 001)."""
+    """Subscribe with demand, and publish, through the reactive-streams dialect."""
 
 
 @rstreams.command("sub")
@@ -664,12 +667,12 @@ def rstreams_pub(
 
 @main.group()
 def lumberjack() -> None:
-    """Ship log lines into the broker over Lumberjack, the Beats protocol (seed 004)."""
+    """Ship log lines into the broker over Lumberjack, the Beats protocol."""
 
 
 @lumberjack.command("ship")
 @click.argument("source", type=click.File("rb"), default="-")
-@_gateway_option(LUMBERJACK_PORT, "Lumberjack")
+@_gateway_option(LUMBERJACK_PORT, "Lumberjack", "MC0_LUMBERJACK")
 @click.option("--batch", type=click.IntRange(min=1), default=2048, show_default=True,
               help="Events per window at most; each batch waits for the broker's ack.")
 @click.option("--idle", type=click.FloatRange(min=0.01, max=1.0), default=0.2, show_default=True,
@@ -791,8 +794,8 @@ class _LineBatches:
               help="Persistent topics: delete the oldest segments beyond N bytes.")
 @click.option("--retention-seconds", type=click.FloatRange(min=0, min_open=True), metavar="S",
               help="Persistent topics: delete segments older than S seconds.")
-@click.option("--segment-bytes", type=click.IntRange(min=1), metavar="N",
-              help="Persistent topics: seal a segment file at N bytes.")
+@click.option("--segment-bytes", type=click.IntRange(min=MIN_SEGMENT_BYTES), metavar="N",
+              help=f"Persistent topics: seal a segment file at N bytes (at least {MIN_SEGMENT_BYTES}).")
 @click.option("--max-backlog", type=click.IntRange(min=0), metavar="N",
               help="Transient round-robin topics: messages held while no consumer has room.")
 @click.option("--element-size", type=click.IntRange(min=1), metavar="N",
@@ -867,7 +870,7 @@ def keys() -> None:
 
 
 @keys.command("generate")
-@click.option("--keys", "keys_dir", default="keys", envvar="MC0_KEYS", show_default=True,
+@click.option("--keys", "keys_dir", default="keys", envvar="MC0_KEYS", show_envvar=True, show_default=True,
               type=click.Path(path_type=Path), help="Keys folder.")
 @click.option("--client", "clients", multiple=True, metavar="NAME",
               help="Client certificate to create and admit (repeatable) [default: client].")
@@ -884,10 +887,26 @@ def keys_generate(keys_dir: Path, clients: tuple[str, ...], force: bool) -> None
         click.echo(f"wrote {path}")
 
 
+@keys.command("client")
+@click.argument("name")
+@click.option("--keys", "keys_dir", default="keys", envvar="MC0_KEYS", show_envvar=True, show_default=True,
+              type=click.Path(path_type=Path), help="The client's keys folder.")
+def keys_client(name: str, keys_dir: Path) -> None:
+    """Create a client key pair NAME here, on the client's machine (no broker pair), and say how to admit
+    it on the broker."""
+    from connector import keys as key_files
+
+    pair = key_files.client(keys_dir, name)
+    click.echo(f"wrote {keys_dir}/{name}.key and {keys_dir}/{name}.key_secret")
+    click.echo(f"admit it on the broker's machine: mc0 keys admit {name} {pair.public.decode()}")
+    if not (keys_dir / f"{key_files.BROKER}.key").exists():
+        click.echo(f"and copy the broker's broker.key into {keys_dir}/ (clients pin it)")
+
+
 @keys.command("admit")
 @click.argument("name")
 @click.argument("key")
-@click.option("--keys", "keys_dir", default="keys", envvar="MC0_KEYS", show_default=True,
+@click.option("--keys", "keys_dir", default="keys", envvar="MC0_KEYS", show_envvar=True, show_default=True,
               type=click.Path(path_type=Path), help="The broker's keys folder.")
 def keys_admit(name: str, key: str, keys_dir: Path) -> None:
     """Admit a client: put its public KEY (Z85 text, or its .key file) on the allow-list as NAME.
@@ -900,8 +919,8 @@ def keys_admit(name: str, key: str, keys_dir: Path) -> None:
 
 
 @main.command()
-@click.option("--http", "address", default="127.0.0.1:8222", envvar="MC0_HTTP", show_default=True,
-              metavar="HOST:PORT", help="The broker's monitoring endpoint.")
+@click.option("--http", "address", default="127.0.0.1:8222", envvar="MC0_HTTP", show_envvar=True,
+              show_default=True, metavar="HOST:PORT", help="The broker's monitoring endpoint.")
 @click.option("--ready", is_flag=True, help="Ask whether it serves (/readyz), not only whether it is alive.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
               help="Seconds to wait for the answer.")

@@ -114,6 +114,14 @@ def admit(keys_dir: Path, name: str, public: bytes) -> Path:
     return path
 
 
+def client(keys_dir: Path, name: str) -> KeyPair:
+    """A new client key pair ``NAME.key`` / ``NAME.key_secret`` in ``keys_dir``, and no broker pair: for a
+    client's machine, whose public key is then admitted on the broker (:func:`admit`)."""
+    if (Path(keys_dir) / f"{name}.key_secret").exists():
+        raise KeyFileError(f"{keys_dir}/{name}.key_secret exists already: choose another name, or use it")
+    return _write_pair(Path(keys_dir), name)
+
+
 def broker_pair(keys_dir: Path) -> KeyPair:
     pair = load(Path(keys_dir) / f"{BROKER}.key_secret")
     if pair.secret is None:
@@ -129,7 +137,9 @@ def broker_public(keys_dir: Path) -> bytes:
 def client_pair(keys_dir: Path, name: str = CLIENT) -> KeyPair:
     path = Path(keys_dir) / f"{name}.key_secret"
     if not path.exists():
-        raise KeyFileError(f"no client certificate {path}; run `mc0 keys generate --client {name}`")
+        raise KeyFileError(f"no client certificate {path}: copy {name}.key_secret from the broker's keys "
+                           f"folder, or make a pair here with `mc0 keys client {name} --keys {keys_dir}` and "
+                           "admit it on the broker")
     pair = load(path)
     if pair.secret is None:
         raise KeyFileError(f"{path} holds no secret key")
@@ -149,7 +159,8 @@ class Credentials:
         server = Path(keys_dir) / f"{BROKER}.key"
         if not server.exists():
             raise KeyFileError(
-                f"no broker public key {server}; start the broker once or run `mc0 keys generate`"
+                f"no broker public key {server}: copy broker.key (and client.key_secret) from the broker's "
+                "keys folder, or point --keys or MC0_KEYS at that folder"
             )
         pair = client_pair(keys_dir, name)
         assert pair.secret is not None  # client_pair checked it

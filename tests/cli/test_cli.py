@@ -516,7 +516,9 @@ def test_missing_keys_folder_is_one_line(runner: CliRunner, tmp_path: Path, comm
     result = runner.invoke(main, [*command, "--keys", str(missing), "--broker", f"tcp://127.0.0.1:{free_port()}"])
     line = assert_one_line_error(result)
     assert str(missing) in line
-    assert "mc0 keys generate" in line
+    assert "copy broker.key (and client.key_secret) from the broker's keys folder" in line
+    assert "MC0_KEYS" in line
+    assert "keys generate" not in line, "a client folder must not be told to make a new broker identity"
 
 
 def test_missing_client_key_is_one_line(runner: CliRunner, tmp_path: Path) -> None:
@@ -524,7 +526,9 @@ def test_missing_client_key_is_one_line(runner: CliRunner, tmp_path: Path) -> No
     key_files.generate(folder)
     (folder / "client.key_secret").unlink()
     result = runner.invoke(main, ["stats", "--keys", str(folder), "--broker", f"tcp://127.0.0.1:{free_port()}"])
-    assert "client.key_secret" in assert_one_line_error(result)
+    line = assert_one_line_error(result)
+    assert "client.key_secret" in line
+    assert f"mc0 keys client client --keys {folder}" in line
 
 
 @pytest.mark.parametrize("bad", ["novalue", "=value", ""])

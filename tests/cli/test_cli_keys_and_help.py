@@ -1,0 +1,63 @@
+"""What a person reads: environment variables shown in --help, a client's own key pair made without a broker
+identity (and the command that admits it), and option bounds that say what the broker wants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from connector import keys as key_files
+from connector.cli import main
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        (["pub"], ["MC0_BROKER", "MC0_KEYS"]),
+        (["sub"], ["MC0_BROKER", "MC0_KEYS"]),
+        (["stats"], ["MC0_BROKER", "MC0_KEYS"]),
+        (["broker"], ["MC0_KEYS"]),
+        (["sexp", "pub"], ["MC0_SEXP"]),
+        (["msgq", "sub"], ["MC0_MSGQ"]),
+        (["rstreams", "sub"], ["MC0_RSTREAMS"]),
+        (["lumberjack", "ship"], ["MC0_LUMBERJACK"]),
+        (["health"], ["MC0_HTTP"]),
+    ],
+)
+def test_help_shows_the_environment_variables(command: list[str], shown: list[str]) -> None:
+    result = CliRunner().invoke(main, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())  # the help wraps lines anywhere
+    for variable in shown:
+        assert f"env var: {variable}" in text
+
+
+def test_help_texts_speak_of_the_product_only() -> None:
+    for command in (["--help"], ["sexp", "--help"], ["msgq", "--help"], ["rstreams", "--help"],
+                    ["lumberjack", "--help"], ["broker", "--help"]):
+        output = CliRunner().invoke(main, command).output
+        assert "seed" not in output
+        assert "ROUTER" not in output
+
+
+def test_keys_client_makes_a_client_pair_only_and_says_how_to_admit_it(tmp_path: Path) -> None:
+    folder = tmp_path / "keys"
+    result = CliRunner().invoke(main, ["keys", "client", "alice", "--keys", str(folder)])
+    assert result.exit_code == 0, result.output
+    public = key_files.load(folder / "alice.key").public.decode()
+    assert f"admit it on the broker's machine: mc0 keys admit alice {public}" in result.output
+    assert "copy the broker's broker.key" in result.output
+    assert sorted(path.name for path in folder.iterdir()) == ["alice.key", "alice.key_secret"]
+    again = CliRunner().invoke(main, ["keys", "client", "alice", "--keys", str(folder)])
+    assert again.exit_code == 1
+    assert "exists already" in again.output
+
+
+def test_declare_segment_bytes_says_the_broker_s_minimum() -> None:
+    help_text = CliRunner().invoke(main, ["declare", "--help"]).output
+    assert "(at least 1024)" in help_text
+    result = CliRunner().invoke(main, ["declare", "t", "--segment-bytes", "10", "--no-curve"])
+    assert result.exit_code == 2
+    assert "10 is not in the range x>=1024" in result.output
