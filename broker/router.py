@@ -45,6 +45,9 @@ from protocol import ProtocolError, mc0
 
 log = logging.getLogger("mc0.router")
 
+#: Why a client that said DISCONNECT was dropped (the one reason that is not worth an INFO line).
+DISCONNECTED = "disconnected"
+
 #: Replies held for a client whose pipe is full before the client counts as not reading at all.
 MAX_STALLED_REPLIES = 10_000
 
@@ -308,7 +311,7 @@ class RouterShell:
             case mc0.Disconnect(command_id):
                 if command_id is not None:
                     self.ok(session, command_id)
-                self.drop(session, "disconnected")
+                self.drop(session, DISCONNECTED)
             case mc0.Fetch(id=command_id):
                 if command_id is None:  # the codec refuses it too; a door handing us events might not
                     raise ProtocolError("FETCH needs an ID to answer to")
@@ -534,7 +537,9 @@ class RouterShell:
         if self.sessions.by_identity.get(session.identity) is not session:
             return  # already gone, or the identity came back as a new session that must not be dropped
         self.sessions.remove(session.identity)
-        log.info("client %s dropped: %s", session.identity.hex(), why)
+        # A client that said DISCONNECT left as it should: only an operator debugging wants a line for it.
+        level = logging.DEBUG if why == DISCONNECTED else logging.INFO
+        log.log(level, "client %s dropped: %s", session.identity.hex(), why)
         self.engine.detach(session.subscriber)
 
     # -------------------------------------------------------------------------------------------------- stats

@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import queue
 import signal
 import sys
@@ -33,6 +34,9 @@ from connector.msgq_client import DEFAULT_PORT as MSGQ_PORT
 from connector.rstreams_client import DEFAULT_PORT as RSTREAMS_PORT
 from connector.sexp_client import DEFAULT_PORT as SEXP_PORT
 
+#: ``mc0 sub`` heartbeats at 0.95 x this and the broker drops it after 1.05 x this of silence: a killed
+#: subscriber leaves the topics' subscriber counts within about 5 s (the library's default is 30 s).
+SUBSCRIBER_TTL_MS = 5_000
 #: Runs at least this long get a progress bar on stderr.
 PROGRESS_FROM = 10_000
 
@@ -52,6 +56,11 @@ class _Group(click.Group):
             raise click.ClickException(f"store: {error}") from None
         except zmq.ZMQError as error:
             raise click.ClickException(f"ZeroMQ: {error}") from None
+        except BrokenPipeError:
+            # The reader went away (`mc0 stats | head -1`): what it wanted was written. Stop quietly, and keep
+            # Python from reporting the same pipe once more when it flushes stdout at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(0) from None
         except OSError as error:
             where = f"{error.filename}: " if error.filename else ""
             raise click.ClickException(f"{where}{error.strerror}") from None
@@ -142,15 +151,8 @@ def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, da
             err=True,
         )
 
-    def ready(running: server.Broker) -> None:
-        click.echo(f"mc0 broker listening on {running.endpoint}", err=True)
-        for name in running.gateways:
-            host, port = running.gateway_address(name)
-            click.echo(f"{name} gateway listening on {host}:{port}", err=True)
-        if running.monitor is not None:
-            click.echo(f"monitoring on http://{running.monitor.where}/", err=True)
-
-    server.run(config, ready)
+    # Where it listens is logged by the broker itself (once, with a timestamp): nothing to add here.
+    server.run(config)
 
 
 # ------------------------------------------------------------------------------------------------ pub and sub
@@ -350,7 +352,7 @@ def sub(topics: tuple[str, ...], endpoint: str, keys_dir: Path, no_curve: bool, 
         timeout: float | None, as_json: bool, replay: str | int | None, credit: int | None,
         explicit_acks: bool) -> None:
     """Print the messages published to TOPICS, one per line."""
-    with _connect(endpoint, keys_dir, no_curve) as client:
+    with _connect(endpoint, keys_dir, no_curve, ttl=SUBSCRIBER_TTL_MS) as client:
         client.subscribe(*topics, replay=replay, credit=credit, explicit_acks=explicit_acks)
         # Acked after it is printed: a message this process dies holding goes to another consumer.
         _print_each(_ConnectionReport(client, timeout).receive, _as_json if as_json else _as_text, count,
@@ -811,9 +813,11 @@ def declare(topic: str, endpoint: str, keys_dir: Path, no_curve: bool, **setting
 
 
 #: ``mc0 topics`` columns: heading, and whether the column holds numbers (right-aligned).
-TOPIC_COLUMNS = (("topic", False), ("delivery", False), ("persistence", False), ("messages", True),
-                 ("first", True), ("last", True), ("bytes", True), ("subs", True), ("lag", True),
-                 ("dropped", True))
+#: "published" counts every message a topic took since the broker started; "stored", "first" and "bytes" are
+#: its log's (a transient topic has none: "-"); "last" is the newest id given, stored or not.
+TOPIC_COLUMNS = (("topic", False), ("delivery", False), ("persistence", False), ("published", True),
+                 ("stored", True), ("first", True), ("last", True), ("bytes", True), ("subs", True),
+                 ("lag", True), ("dropped", True))
 
 
 def _cell(value: Any) -> str:
@@ -826,13 +830,14 @@ def _topic_row(name: str, topic: dict[str, Any]) -> list[str]:
     if topic.get("sync"):
         persistence += f"/{topic['sync']}"
     stored = topic.get("stored")
-    messages = stored if stored is not None else topic.get("messages_in")
     first, last = topic.get("first_id"), topic.get("last_id")
-    if stored == 0 or last == 0:
-        first = last = None  # ids start at 1: nothing stored (or nothing ever published) has no id range
-    return [name, _cell(topic.get("delivery")), persistence, _cell(messages), _cell(first), _cell(last),
-            _cell(topic.get("bytes")), _cell(topic.get("subscribers")), _cell(topic.get("lag")),
-            _cell(topic.get("dropped"))]
+    if stored == 0:
+        first = None  # ids start at 1: an empty log has no first id
+    if last == 0:
+        last = None  # nothing was ever published
+    return [name, _cell(topic.get("delivery")), persistence, _cell(topic.get("messages_in")), _cell(stored),
+            _cell(first), _cell(last), _cell(topic.get("bytes")), _cell(topic.get("subscribers")),
+            _cell(topic.get("lag")), _cell(topic.get("dropped"))]
 
 
 def _table(rows: list[list[str]]) -> Iterator[str]:

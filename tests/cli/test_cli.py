@@ -412,25 +412,27 @@ def test_topic_rows_show_absent_keys_as_dashes() -> None:
                   "messages_in": 9, "first_id": 7, "last_id": 9, "bytes": 512, "subscribers": 2, "lag": 1,
                   "dropped": 0}
     assert cli_module._topic_row("p.log", persistent) == [
-        "p.log", "broadcast", "persistent/strong", "3", "7", "9", "512", "2", "1", "0"]
-    transient = {"delivery": "round-robin", "persistence": "transient", "messages_in": 4, "first_id": None,
-                 "last_id": 4, "subscribers": 0, "dropped": 1}
+        "p.log", "broadcast", "persistent/strong", "9", "3", "7", "9", "512", "2", "1", "0"]
+    # A transient topic: what it took, and no log (nothing stored, no first id, no bytes).
+    transient = {"delivery": "round-robin", "persistence": "transient", "messages_in": 6, "first_id": None,
+                 "last_id": 6, "subscribers": 0, "dropped": 1}
     assert cli_module._topic_row("jobs", transient) == [
-        "jobs", "round-robin", "transient", "4", "-", "4", "-", "0", "-", "1"]
-    assert cli_module._topic_row("bare", {}) == ["bare", "-", "-", "-", "-", "-", "-", "-", "-", "-"]
-    empty_log = {"persistence": "persistent", "sync": "weak", "stored": 0, "first_id": 1, "last_id": 0}
-    assert cli_module._topic_row("p.empty", empty_log)[2:6] == ["persistent/weak", "0", "-", "-"]
+        "jobs", "round-robin", "transient", "6", "-", "-", "6", "-", "0", "-", "1"]
+    assert cli_module._topic_row("bare", {}) == ["bare", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"]
+    empty_log = {"persistence": "persistent", "sync": "weak", "messages_in": 0, "stored": 0, "first_id": 1,
+                 "last_id": 0}
+    assert cli_module._topic_row("p.empty", empty_log)[2:7] == ["persistent/weak", "0", "0", "-", "-"]
 
 
 def test_topics_table_is_aligned() -> None:
     rows = [cli_module._topic_row("p.a-long-name", {"stored": 12345, "bytes": 7}),
             cli_module._topic_row("b", {"stored": 1, "bytes": 1048576})]
     lines = list(cli_module._table(rows))
-    assert lines[0].split() == ["topic", "delivery", "persistence", "messages", "first", "last", "bytes",
-                                "subs", "lag", "dropped"]
+    assert lines[0].split() == ["topic", "delivery", "persistence", "published", "stored", "first", "last",
+                                "bytes", "subs", "lag", "dropped"]
     assert len(lines) == 3
     # Numbers are right-aligned: each ends in the column where its heading ends.
-    for heading in ("messages", "bytes"):
+    for heading in ("stored", "bytes"):
         end = lines[0].index(heading) + len(heading)
         for line in lines[1:]:
             assert line[end - 1] != " ", (heading, lines)
@@ -662,6 +664,8 @@ def test_real_broker_pub_and_sub_processes(tmp_path: Path) -> None:
         assert time.monotonic() - stopped < 3.0
         stderr.close()
         assert "Traceback" not in stderr.text
+        assert stderr.text.count("mc0 broker listening on") == 1, "said once, by the broker's log"
+        assert "dropped: disconnected" not in stderr.text, "a client that says DISCONNECT is no news at INFO"
     finally:
         for process in (subscriber, broker):
             if process is not None and process.poll() is None:

@@ -3,13 +3,19 @@ identity (and the command that admits it), and option bounds that say what the b
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from click.testing import CliRunner
 
 from connector import keys as key_files
 from connector.cli import main
+
+if TYPE_CHECKING:
+    from broker.server import Broker
 
 
 @pytest.mark.parametrize(
@@ -61,3 +67,16 @@ def test_declare_segment_bytes_says_the_broker_s_minimum() -> None:
     result = CliRunner().invoke(main, ["declare", "t", "--segment-bytes", "10", "--no-curve"])
     assert result.exit_code == 2
     assert "10 is not in the range x>=1024" in result.output
+
+
+def test_a_reader_that_goes_away_is_no_error(broker: Broker) -> None:
+    """``mc0 stats | head -1``: the pipe closes before mc0 writes; it stops quietly, with status 0."""
+    process = subprocess.Popen([sys.executable, "-c", "from connector.cli import main; main()", "stats",
+                                "--json", "--no-curve", "--broker", broker.endpoint],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None
+    process.stdout.close()  # nobody reads: the first write meets a broken pipe
+    _, err = process.communicate(timeout=20)
+    assert process.returncode == 0, err
+    assert b"Broken pipe" not in err
+    assert err == b""

@@ -74,17 +74,15 @@ def test_topics_shows_a_persistent_topic_with_its_ids_and_bytes(
     result = invoke(runner, durable, "topics")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].split() == ["topic", "delivery", "persistence", "messages", "first", "last", "bytes",
-                                "subs", "lag", "dropped"]
+    assert lines[0].split() == ["topic", "delivery", "persistence", "published", "stored", "first", "last",
+                                "bytes", "subs", "lag", "dropped"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     on_disk = client.topics()["p.cli"]["bytes"]
     assert on_disk > 0
-    assert rows["p.cli"] == ["p.cli", "broadcast", "persistent/strong", "3", "1", "3", str(on_disk), "0", "0",
-                             "0"]
-    assert rows["plain"][:4] == ["plain", "broadcast", "transient", "1"]
-    assert rows["plain"][4] == "-"  # a transient topic has no log: no first id, no bytes on disk
-    assert rows["plain"][6] == "-"
-    assert rows["plain"][7] == "1"  # the client above is subscribed
+    assert rows["p.cli"] == ["p.cli", "broadcast", "persistent/strong", "3", "3", "1", "3", str(on_disk), "0",
+                             "0", "0"]
+    # A transient topic has no log: nothing stored, no first id, no bytes on disk; it took one message.
+    assert rows["plain"] == ["plain", "broadcast", "transient", "1", "-", "-", "1", "-", "1", "0", "0"]
     # Aligned: every row starts its persistence cell where the heading does.
     column = lines[0].index("persistence")
     assert all(line[column - 2 : column] == "  " and line[column] != " " for line in lines[1:])
