@@ -23,6 +23,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from broker.config import DEFAULTS
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
@@ -307,13 +309,33 @@ def test_dockerignore_keeps_secrets_data_and_caches_out() -> None:
     patterns = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
                 if line.strip() and not line.strip().startswith("#")]
     left_out = (".git/config", "keys/broker.key_secret", "keys/allowed/client.key", "data/topic/0.log",
-                "broker/__pycache__/engine.cpython-311.pyc", ".pytest_cache/v/cache", "tools/x.key_secret")
+                "broker/__pycache__/engine.cpython-311.pyc", ".pytest_cache/v/cache", "tools/x.key_secret",
+                # what following the README leaves in the folder: the broker's logs where the defaults put
+                # them, a configuration file, the example job's outputs
+                f"{DEFAULTS.data_dir}/orders/00000000000000000001.log", "mc0.toml",
+                "log-counts.parquet/part-0.parquet", "log-counts.checkpoint/offsets/0")
     for path in left_out:
         assert dockerignore_excludes(patterns, path), f"{path} would be sent to the Docker build"
     readme = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get("readme", "README.md")
     for path in ("pyproject.toml", readme, "broker/engine.py", "connector/keys.py", "protocol/mc0.py",
                  "pipeline/__init__.py"):
         assert not dockerignore_excludes(patterns, path), f"{path} is needed by pip install but ignored"
+
+
+def test_the_documented_compose_command_keeps_the_images_command(
+    instructions: list[tuple[str, str]],
+) -> None:
+    """docs/configuration.md shows how to add a configuration file to the compose command: every argument of
+    the image's own command must still be there (the data directory was once left out)."""
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    fragment = text.split("```yaml", 1)[1].split("```", 1)[0]
+    command = yaml.safe_load(fragment)["command"]
+    image = container_argv(instructions)[1:]  # without the entrypoint: broker, then option and value pairs
+    assert command[0] == image[0] == "broker"
+    for index in range(1, len(image), 2):
+        option = image[index : index + 2]
+        at = command.index(option[0]) if option[0] in command else -1
+        assert command[at : at + 2] == option, f"the documented command drops {option}: {command}"
 
 
 # ----------------------------------------------------------------------------------------------------- keys/
