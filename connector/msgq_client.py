@@ -29,6 +29,10 @@ def _encode(text: str | bytes) -> bytes:
 class MsgqClient(StreamClient):
     """One connection to a broker's msgq gateway; ``lname`` is the local name the broker gave it."""
 
+    closed_why = (" (msgq has no error message, so the broker closes a connection whose request it refuses: "
+                  "a replay of a group that is not persistent, a send it cannot store, a message over its "
+                  "size limit; its log says which)")
+
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, timeout: float = 5.0,
                  max_message: int = msgq.DEFAULT_MAX_MESSAGE) -> None:
         super().__init__(host, port, timeout)

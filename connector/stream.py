@@ -36,6 +36,9 @@ class StreamClient:
     """One TCP connection to a broker gateway. ``timeout`` bounds connecting and each wait for a reply;
     receiving a delivery waits as long as its caller says."""
 
+    #: Said after "the broker closed the connection": a dialect without error messages explains what it means.
+    closed_why = ""
+
     def __init__(self, host: str, port: int, timeout: float, *, tls: ssl.SSLContext | None = None,
                  server_hostname: str | None = None) -> None:
         self.timeout = timeout
@@ -119,7 +122,7 @@ class StreamClient:
         except OSError as error:
             raise ConnectorError(f"connection lost: {error.strerror or error}") from None
         if not data:
-            raise ConnectorError("the broker closed the connection")
+            raise ConnectorError(f"the broker closed the connection{self.closed_why}")
         codec.receive_data(data)
         return True
 

@@ -19,7 +19,7 @@ from conftest import RawStream
 
 from broker.server import Broker
 from broker.topics import Delivery, Persistence, TopicRule, TopicSpec
-from connector import Client
+from connector import Client, ConnectorError
 from connector.cli import main
 from connector.msgq_client import MsgqClient
 from connector.sexp_client import SexpClient
@@ -397,6 +397,14 @@ def test_replay_on_a_transient_group_closes_the_connection(peer: Callable) -> No
     raw.send({b"type": b"subscribe", b"group": b"plain", b"instance": b"*", b"subtype": b"normal",
               b"replay": b"beginning"})
     assert raw.closed_within(WAIT)
+
+
+def test_the_client_says_what_a_closed_connection_may_mean(broker: Broker) -> None:
+    """msgq has no error message: the client's error says so and points at the broker's log."""
+    with MsgqClient(*broker.gateway_address("msgq")) as client, pytest.raises(ConnectorError) as closed:
+        client.subscribe("plain", replay="beginning")  # answered by a closed connection
+    assert str(closed.value).startswith("the broker closed the connection (msgq has no error message")
+    assert "a replay of a group that is not persistent" in str(closed.value)
 
 
 def test_a_round_robin_group_gives_each_message_to_one_consumer(broker: Broker, peer: Callable) -> None:
