@@ -32,6 +32,7 @@ import sys
 
 import zmq
 
+from bench.process import choose_event_loop
 from bench.throughput import Result, median_case
 
 SYSTEMS = ("zmq-proxy", "py-forwarder", "mc0")
@@ -72,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=200_000, help="messages per throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
     parser.add_argument("--latency-seconds", type=float, default=3.0, help="length of the paced latency run")
+    parser.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"),
+                        help="mc0's event loop (default: the broker's own default, auto)")
     args = parser.parse_args(argv)
+    choose_event_loop(args.event_loop)
 
     print(f"python {platform.python_version()}, pyzmq {zmq.pyzmq_version()}, libzmq {zmq.zmq_version()}, "
           f"{args.messages:,} x {100}-byte messages, median of {args.repeat}")

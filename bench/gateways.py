@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import platform
 
+from bench.process import choose_event_loop
 from bench.throughput import BODY_SIZE, median_case
 
 #: Gateway systems of bench.throughput, by door.
@@ -21,9 +22,12 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench gateways", description=__doc__)
     parser.add_argument("--messages", type=int, default=200_000, help="messages per run")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
+    parser.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"),
+                        help="the brokers' event loop (default: the broker's own default, auto)")
     args = parser.parse_args(argv)
+    choose_event_loop(args.event_loop)
     print(f"python {platform.python_version()}, {args.messages:,} x {BODY_SIZE}-byte messages, "
-          f"median of {args.repeat}; an mc0 publisher in every case")
+          f"median of {args.repeat}; an mc0 publisher in every case; event loop {args.event_loop or 'auto'}")
     header = f"{'scenario':<22}{'mc0 subs':>14}" + "".join(f"{door + ' subs':>16}{door + '/mc0':>14}"
                                                          for door in DOORS)
     print(header)

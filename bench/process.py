@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+#: The event loop of every benchmark broker a run starts (``--event-loop`` of the benchmarks that offer it):
+#: passed to the spawned broker processes through their environment.
+EVENT_LOOP_VARIABLE = "MC0_BENCH_EVENT_LOOP"
+
+
+def choose_event_loop(choice: str | None) -> None:
+    """Make the broker processes this run starts use ``choice`` (auto, uvloop, asyncio)."""
+    if choice:
+        os.environ[EVENT_LOOP_VARIABLE] = choice
 
 
 def serve_broker(port: int, ready: Any, *, data_dir: str | None = None, **settings: Any) -> None:
@@ -15,7 +26,6 @@ def serve_broker(port: int, ready: Any, *, data_dir: str | None = None, **settin
     ``ready`` is set once it listens. Without ``data_dir`` (transient topics only) the broker is pointed at a
     path under the temporary folder that nothing creates, never at the current folder's data directory."""
     import logging
-    import os
     from pathlib import Path
 
     from broker import server
@@ -23,6 +33,7 @@ def serve_broker(port: int, ready: Any, *, data_dir: str | None = None, **settin
 
     logging.basicConfig(level=logging.ERROR)
     settings["data_dir"] = Path(data_dir or Path(tempfile.gettempdir()) / f"mc0-bench-{os.getpid()}")
+    settings.setdefault("event_loop", os.environ.get(EVENT_LOOP_VARIABLE, "auto"))
     config = BrokerConfig(**{"bind": f"tcp://127.0.0.1:{port}", "curve": False, "sexp": "off", "msgq": "off",
                              "rstreams": "off", "lumberjack": "off", "http": "off", **settings})
     server.run(config, lambda _broker: ready.set())
