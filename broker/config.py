@@ -61,6 +61,7 @@ class BrokerConfig:
     lumberjack_tls_cert: str = ""  # PEM certificate (chain) and key: TLS on the Lumberjack port when set
     lumberjack_tls_key: str = ""
     lumberjack_tls_client_ca: str = ""  # PEM CA bundle: clients must present a certificate it signed
+    max_waiting_fetches: int = 10_000  # FETCHes with WAIT held at once (beyond it they are answered at once)
 
     @property
     def allowlist_dir(self) -> Path:
@@ -86,7 +87,7 @@ _BROKER_KEYS = {
     "sexp": str, "sexp_ping_interval": (int, float), "msgq": str, "msgq_max_message": int,
     "rstreams": str, "rstreams_part_size": int, "lumberjack": str, "lumberjack_topic": str,
     "lumberjack_topic_field": str, "lumberjack_tls_cert": str, "lumberjack_tls_key": str,
-    "lumberjack_tls_client_ca": str,
+    "lumberjack_tls_client_ca": str, "max_waiting_fetches": int,
 }
 #: Keys holding a gateway's HOST:PORT (or "off").
 GATEWAYS = ("sexp", "msgq", "rstreams", "lumberjack")
@@ -95,7 +96,7 @@ GATEWAYS = ("sexp", "msgq", "rstreams", "lumberjack")
 #: and a zero high-water mark means "unbounded" to ZeroMQ, which breaks the promise of bounded memory.
 _POSITIVE = frozenset({"heartbeat_tick", "pending_limit", "max_message_size", "send_hwm", "recv_hwm",
                        "weak_sync_interval", "retention_interval", "sexp_ping_interval",
-                       "msgq_max_message", "rstreams_part_size"})
+                       "msgq_max_message", "rstreams_part_size", "max_waiting_fetches"})
 
 #: The level names the standard ``logging`` module knows (it refuses any other string).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

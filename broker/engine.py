@@ -763,8 +763,7 @@ class Engine:
         The same id while the topic's log is that one (or a transient topic: nothing to compare). If the log
         changed, the first id the two do not share when its lineage remembers the old one (a reader past it
         saw messages that are gone), or the beginning of the log when it does not (a log created anew)."""
-        topic = self.topics.get(name)
-        log = topic.log if topic is not None else None
+        log = self.topic(name).log  # created as subscribing would: a new log is a log the client never read
         if log is None:
             return resume
         point = log.identity.resume_point(incarnation.decode("ascii", "replace"), resume)

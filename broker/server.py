@@ -155,7 +155,8 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
             log.warning("CURVE is OFF: traffic on %s is plaintext and any client is admitted", config.bind)
         socket.bind(config.bind)
         endpoint = socket.last_endpoint.decode()
-        router = RouterShell(hub, socket, pending_limit=config.pending_limit, tick=config.heartbeat_tick)
+        router = RouterShell(hub, socket, pending_limit=config.pending_limit, tick=config.heartbeat_tick,
+                             max_waiting_fetches=config.max_waiting_fetches)
         hub.add(router)
         for gateway in gateways.values():
             await gateway.start()

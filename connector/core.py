@@ -459,7 +459,16 @@ class ClientCore:
                                                 explicit_acks=options.explicit_acks)
                 subs.append(sub)
             sub.topics.append(topic)
-        return [self.request(sub) for sub in subs]
+        out = []
+        for sub in subs:
+            command_id, frames = self.request(sub)
+            # Answered like a SUB of the user's: where live topics stand, and which log each topic is now.
+            self._before_sub[command_id] = {
+                topic: (self.subscriptions.get(topic), last_ids.get(self._topic(topic)))
+                for topic in sub.topics
+            }
+            out.append((command_id, frames))
+        return out
 
     def pack(self, publishes: list[Publish]) -> Iterable[mc0.Frames]:
         """Fire-and-forget publishes as frame sets: PUTS batches if the broker speaks ``batch``, else PUTs."""
