@@ -190,6 +190,7 @@ class Topic:
     messages_in: int = 0
     messages_out: int = 0
     dropped: int = 0
+    duplicates: int = 0  # idempotent entries not stored again (their producer had stored them)
     round_robin: bool = field(init=False)  # derived from spec once: publish() asks on every message
     element_size: int = field(init=False)  # likewise; 0 = bodies of any size
 
@@ -223,6 +224,7 @@ class Topic:
             "messages_in": self.messages_in,
             "messages_out": self.messages_out,
             "dropped": self.dropped,
+            "duplicates": self.duplicates,
             "backlog": self.waiting() if self.round_robin else 0,
             "first_id": self.log.first_id if self.log is not None else None,
             "last_id": self.next_id - 1,
@@ -617,6 +619,7 @@ class Engine:
         if window is None:
             window = topic.producers = ProducerWindow()
         skipped = window.duplicates(producer, sequence, len(items))
+        topic.duplicates += skipped
         if skipped == len(items):
             return None, skipped
         first_id = topic.next_id
@@ -703,6 +706,7 @@ class Engine:
         *,
         at_time: int | None = None,
         records: bool = False,
+        known_incarnation: str | None = None,
     ) -> RangeRead:
         """Stored messages of the persistent topic ``name`` from ``start`` on.
 
@@ -714,6 +718,9 @@ class Engine:
         ``max_messages`` 0 asks for the ids only. With ``records`` the stored records come undecoded, as they
         lie in the log (``max_bytes`` then bounds record bytes, and a read stops at a segment's end). A read
         changes nothing: it takes no subscription, moves no queue position and acks nothing.
+        ``known_incarnation`` is the log the reader read before: if the topic's log is another one now, the
+        read starts where that reader goes on in this log (:meth:`LogIdentity.resume_point`: the first id
+        the two logs do not share, or the beginning of a log created anew) — ``start_id`` says where.
 
         Call it after :meth:`commit`, never between a publish and the commit of its turn: the log serves only
         what was written, and ``next_id`` must not promise more. A topic that does not exist yet but that its
@@ -743,9 +750,13 @@ class Engine:
         next_id = topic.next_id
         if at_time is not None:
             start = log.find_time(at_time)
+        identity = log.identity
+        if known_incarnation is not None and known_incarnation != identity.incarnation:
+            point = identity.resume_point(known_incarnation, first_id if start is None else start)
+            start = first_id if point is None else point
         if start is None or start < first_id:
             start = first_id
-        read = RangeRead(first_id, next_id, start, log.identity.incarnation, [])
+        read = RangeRead(first_id, next_id, start, identity.incarnation, [])
         max_messages = min(max_messages, FETCH_MAX_MESSAGES)
         if max_messages <= 0 or start >= next_id:
             return read

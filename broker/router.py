@@ -403,10 +403,12 @@ class RouterShell:
         assert command_id is not None  # dispatch() refused a FETCH without one
         max_messages = mc0.FETCH_DEFAULT_MAX_MESSAGES if event.max_messages is None else event.max_messages
         max_bytes = mc0.FETCH_DEFAULT_MAX_BYTES if event.max_bytes is None else event.max_bytes
+        known = None if event.incarnation is None else event.incarnation.decode("ascii", "replace")
         try:
             read = self.engine.read_range(
                 event.topic, event.start, min(max_messages, mc0.FETCH_MAX_MESSAGES),
                 min(max_bytes, mc0.FETCH_MAX_BYTES), at_time=event.at_time, records=event.records,
+                known_incarnation=known,
             )
         except EngineError as error:
             self.counters["errors"] += 1

@@ -174,6 +174,36 @@ class Client(ClientBase):
             return {}
         return ok_headers(self._call(event, timeout, "PUTS"))
 
+    def publish_batch_later(
+        self,
+        items: Iterable[tuple[str | bytes, str | bytes, dict[str, str] | None]],
+        *,
+        producer: str | bytes | None = None,
+        sequence: int | None = None,
+    ) -> Future[dict[str, str]]:
+        """:meth:`publish_batch` without waiting: a Future of the OK's headers (ConnectorError if refused).
+        Batches sent this way travel in order, so a publisher can keep several in flight; with a producer,
+        a batch that fails can be sent again with the same numbers, and what the broker stored is skipped."""
+        return self._later(puts_event(items, producer, sequence), "PUTS", ok_headers)
+
+    def _later(self, event: Any, what: str, convert: Any) -> Future[Any]:
+        """Queue ``event`` and return a Future of ``convert(OK)`` (ConnectorError for an ERROR or a lost
+        connection); the caller waits on it with a timeout of its choice."""
+        self._check()
+        request = _Request(event)
+        out: Future[Any] = Future()
+
+        def settle(done: Future[mc0.Ok]) -> None:
+            try:
+                out.set_result(convert(reply_or_raise(done.result(), what)))
+            except BaseException as error:  # handed to whoever waits on the Future
+                out.set_exception(error)
+
+        request.future.add_done_callback(settle)
+        self._outbox.append(request)
+        self._wake()
+        return out
+
     def subscribe(
         self,
         *topics: str | bytes,
@@ -273,6 +303,25 @@ class Client(ClientBase):
                             incarnation=incarnation, records=True)
         reply = self._call(event, self._waiting_timeout(timeout, wait), "FETCH")
         return records_result(topic, reply)
+
+    def fetch_later(
+        self,
+        topic: str | bytes,
+        start: int | None = None,
+        *,
+        max_messages: int = mc0.FETCH_DEFAULT_MAX_MESSAGES,
+        max_bytes: int = mc0.FETCH_DEFAULT_MAX_BYTES,
+        wait: float | None = None,
+        at_time: int | None = None,
+        incarnation: str | None = None,
+        records: bool = False,
+    ) -> Future[Any]:
+        """:meth:`fetch` (or :meth:`fetch_records` with ``records``) without waiting: a Future of its result.
+        Long polls on many topics at once, or the next range read while the last one is being used."""
+        event = fetch_event(topic, start, max_messages, max_bytes, wait=wait, at_time=at_time,
+                            incarnation=incarnation, records=records)
+        convert = records_result if records else fetch_result
+        return self._later(event, "FETCH", lambda reply: convert(topic, reply))
 
     def _waiting_timeout(self, timeout: float | None, wait: float | None) -> float:
         """A long poll's answer may take its wait on top of the usual time."""
