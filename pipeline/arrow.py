@@ -125,7 +125,8 @@ def to_batch(
         "value": value,
         "topic": pa.repeat(pa.scalar(topic, pa.string()), count) if count else pa.array([], pa.string()),
         "id": pa.array(np.arange(start_id, start_id + count, dtype=np.int64)),
-        "timestamp": pa.Array.from_buffers(schema.field("timestamp").type, count, [None, pa.py_buffer(micros)]),
+        "timestamp": pa.Array.from_buffers(schema.field("timestamp").type, count,
+                                           [None, pa.py_buffer(micros)]),
     }
     if "headers" in schema.names:
         if headers is None:

@@ -52,7 +52,7 @@ def run(spark: Any, *, broker_options: dict[str, str], source: str, sink: str, o
             f.col("minute.start").alias("minute"), "host", "level", "count",
         )
         rows.write.mode("overwrite").parquet(str(output))
-        # writeId: a micro-batch replayed after a crash writes its counts under the same id, so they land once.
+        # writeId: a micro-batch replayed after a crash writes its counts under the same id: they land once.
         (rows.select(f.to_json(f.struct("*")).alias("value"))
          .write.format("mc0").options(**broker_options).option("topic", sink)
          .option("writeId", f"{sink}-{batch_id}").mode("append").save())

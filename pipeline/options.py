@@ -1,11 +1,11 @@
 """The options of the ``mc0`` data source: which exist, where each applies, and what they mean once checked.
 
-Named as in Spark's Kafka source wherever the meaning is Kafka's, so that a Kafka user's code reads right; ours
-where mc0 differs (the broker endpoint, CURVE keys, long polls). Every option is checked before anything runs,
-case-insensitively as Spark's own are: an unknown option is an error that suggests the nearest known name (a
-typo like ``maxOffsetPerTrigger`` must not be silently ignored), an option that does not apply to the mode (the
-batch-only ``endingOffsets`` on a stream) is an error that says where it applies, and a Kafka option mc0 cannot
-honour is an error that says why. :data:`OPTIONS` and :data:`REFUSED` are also the table in
+Named as in Spark's Kafka source wherever the meaning is Kafka's, so that a Kafka user's code reads right;
+ours where mc0 differs (the broker endpoint, CURVE keys, long polls). Every option is checked before anything
+runs, case-insensitively as Spark's own are: an unknown option is an error that suggests the nearest known
+name (a typo like ``maxOffsetPerTrigger`` must not be silently ignored), an option that does not apply to the
+mode (the batch-only ``endingOffsets`` on a stream) is an error that says where it applies, and a Kafka option
+mc0 cannot honour is an error that says why. :data:`OPTIONS` and :data:`REFUSED` are also the table in
 ``docs/pipeline.md``.
 
 This module knows options and their values only: no Spark, no broker.
@@ -24,7 +24,7 @@ from enum import Enum
 DEFAULT_BROKER = "tcp://127.0.0.1:61616"
 #: Messages per partition (Spark task) at most unless ``maxRecordsPerPartition`` says otherwise: small enough
 #: that a topic of a million messages keeps many cores busy, large enough that a task's fixed cost (a Python
-#: worker's turn, a connection) stays a few percent of its reading (measured: bench/spark.py, docs/pipeline.md).
+#: worker's turn, a connection) stays a few percent of its reading (bench/spark.py, docs/pipeline.md).
 DEFAULT_MAX_RECORDS_PER_PARTITION = 250_000
 #: How long the driver's long poll waits for a new message before it answers "nothing new" (Kafka's
 #: fetch.max.wait.ms default); an idle query then costs about two commands a second per topic.
@@ -59,7 +59,8 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("broker", EVERY, False, DEFAULT_BROKER, "the mc0 endpoint (what kafka.bootstrap.servers is to Kafka)"),
+    Option("broker", EVERY, False, DEFAULT_BROKER,
+           "the mc0 endpoint (what kafka.bootstrap.servers is to Kafka)"),
     Option("curve", EVERY, False, "true", "`false` for a broker run with `--no-curve`"),
     Option("keys", EVERY, False, "keys", "a keys folder with `broker.key` and `client.key_secret`"),
     Option("serverKey", EVERY, False, "", "CURVE keys as Z85 text instead of a folder (all three together)"),
@@ -136,18 +137,19 @@ _BY_LOWER = {option.name.lower(): option for option in OPTIONS}
 
 
 class OptionError(ValueError):
-    """An option that is unknown, does not apply, or has a bad value. Spark shows it as an AnalysisException."""
+    """An option that is unknown, does not apply, or has a bad value (Spark shows an AnalysisException)."""
 
 
-def check(options: Mapping[str, str], mode: Mode) -> None:
-    """Every option known and meant for ``mode``; OptionError with the nearest name otherwise."""
+def check(options: Mapping[str, str], mode: Mode | None) -> None:
+    """Every option known and meant for ``mode``; OptionError with the nearest name otherwise. ``mode`` None
+    (a read, batch or stream, not yet known: Spark asks the schema before it says) checks names only."""
     for key in options:
         lower = key.lower()
-        if lower in SPARK_OWN.get(mode, ()):
+        if mode is not None and lower in SPARK_OWN.get(mode, ()):
             continue
         option = _BY_LOWER.get(lower)
         if option is not None:
-            if mode not in option.modes:
+            if mode is not None and mode not in option.modes:
                 where = " and ".join(m.value for m in Mode if m in option.modes)
                 raise OptionError(f"option {option.name} applies to {where}, not to {mode.value}")
             continue
@@ -157,8 +159,10 @@ def check(options: Mapping[str, str], mode: Mode) -> None:
             raise OptionError(f"option {key} is not supported by format mc0: {KAFKA_PREFIX_REASON}")
         near = difflib.get_close_matches(lower, list(_BY_LOWER), n=1, cutoff=0.75)
         hint = f"did you mean {_BY_LOWER[near[0]].name}? " if near else ""
-        names = ", ".join(o.name for o in OPTIONS if mode in o.modes)
-        raise OptionError(f"unknown option {key} for format mc0 ({mode.value}): {hint}the options are {names}")
+        modes = READS if mode is None else {mode}
+        names = ", ".join(o.name for o in OPTIONS if o.modes & modes)
+        where = "reads" if mode is None else mode.value
+        raise OptionError(f"unknown option {key} for format mc0 ({where}): {hint}the options are {names}")
 
 
 def flag(options: Mapping[str, str], name: str, default: bool) -> bool:
@@ -208,8 +212,8 @@ def topics_json(value: str, name: str) -> dict[str, int]:
     for topic, entry in given.items():
         if isinstance(entry, dict):  # Kafka's shape: partition -> offset; our topics have one log
             if set(entry) != {"0"}:
-                raise OptionError(f"option {name}: topic {topic!r} names partitions {sorted(entry)}; mc0 topics "
-                                  "have no partitions (a topic is one log: use \"0\", or just the number)")
+                raise OptionError(f"option {name}: topic {topic!r} names partitions {sorted(entry)}; mc0 "
+                                  "topics have no partitions (one log each: use \"0\", or just the number)")
             entry = entry["0"]
         if not isinstance(entry, int) or isinstance(entry, bool):
             raise OptionError(f"option {name}: topic {topic!r} must map to an integer, not {entry!r}")
@@ -234,7 +238,7 @@ class Connection:
     def parse(cls, options: Mapping[str, str]) -> Connection:
         z85 = [options.get(name) for name in ("serverKey", "publicKey", "secretKey")]
         if any(z85) and not all(z85):
-            raise OptionError("options serverKey, publicKey and secretKey go together (CURVE keys as Z85 text)")
+            raise OptionError("options serverKey, publicKey and secretKey go together (CURVE keys, Z85 text)")
         return cls(
             broker=options.get("broker", DEFAULT_BROKER),
             curve=flag(options, "curve", True),

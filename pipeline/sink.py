@@ -7,9 +7,9 @@ producer id derived from what identifies the task's work, not the attempt:
   speculative copies, and a micro-batch replayed after the query restarts from its checkpoint;
 * a batch write: the ``writeId`` option (or an id made once per write on the driver) and the partition.
 
-Rows are numbered per topic in the order the task sees them, so an attempt that sends the same rows again finds
-the broker skipping every one already stored, wherever the earlier attempt stopped. A task succeeds only once
-the broker confirmed every row (as durably as each topic's sync level promises). The guarantee, and what it
+Rows are numbered per topic in the order the task sees them, so an attempt that sends the same rows again
+finds the broker skipping every one already stored, wherever the earlier attempt stopped. A task succeeds only
+once the broker confirmed every row (as durably as each topic's sync level promises). The guarantee, and what it
 assumes, is spelled out in docs/pipeline.md ("Exactly-once writes").
 
 Rows come as Arrow record batches (``DataSourceArrowWriter``): columns are taken in bulk, and the per-row work
@@ -119,7 +119,7 @@ def _row_headers(key: Any, headers: Any, shape: str | None) -> dict[bytes, bytes
             raw = _bytes(name)
             if not raw or raw.upper() in RESERVED_HEADERS or raw in out:
                 raise ValueError(f"header {name!r}: empty, given twice in a row (mc0 headers are a map), or "
-                                 "reserved (TOPIC, ID, MESSAGE-ID, TIMESTAMP, KEY: the key is the key column)")
+                                 "reserved (TOPIC, ID, MESSAGE-ID, TIMESTAMP; KEY: that is the key column)")
             if value is None:
                 raise ValueError(f"header {name!r} has a null value: mc0 header values are bytes")
             out[raw] = _bytes(value)

@@ -132,7 +132,7 @@ def decode_offset(offset: Mapping[str, Any]) -> dict[str, Position]:
 
 @dataclass(frozen=True)
 class Starting:
-    """Where reads start (or, for ``endingOffsets``, stop): ``earliest`` / ``latest``, per-topic ids, or times."""
+    """Where reads start (or, for ``endingOffsets``, stop): ``earliest``/``latest``, ids, or times."""
 
     kind: str  # "earliest" | "latest" | "ids" | "times"
     ids: Mapping[str, int] = field(default_factory=dict)  # "ids": -2 earliest, -1 latest; "times": ms
@@ -202,7 +202,8 @@ class ReadSettings:
             try:
                 re.compile(pattern)
             except re.error as error:
-                raise OptionError(f"subscribePattern {pattern!r} is not a regular expression: {error}") from None
+                raise OptionError(f"subscribePattern {pattern!r} is not a regular expression: {error}"
+                                  ) from None
         strategy = options.get("startingOffsetsByTimestampStrategy", "error").strip().lower()
         if strategy not in ("error", "latest"):
             raise OptionError(f"startingOffsetsByTimestampStrategy must be error or latest, not {strategy!r}")
@@ -224,7 +225,8 @@ class ReadSettings:
             max_trigger_delay_ms=opts.duration_ms(options, "maxTriggerDelay", opts.DEFAULT_MAX_TRIGGER_DELAY),
             fetch_max_wait_ms=opts.count(options, "fetchMaxWaitMs", opts.DEFAULT_FETCH_MAX_WAIT_MS,
                                          minimum=0) or 0,
-            discovery_ms=opts.count(options, "topicDiscoveryIntervalMs", opts.DEFAULT_TOPIC_DISCOVERY_MS) or 1,
+            discovery_ms=opts.count(options, "topicDiscoveryIntervalMs",
+                                    opts.DEFAULT_TOPIC_DISCOVERY_MS) or 1,
         )
         if settings.min_per_trigger and settings.max_per_trigger and (
                 settings.min_per_trigger > settings.max_per_trigger):
@@ -282,7 +284,8 @@ class Broker:
     def ids_at(self, times: Mapping[str, int]) -> dict[str, int]:
         """Per topic: the first id stored at or after its time (the next id when there is none)."""
         client = self.client
-        replies = self._gather({t: client.fetch_later(t, max_messages=0, at_time=ms) for t, ms in times.items()})
+        replies = self._gather({t: client.fetch_later(t, max_messages=0, at_time=ms)
+                                for t, ms in times.items()})
         return {t: r.start_id for t, r in replies.items()}
 
     def resume_point(self, topic: str, position: Position) -> int:
@@ -345,14 +348,14 @@ def begin(settings: ReadSettings, broker: Broker, topic: str, position: Position
         point = broker.resume_point(topic, position)
         if point < start:
             settings.loss(f"topic {topic!r} is another log than the one this query read (incarnation "
-                          f"{now.incarnation}, was {position.incarnation}): messages from {point} on are not the "
-                          f"ones it read up to {start - 1}")
+                          f"{now.incarnation}, was {position.incarnation}): messages from {point} on are not "
+                          f"the ones it read up to {start - 1}")
             return point
         log.info("topic %r: another incarnation of its log (%s), sharing every id this query read",
                  topic, now.incarnation)
     if start < now.first:
-        settings.loss(f"messages {start}..{now.first - 1} of topic {topic!r} were removed by retention before "
-                      "they were read")
+        settings.loss(f"messages {start}..{now.first - 1} of topic {topic!r} were removed by retention "
+                      "before they were read")
         return now.first
     return start
 
@@ -395,7 +398,8 @@ def read_range(settings: ReadSettings, part: Range) -> Iterator[Any]:
     client = settings.connection.client()
     try:
         def ask(position: int) -> Future[Any]:
-            return client.fetch_later(part.topic, position, max_messages=min(FETCH_RECORDS, part.end - position),
+            return client.fetch_later(part.topic, position,
+                                      max_messages=min(FETCH_RECORDS, part.end - position),
                                       max_bytes=FETCH_BYTES, records=True,
                                       incarnation=part.incarnation if part.incarnation != NO_LOG else None)
 
@@ -405,11 +409,12 @@ def read_range(settings: ReadSettings, part: Range) -> Iterator[Any]:
             reply = pending.result(settings.connection.request_timeout)
             if part.incarnation != NO_LOG and reply.incarnation != part.incarnation:
                 raise DataLossError(f"topic {part.topic!r}'s log changed while it was read (incarnation "
-                                    f"{reply.incarnation}, planned {part.incarnation}): the query will see it "
-                                    "when it restarts")
+                                    f"{reply.incarnation}, planned {part.incarnation}): the query will see "
+                                    "it when it restarts")
             if reply.start_id > position:
-                settings.loss(f"messages {position}..{min(reply.start_id, part.end) - 1} of topic {part.topic!r} "
-                              "were removed by retention before they were read")
+                gone = min(reply.start_id, part.end) - 1
+                settings.loss(f"messages {position}..{gone} of topic {part.topic!r} were removed by "
+                              "retention before they were read")
                 position = min(reply.start_id, part.end)
             if reply.count == 0:
                 if position >= part.end:
@@ -605,7 +610,8 @@ class Mc0StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not isinstance(limit, ReadAllAvailable):
             waiting = sum(latest[t] - begins[t] for t in topics)
             delay = settings.max_trigger_delay_ms / 1000
-            if settings.min_per_trigger and waiting < settings.min_per_trigger and now - self._last_trigger < delay:
+            too_few = settings.min_per_trigger and waiting < settings.min_per_trigger
+            if too_few and now - self._last_trigger < delay:
                 latest = dict(begins)  # not enough yet: Kafka's minOffsetsPerTrigger
             elif settings.max_per_trigger:
                 latest = cap(begins, latest, settings.max_per_trigger)
@@ -659,7 +665,8 @@ def offsets_behind(progress: Mapping[str, Any]) -> dict[str, float]:
             continue
         latest_positions = decode_offset(json.loads(latest) if isinstance(latest, str) else latest)
         end_positions = decode_offset(json.loads(end) if isinstance(end, str) else end)
-        behind = [max(0, p.next - end_positions[t].next) for t, p in latest_positions.items() if t in end_positions]
+        behind = [max(0, p.next - end_positions[t].next)
+                  for t, p in latest_positions.items() if t in end_positions]
         if behind:
             out = {"avgOffsetsBehindLatest": sum(behind) / len(behind), "maxOffsetsBehindLatest": max(behind),
                    "minOffsetsBehindLatest": min(behind)}
@@ -677,6 +684,9 @@ class Mc0DataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
+        # Asked by load(), for batch and streaming reads alike: the names are checked here, so that a typo
+        # fails at load(); what depends on the mode is checked when Spark asks for the reader.
+        opts.check(self.options, None)
         return SCHEMA_WITH_HEADERS if opts.flag(self.options, "includeHeaders", False) else SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:

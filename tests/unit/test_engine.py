@@ -509,13 +509,13 @@ def test_stats_describe_every_topic() -> None:
     assert engine.stats() == {
         "news": {
             "id": 1, "delivery": "broadcast", "persistence": "transient", "subscribers": 1,
-            "messages_in": 2, "messages_out": 2, "dropped": 0, "duplicates": 0, "backlog": 0, "first_id": None,
-            "last_id": 2, "lag": 2, "consumers": [not_caught_up],
+            "messages_in": 2, "messages_out": 2, "dropped": 0, "duplicates": 0, "backlog": 0,
+            "first_id": None, "last_id": 2, "lag": 2, "consumers": [not_caught_up],
         },
         "q.jobs": {
             "id": 2, "delivery": "round-robin", "persistence": "transient", "max_backlog": 1,
-            "subscribers": 0, "messages_in": 3, "messages_out": 0, "dropped": 2, "duplicates": 0, "backlog": 1,
-            "first_id": None, "last_id": 3, "lag": 0, "consumers": [],
+            "subscribers": 0, "messages_in": 3, "messages_out": 0, "dropped": 2, "duplicates": 0,
+            "backlog": 1, "first_id": None, "last_id": 3, "lag": 0, "consumers": [],
         },
     }
     write_out(engine, subscriber)
