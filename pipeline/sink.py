@@ -9,8 +9,8 @@ producer id derived from what identifies the task's work, not the attempt:
 
 Rows are numbered per topic in the order the task sees them, so an attempt that sends the same rows again
 finds the broker skipping every one already stored, wherever the earlier attempt stopped. A task succeeds only
-once the broker confirmed every row (as durably as each topic's sync level promises). The guarantee, and what it
-assumes, is spelled out in docs/pipeline.md ("Exactly-once writes").
+once the broker confirmed every row (as durably as each topic's sync level promises). The guarantee, and what
+it assumes, is spelled out in docs/pipeline.md ("Exactly-once writes").
 
 Rows come as Arrow record batches (``DataSourceArrowWriter``): columns are taken in bulk, and the per-row work
 is building the batch entries. Checked before anything runs: ``value`` binary or string, ``key`` binary or
