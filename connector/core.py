@@ -263,13 +263,17 @@ def puts_event(
 ) -> mc0.Puts:
     """The PUTS of ``publish_batch``: every entry checked and encoded before anything is sent. With
     ``producer`` and ``sequence`` an idempotent batch: one topic, entry ``i`` numbered ``sequence + i``."""
-    batch = []
+    batch: list[tuple[bytes, bytes, dict[bytes, bytes]]] = []
+    append = batch.append
+    raw_topics: dict[str | bytes, bytes] = {}  # a batch names few topics: each converted and checked once
     for topic, body, headers in items:
-        raw_topic = to_bytes(topic)
-        if not raw_topic:
-            raise ValueError("publish_batch() needs a non-empty topic for every message")
-        encoded = encode_headers(dict(headers)) if headers else mc0.NO_HEADERS
-        batch.append((raw_topic, to_bytes(body), encoded))
+        raw_topic = raw_topics.get(topic)
+        if raw_topic is None:
+            raw_topic = raw_topics[topic] = to_bytes(topic)
+            if not raw_topic:
+                raise ValueError("publish_batch() needs a non-empty topic for every message")
+        append((raw_topic, body if type(body) is bytes else to_bytes(body),
+                encode_headers(dict(headers)) if headers else mc0.NO_HEADERS))
     puts = mc0.Puts(batch)
     if producer is None and sequence is None:
         return puts
@@ -279,7 +283,7 @@ def puts_event(
     if not 1 <= len(puts.producer) <= mc0.MAX_PRODUCER_BYTES:
         raise ValueError(f"producer must be 1 to {mc0.MAX_PRODUCER_BYTES} bytes")
     puts.sequence = _count(sequence, "sequence", 0)
-    if batch and any(item[0] != batch[0][0] for item in batch):
+    if len(set(raw_topics.values())) > 1:
         raise ValueError("an idempotent publish_batch() (producer) writes one topic")
     return puts
 

@@ -45,6 +45,55 @@ def _big_endian(buffer: np.ndarray, positions: np.ndarray, width: int) -> np.nda
     return out
 
 
+def _uniform_positions(
+    payload: bytes, buffer: np.ndarray, start_id: int, count: int, check_crc: bool
+) -> np.ndarray | None:
+    """Where the records start if they are all the size of the first (the common case: fixed-size values),
+    checked in bulk (every length and id where it must be, CRCs as in :func:`protocol.records.walk`); None if
+    they are not, or the payload is anything else (the walk then finds and reports it)."""
+    if count == 0 or len(payload) < 16:
+        return None
+    stride = 16 + int.from_bytes(payload[:4], "big")
+    if stride * count != len(payload):
+        return None
+    heads = np.lib.stride_tricks.as_strided(buffer, shape=(count, 16), strides=(stride, 1))
+    lengths = heads[:, 0:4].copy().view(">u4").ravel()
+    ids = heads[:, 8:16].copy().view(">u8").ravel()
+    if not ((lengths == stride - 16).all() and (ids == np.arange(start_id, start_id + count,
+                                                                  dtype=np.uint64)).all()):
+        return None
+    positions = np.arange(count, dtype=np.int64) * stride
+    if check_crc:
+        stored = heads[:, 4:8].copy().view(">u4").ravel()
+        records.check_crcs(payload, positions.tolist(), (positions + stride).tolist(), stored.tolist())
+    return positions
+
+
+def _bodies(
+    buffer: np.ndarray, positions: np.ndarray, starts: np.ndarray, ends: np.ndarray, lengths: np.ndarray
+) -> np.ndarray:
+    """The bodies, back to back. Records of one layout (every body at the same offset in records of one
+    size): one strided copy. Otherwise one mask over the payload, built from the alternating run lengths of
+    what is not a body and what is."""
+    count = len(starts)
+    if count == 0:
+        return np.empty(0, dtype=np.uint8)
+    offset, length = int(starts[0] - positions[0]), int(lengths[0])
+    stride = int(ends[0] - positions[0])
+    one_size = count == 1 or bool((np.diff(positions) == stride).all())
+    if one_size and bool((starts - positions == offset).all()) and bool((lengths == length).all()):
+        view = np.lib.stride_tricks.as_strided(buffer[int(positions[0]) + offset:], shape=(count, length),
+                                               strides=(stride, 1))
+        return view.copy().ravel()
+    runs = np.empty(2 * count, dtype=np.int64)
+    runs[0::2] = starts - np.concatenate(([0], ends[:-1]))
+    runs[1::2] = lengths
+    kinds = np.zeros(2 * count, dtype=np.bool_)
+    kinds[1::2] = True
+    mask = np.repeat(kinds, runs)
+    return buffer[: len(mask)][mask]
+
+
 def to_batch(
     payload: bytes,
     start_id: int,
@@ -57,7 +106,10 @@ def to_batch(
 ) -> pa.RecordBatch:
     """Columns ``key, value, topic, id, timestamp`` (and ``headers`` when ``schema`` has it) for records
     ``start_id`` .. ``start_id + count - 1`` of ``payload``, cut at ``stop_id`` (exclusive) when given."""
-    positions = np.frombuffer(records.walk(payload, start_id, count, check_crc=check_crc), dtype=np.int64)
+    buffer = np.frombuffer(payload, dtype=np.uint8)
+    positions = _uniform_positions(payload, buffer, start_id, count, check_crc)
+    if positions is None:  # records of several sizes: walk them one by one
+        positions = np.frombuffer(records.walk(payload, start_id, count, check_crc=check_crc), dtype=np.int64)
     if stop_id is not None and start_id + count > stop_id:
         count = max(0, stop_id - start_id)
     ends = np.empty(len(positions), dtype=np.int64)
@@ -65,7 +117,6 @@ def to_batch(
     if len(positions):
         ends[-1] = len(payload)
     positions, ends = positions[:count], ends[:count]
-    buffer = np.frombuffer(payload, dtype=np.uint8)
 
     # Where msgpack put each field, for the common shape [uint timestamp, {}, bin body].
     start = positions + 16
@@ -109,14 +160,10 @@ def to_batch(
             headers[index] = [(name.decode("utf-8", "surrogateescape"), value)
                               for name, value in message_headers.items() if name != KEY_HEADER]
 
-    # The bodies, cut out of the payload with one mask: +1 where a body starts, -1 where it ends.
     lengths = ends - body_starts
-    edges = np.zeros(len(buffer) + 1, dtype=np.int8)
-    edges[body_starts] += 1
-    edges[ends] -= 1
-    bodies = buffer[np.cumsum(edges[:-1], dtype=np.int8).view(np.bool_)]
     offsets = np.zeros(count + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
+    bodies = _bodies(buffer, positions, body_starts, ends, lengths)
     value = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(bodies)])
 
     micros = (timestamps.astype(np.int64) * 1000).astype(np.int64)

@@ -22,10 +22,13 @@ from dataclasses import dataclass
 from enum import Enum
 
 DEFAULT_BROKER = "tcp://127.0.0.1:61616"
-#: Messages per partition (Spark task) at most unless ``maxRecordsPerPartition`` says otherwise: small enough
-#: that a topic of a million messages keeps many cores busy, large enough that a task's fixed cost (a Python
-#: worker's turn, a connection) stays a few percent of its reading (bench/spark.py, docs/pipeline.md).
-DEFAULT_MAX_RECORDS_PER_PARTITION = 250_000
+#: Messages per partition (Spark task) at most unless ``maxRecordsPerPartition`` says otherwise: a bound on
+#: one task's memory and time, not what spreads the work (that is minPartitions, below).
+DEFAULT_MAX_RECORDS_PER_PARTITION = 1_000_000
+#: Without minPartitions, a read is split into as many tasks as Spark's default parallelism (its cores), but
+#: not into tasks smaller than this: a task's fixed cost (a Python worker's turn, a connection, about 50 ms)
+#: must stay small next to its reading (bench/spark.py: 10,000 messages take about 10 ms to read).
+MIN_DEFAULT_SPLIT = 50_000
 #: How long the driver's long poll waits for a new message before it answers "nothing new" (Kafka's
 #: fetch.max.wait.ms default); an idle query then costs about two commands a second per topic.
 DEFAULT_FETCH_MAX_WAIT_MS = 500
@@ -91,7 +94,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("failOnDataLoss", READS, True, "true",
            "messages a query was to read are gone (retention, a recreated log, a log cut back after a "
            "machine restart): `true` fails, `false` logs a warning and reads on from what is there"),
-    Option("minPartitions", READS, True, "", "at least this many Spark tasks read each range"),
+    Option("minPartitions", READS, True, "Spark's default parallelism",
+           "at least this many Spark tasks read (without it: one per core, none under 50,000 messages)"),
     Option("maxRecordsPerPartition", READS, True, str(DEFAULT_MAX_RECORDS_PER_PARTITION),
            "at most this many messages per Spark task"),
     Option("includeHeaders", READS, True, "false",

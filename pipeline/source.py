@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -188,9 +189,10 @@ class ReadSettings:
     max_trigger_delay_ms: int
     fetch_max_wait_ms: int
     discovery_ms: int
+    parallelism: int | None = None  # Spark's default parallelism when registered (None: the machine's cores)
 
     @classmethod
-    def parse(cls, options: Mapping[str, str], mode: Mode) -> ReadSettings:
+    def parse(cls, options: Mapping[str, str], mode: Mode, parallelism: int | None = None) -> ReadSettings:
         opts.check(options, mode)
         batch = mode is Mode.READ
         topics = tuple(t.strip() for t in options.get("subscribe", "").split(",") if t.strip())
@@ -227,6 +229,7 @@ class ReadSettings:
                                          minimum=0) or 0,
             discovery_ms=opts.count(options, "topicDiscoveryIntervalMs",
                                     opts.DEFAULT_TOPIC_DISCOVERY_MS) or 1,
+            parallelism=parallelism or os.cpu_count(),
         )
         if settings.min_per_trigger and settings.max_per_trigger and (
                 settings.min_per_trigger > settings.max_per_trigger):
@@ -373,13 +376,16 @@ class Range(InputPartition):
 
 def split(ranges: Mapping[str, tuple[int, int, str]], settings: ReadSettings) -> list[Range]:
     """One partition per topic range, split so that none holds more than ``maxRecordsPerPartition`` messages
-    and there are at least ``minPartitions``."""
+    and there are at least ``minPartitions`` — by default as many as Spark's default parallelism (every core
+    busy), but none under MIN_DEFAULT_SPLIT messages."""
     total = sum(end - start for start, end, _ in ranges.values())
     if total <= 0:
         return []
     size = settings.max_records_per_partition
     if settings.min_partitions:
         size = min(size, max(1, math.ceil(total / settings.min_partitions)))
+    elif settings.parallelism:
+        size = min(size, max(opts.MIN_DEFAULT_SPLIT, math.ceil(total / settings.parallelism)))
     return [Range(topic, first, min(end, first + size), incarnation)
             for topic, (start, end, incarnation) in sorted(ranges.items())
             for first in range(start, end, size)]
@@ -679,6 +685,10 @@ def offsets_behind(progress: Mapping[str, Any]) -> dict[str, float]:
 class Mc0DataSource(DataSource):
     """``format("mc0")``: read topics, write DataFrames into topics."""
 
+    #: Spark's default parallelism, set by :func:`register` (a subclass made there carries it to the Python
+    #: workers that plan reads, which have no SparkContext to ask).
+    default_parallelism: int | None = None
+
     @classmethod
     def name(cls) -> str:
         return FORMAT
@@ -690,10 +700,10 @@ class Mc0DataSource(DataSource):
         return SCHEMA_WITH_HEADERS if opts.flag(self.options, "includeHeaders", False) else SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return Mc0BatchReader(ReadSettings.parse(self.options, Mode.READ))
+        return Mc0BatchReader(ReadSettings.parse(self.options, Mode.READ, self.default_parallelism))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return Mc0StreamReader(ReadSettings.parse(self.options, Mode.STREAM))
+        return Mc0StreamReader(ReadSettings.parse(self.options, Mode.STREAM, self.default_parallelism))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from pipeline.sink import batch_writer
@@ -707,5 +717,11 @@ class Mc0DataSource(DataSource):
 
 
 def register(spark: Any) -> None:
-    """Make ``format("mc0")`` available in ``spark``."""
-    spark.dataSource.register(Mc0DataSource)
+    """Make ``format("mc0")`` available in ``spark``, splitting reads for its default parallelism."""
+    try:
+        parallelism = spark.sparkContext.defaultParallelism
+    except Exception:  # Spark Connect has no SparkContext: the planning machine's cores then
+        parallelism = None
+    source = type(Mc0DataSource.__name__, (Mc0DataSource,), {"default_parallelism": parallelism,
+                                                             "__module__": __name__})
+    spark.dataSource.register(source)
