@@ -8,6 +8,7 @@ minOffsetsPerTrigger with maxTriggerDelay.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -86,6 +87,14 @@ def test_options_are_checked_like_sparks_with_the_kafka_name_suggested(spark: An
     assert "can't be earliest" in error_of(read(endingOffsets="earliest"))
     assert "no partitions" in error_of(read(startingOffsets='{"o": {"0": 1, "1": 5}}'))
     assert "true or false" in error_of(read(failOnDataLoss="maybe"))
+    with socket.socket() as probe:  # a port nobody listens on: the broker is down
+        probe.bind(("127.0.0.1", 0))
+        down = {"broker": f"tcp://127.0.0.1:{probe.getsockname()[1]}", "curve": "false"}
+    started = time.monotonic()
+    assert "no answer to CONNECT" in error_of(
+        lambda: spark.read.format("mc0").options(**down, subscribe="o",
+                                                 connectTimeoutMs="1000").load().collect())
+    assert time.monotonic() - started < 15, "a broker that is down is an error within seconds, not a minute"
     # Case does not matter, as for Spark's own options.
     rows = spark.read.format("mc0").options(**options(broker)).option("SUBSCRIBE", "o").option(
         "STARTINGoffsets", "earliest").load().collect()
@@ -104,16 +113,22 @@ def test_kafka_style_offsets_json_and_id_zero_mean_what_a_kafka_user_means(spark
         "id 0 is before the first message (ids start at 1), not one removed by retention"
 
 
-def test_partitions_follow_max_records_per_partition(spark: Any, broker: Broker) -> None:
-    publish(broker, "parts", 1000)
+def test_reads_keep_every_core_busy_and_follow_max_records_per_partition(spark: Any, broker: Broker) -> None:
+    publish(broker, "parts", 120_000)
+    publish(broker, "few", 1000)
     from pyspark.sql import functions as f
 
-    frame = spark.read.format("mc0").options(**options(broker), subscribe="parts",
-                                             maxRecordsPerPartition="300").load()
+    def read(topic: str, **extra: str) -> Any:
+        return spark.read.format("mc0").options(**options(broker), subscribe=topic, **extra).load()
+
+    assert spark.sparkContext.defaultParallelism == 2
+    assert read("parts").rdd.getNumPartitions() == 2, "by default one task per core (local[2])"
+    assert read("few").rdd.getNumPartitions() == 1, f"none under {source_options.MIN_DEFAULT_SPLIT} messages"
+    frame = read("few", maxRecordsPerPartition="300")
     assert frame.rdd.getNumPartitions() == 4
     assert frame.select(f.spark_partition_id()).distinct().count() == 4
     assert frame.count() == 1000
-    assert source_options.DEFAULT_MAX_RECORDS_PER_PARTITION == 250_000
+    assert read("few", minPartitions="3").rdd.getNumPartitions() == 3
 
 
 # ---------------------------------------------------------------------------------------------- timestamps

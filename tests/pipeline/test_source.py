@@ -211,3 +211,29 @@ def test_reading_under_curve_with_a_keys_folder_or_z85_keys(
         broker=broker.endpoint, subscribe="secure", serverKey=credentials.server_public.decode(),
         publicKey=credentials.public.decode(), secretKey=credentials.secret.decode()).load()
     assert [bytes(r.value) for r in by_text.collect()] == [b"sealed"]
+
+
+@pytest.mark.timeout(240)
+def test_the_demo_command_sets_the_python_its_workers_run(tmp_path: Path) -> None:
+    """``python3 -m pipeline.log_counts --demo`` from a shell where ``python3`` on PATH is another Python
+    (here one that cannot even start): Spark's workers must still run this interpreter, which has PySpark and
+    the project, because the job sets PYSPARK_PYTHON."""
+    import os
+    import subprocess
+    import sys
+
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    for name in ("python3", "python"):
+        shim = shims / name
+        shim.write_text("#!/bin/sh\necho 'not the Python the job runs with' >&2\nexit 3\n")
+        shim.chmod(0o755)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYSPARK_")}
+    env["PATH"] = os.pathsep.join([str(shims), env.get("PATH", "")])
+    root = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = str(root)
+    demo = subprocess.run([sys.executable, "-m", "pipeline.log_counts", "--demo"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=220, check=False)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    counts = [line.split() for line in demo.stdout.splitlines() if line.strip()]
+    assert sum(int(fields[-1]) for fields in counts) == 300
