@@ -15,7 +15,7 @@ import os
 import zlib
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from itertools import pairwise
 from pathlib import Path
 
@@ -592,29 +592,37 @@ class SegmentLog:
         entry = bisect_right(ids, record_id) - 1
         if entry < 0:
             raise self._corrupt(segment, SEGMENT_HEADER_SIZE, "no index entry for the first record")
-        position, current = positions[entry], ids[entry]
-        found, _ = self._walk_to(segment, position, current, record_id)
-        if found is None:
-            if retried:
-                raise self._corrupt(segment, position, f"index entry for id {current} points elsewhere")
-            # The index entry we started from is wrong (derived data): rebuild it and try once more.
-            segment.rebuild_index(self.index_interval)
-            self._cursors.clear()
-            self._last_chunk = None
-            return self._record_position(segment, record_id, retried=True)
-        return found
+        for position, found, _ in self._heads(segment, positions[entry], ids[entry], stale_entry=not retried):
+            if found is None:
+                # The index entry we started from is wrong (derived data): rebuild it and try once more.
+                segment.rebuild_index(self.index_interval)
+                self._cursors.clear()
+                self._last_chunk = None
+                return self._record_position(segment, record_id, retried=True)
+            if found == record_id:
+                return position
+        raise self._corrupt(segment, segment.size, f"no record {record_id} before the end of the segment")
 
-    def _walk_to(
-        self, segment: Segment, position: int, current: int, record_id: int
-    ) -> tuple[int | None, int]:
-        """Walk heads from ``position`` (which holds ``current``) to ``record_id``; (None, position) if the
-        first head is not ``current`` (a stale index entry)."""
+    def _walk_heads(self, segment: Segment, begin: int, start_id: int, limit: int) -> tuple[int, int]:
+        """From the record of ``start_id`` at ``begin``: the id and position where the records that fit below
+        byte ``limit`` end (at least one record)."""
+        for position, found, length in self._heads(segment, begin, start_id):
+            if position + RECORD_HEAD_SIZE + length > limit and found > start_id:
+                return found, position
+        return segment.last_id + 1, segment.size
+
+    def _heads(
+        self, segment: Segment, position: int, current: int, stale_entry: bool = False
+    ) -> Iterator[tuple[int, int | None, int]]:
+        """``(position, id, payload length)`` of each written record of ``segment`` from ``position`` (which
+        holds ``current``) on, checking that ids follow each other. Reads about one index interval at once,
+        then a head at a time (records may be large). With ``stale_entry``, a first head that is not
+        ``current`` yields ``(position, None, 0)`` once instead of raising: the index entry was wrong."""
         assert segment.fd is not None
         chunk_start = position
         chunk = pread_exact(segment.fd, min(segment.size - position, self.index_interval + (64 << 10)),
                             position, segment.path)
-        first = True
-        while True:
+        while position < segment.size:
             offset = position - chunk_start
             if offset + RECORD_HEAD_SIZE <= len(chunk):
                 length, _, found = _unpack_head(chunk, offset)
@@ -624,33 +632,14 @@ class SegmentLog:
                     raise self._corrupt(segment, position, f"record head of id {current} cut short")
                 length, _, found = _unpack_head(head, 0)
             if found != current:
-                if first:
-                    return None, position
+                if stale_entry:
+                    yield position, None, 0
+                    return
                 raise self._corrupt(segment, position, f"record has id {found}, expected {current}")
-            if found == record_id:
-                return position, length
-            first = False
+            stale_entry = False
+            yield position, found, length
             position += RECORD_HEAD_SIZE + length
             current += 1
-            if position >= segment.size:
-                raise self._corrupt(segment, position, f"no record {record_id} before the end of the segment")
-
-    def _walk_heads(self, segment: Segment, begin: int, start_id: int, limit: int) -> tuple[int, int]:
-        """From the record of ``start_id`` at ``begin``: the id and position where the records that fit below
-        byte ``limit`` end (at least one record)."""
-        assert segment.fd is not None
-        position, current = begin, start_id
-        while True:
-            head = pread_exact(segment.fd, RECORD_HEAD_SIZE, position, segment.path)
-            length, _, found = _unpack_head(head, 0)
-            if found != current:
-                raise self._corrupt(segment, position, f"record has id {found}, expected {current}")
-            end = position + RECORD_HEAD_SIZE + length
-            if end > limit and current > start_id:
-                return current, position
-            position, current = end, current + 1
-            if current > segment.last_id:
-                return current, position
 
     def find_time(self, timestamp_ms: int) -> int:
         """The first written id whose timestamp is at or after ``timestamp_ms``; ``next_id`` if none is.

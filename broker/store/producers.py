@@ -24,7 +24,7 @@ from pathlib import Path
 
 from broker.producers import MAX_PRODUCERS, ProducerWindow
 from broker.store import StoreError
-from broker.store.segment import fsync, fsync_directory, pread_exact, write_all
+from broker.store.segment import fsync, fsync_directory, pread_exact, replace_file, write_all
 
 log = logging.getLogger("mc0.store")
 
@@ -136,15 +136,7 @@ class ProducerJournal(ProducerWindow):
         """Rewrite the journal as the window, atomically: tmp file, fsync, rename, fsync the directory."""
         data = b"".join(encode_record(producer, sequence, last_id, 1)
                         for producer, (sequence, last_id) in self.last.items())
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        try:
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-            write_all(fd, data, tmp)
-            fsync(fd, tmp)
-            os.replace(tmp, self.path)
-        except OSError as exc:
-            raise StoreError(f"{self.path}: compaction failed: {exc}") from exc
-        fsync_directory(self.path.parent)
+        fd = replace_file(self.path, data)
         self.close()
         self._fd = fd
         self.size = len(data)

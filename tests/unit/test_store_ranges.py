@@ -251,3 +251,19 @@ def test_a_window_forgets_its_least_recently_active_producers() -> None:
     assert window.evicted == 1
     assert window.duplicates(b"b", 0, 3) == 0, "forgotten: a stranger again"
     assert window.duplicates(b"a", 1, 3) == 2
+
+
+def test_a_stale_index_entry_is_rebuilt_when_a_records_read_meets_it(tmp_path: Path) -> None:
+    log = SegmentLog(TOPIC, tmp_path, SMALL, index_interval=256)
+    fill(log, 200)
+    log.close()
+    index = sorted(tmp_path.glob("*.index"))[0]
+    data = bytearray(index.read_bytes())
+    entry = 3 * 16  # the fourth entry: its id one too high, still in order (the cheap checks pass)
+    entry_id = int.from_bytes(data[entry : entry + 8], "big")
+    data[entry : entry + 8] = (entry_id + 1).to_bytes(8, "big")
+    index.write_bytes(bytes(data))
+    reopened = SegmentLog(TOPIC, tmp_path, SMALL, index_interval=256)
+    first, count, payload = reopened.read_records(entry_id + 1, 5, 1 << 20)
+    assert [r.id for r in records.decode(payload, first, count)] == list(range(entry_id + 1, entry_id + 6))
+    reopened.close()
