@@ -6,6 +6,8 @@ times each, on ``local[2]``:
 
 * **read: mc0** — ``spark.read.format("mc0")...load().agg(sum(length(value)))``: the driver plans id ranges,
   executor tasks fetch stored records and turn them into Arrow columns;
+* **read: mc0, checkCrcs=false** — the same, without the executors checking each record's CRC (shown for
+  what the check costs; the targets are for the default);
 * **read: Parquet** — the same query over the Parquet file (target: mc0 >= 0.3 x);
 * **read: connector** — one Python process reading the topic with ``Client.fetch`` and summing the body
   lengths (target: mc0 >= 1.5 x);
@@ -156,8 +158,8 @@ def main(argv: list[str]) -> int:
     endpoint = f"tcp://127.0.0.1:{port}"
     expected = args.messages * len(BODY)
     rates: dict[str, list[float]] = {name: [] for name in
-                                     ("read: mc0", "read: Parquet", "read: connector", "write: mc0",
-                                      "write: connector")}
+                                     ("read: mc0", "read: mc0, no CRCs", "read: Parquet", "read: connector",
+                                      "write: mc0", "write: connector")}
     with broker_process(serve, port), tempfile.TemporaryDirectory() as scratch:
         fill(endpoint, args.messages)
         parquet = Path(scratch) / "rows.parquet"
@@ -191,6 +193,8 @@ def main(argv: list[str]) -> int:
         writes.limit(20_000).write.format("mc0").options(**options, topic="bench.warm").mode("append").save()
         for round_ in range(args.repeat):
             timed("read: mc0", lambda: check(source_reader().load().agg(total_of).collect()[0].bytes, "mc0"))
+            timed("read: mc0, no CRCs", lambda: check(source_reader().option("checkCrcs", "false").load().agg(
+                total_of).collect()[0].bytes, "mc0"))
             timed("read: Parquet", lambda: check(spark.read.parquet(str(parquet)).agg(total_of)
                                                  .collect()[0].bytes, "Parquet"))
             timed("read: connector", lambda: check(connector_read(endpoint), "the connector"))
