@@ -394,6 +394,8 @@ class RouterShell:
                 deadline = now + min(event.wait, mc0.FETCH_MAX_WAIT_MS) / 1000
             if deadline > now and self.waits.park(session, event.topic, reply, deadline):
                 return PARKED
+        if type(answer) is mc0.Ok:
+            self.counters["fetches"] += 1  # answered (a wait read again is counted once, when it is)
         return mc0.encode(answer, delimiter=reply.delimiter)
 
     def _fetch(self, event: mc0.Fetch) -> tuple[mc0.Ok | mc0.Error, bool]:
@@ -413,7 +415,6 @@ class RouterShell:
         except EngineError as error:
             self.counters["errors"] += 1
             return mc0.Error(str(error).encode(), command_id), False
-        self.counters["fetches"] += 1
         incarnation = read.incarnation.encode() if read.incarnation is not None else mc0.NO_INCARNATION
         waitable = read.start_id >= read.next_id and event.incarnation in (None, incarnation)
         if event.records:
