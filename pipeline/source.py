@@ -274,8 +274,12 @@ class Broker:
         timeout = self.connection.request_timeout
         try:
             return {topic: future.result(timeout) for topic, future in futures.items()}
-        except BaseException:
+        except TimeoutError:
             self.close()  # a connection that failed a request is not trusted with the next one
+            raise TimeoutError(f"no answer from the broker at {self.connection.broker} within {timeout:g} s "
+                               "(requestTimeoutMs)") from None
+        except BaseException:
+            self.close()
             raise
 
     def bounds(self, topics: Sequence[str]) -> dict[str, Bounds]:
@@ -495,6 +499,7 @@ class Mc0StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._broker: Broker | None = None
         self._known: dict[str, Bounds] = {}
         self._polls: dict[str, Future[Any]] = {}
+        self._poll_deadlines: dict[str, float] = {}  # past it, a poll's answer is not coming (a restart)
         self._topics: list[str] | None = None
         self._discovered_at = 0.0
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow: never read past these
@@ -523,17 +528,21 @@ class Mc0StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     log.warning("topic %r no longer exists: no longer read", gone)
                     self._known.pop(gone, None)
                     self._polls.pop(gone, None)
+                    self._poll_deadlines.pop(gone, None)
             self._topics, self._discovered_at = topics, now
         return self._topics
 
     def _harvest(self) -> None:
-        """Take the answers of long polls that ended: each says where its topic stands now."""
+        """Take the answers of long polls that ended: each says where its topic stands now. A poll whose
+        answer is overdue (the broker restarted and forgot it) is given up: its topic is asked again."""
+        now = time.monotonic()
         for topic, future in list(self._polls.items()):
-            if future.done():
-                del self._polls[topic]
+            overdue = now > self._poll_deadlines[topic]
+            if future.done() or overdue:
+                del self._polls[topic], self._poll_deadlines[topic]
                 try:
-                    result = future.result()
-                except Exception:  # a lost connection or timeout: the next refresh asks again
+                    result = future.result(timeout=0)
+                except Exception:  # lost with a connection, or overdue: the next refresh asks again
                     self._known.pop(topic, None)
                     continue
                 self._known[topic] = Bounds(result.first_id, result.next_id, result.incarnation)
@@ -555,12 +564,15 @@ class Mc0StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _poll(self, topics: Sequence[str], seconds: float) -> None:
         """Wait up to ``seconds`` for any topic to get a message past the latest known (a long poll each)."""
         client = self.broker.client
+        wait = self.settings.fetch_max_wait_ms / 1000
         for topic in topics:
             if topic not in self._polls:
                 known = self._known[topic]
                 self._polls[topic] = client.fetch_later(
-                    topic, known.next, max_messages=0, wait=self.settings.fetch_max_wait_ms / 1000,
+                    topic, known.next, max_messages=0, wait=wait,
                     incarnation=known.incarnation if known.incarnation != NO_LOG else None)
+                deadline = time.monotonic() + wait + self.settings.connection.request_timeout
+                self._poll_deadlines[topic] = deadline
         wait_for(list(self._polls.values()), timeout=seconds, return_when=FIRST_COMPLETED)
         self._harvest()
 

@@ -143,3 +143,41 @@ def test_a_recreated_log_under_a_checkpoint_fails_the_query_or_is_read_from_its_
     values = sorted(bytes(r.value) for r in spark.read.parquet(str(out)).collect())
     old, new = [f"old {n}".encode() for n in range(300)], [f"new {n}".encode() for n in range(500)]
     assert values == sorted(old + new)
+
+
+def test_an_idle_stream_goes_on_after_the_broker_restarts(
+    spark: Any, start_broker: Callable[..., Broker], tmp_path: Path
+) -> None:
+    """The driver's long polls die with the broker; the stream gives them up once overdue, asks the new broker
+    process, and reads what is published after the restart, once."""
+    bind, data = free_endpoint(), tmp_path / "data"
+    broker = start_broker(topics=RULES, bind=bind, data_dir=data)
+    with Client(broker.endpoint, curve=False) as client:
+        client.publish_batch([("rs.t", f"before {n}", None) for n in range(5)])
+    query = (spark.readStream.format("mc0").options(**options(broker), subscribe="rs.t",
+                                                      startingOffsets="earliest", requestTimeoutMs="2000")
+             .load().writeStream.format("memory").queryName("restarted_rows").start())
+
+    def rows() -> list[bytes]:
+        return sorted(bytes(r.value) for r in spark.sql("select value from restarted_rows").collect())
+
+    def wait_for(count: int, seconds: float = 60) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and len(rows()) < count:
+            time.sleep(0.2)
+        return len(rows()) >= count
+
+    try:
+        assert wait_for(5)
+        time.sleep(1)  # idle: its long polls wait in the broker
+        broker.stop()
+        time.sleep(0.5)
+        broker = start_broker(topics=RULES, bind=bind, data_dir=data)
+        with Client(broker.endpoint, curve=False) as client:
+            client.publish_batch([("rs.t", f"after {n}", None) for n in range(3)])
+        # Well before the connector's own reconnect (1.05 x its 30 s heartbeat TTL) would rescue the polls.
+        assert wait_for(8, seconds=20), "the lost long polls were given up once overdue (requestTimeoutMs)"
+        assert rows() == sorted([f"before {n}".encode() for n in range(5)] +
+                                [f"after {n}".encode() for n in range(3)])
+    finally:
+        query.stop()
