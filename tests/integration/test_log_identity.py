@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from conftest import free_endpoint
 
 from broker.store import files as files_module
 from broker.store.files import LOCK_FILE, directory_name
@@ -51,8 +52,6 @@ def receive(client: Client, count: int) -> list[tuple[int | None, bytes]]:
 def test_fetch_and_sub_report_the_log_identity_and_a_restart_keeps_it(
     start_broker: BrokerFactory, tmp_path: Path
 ) -> None:
-    from conftest import free_endpoint
-
     port = free_endpoint()
     broker = start_broker(topics=RULES, data_dir=tmp_path / "data", bind=port)
     with Client(broker.endpoint, curve=False) as client:
@@ -70,8 +69,6 @@ def test_fetch_and_sub_report_the_log_identity_and_a_restart_keeps_it(
 def test_a_client_resuming_on_a_recreated_log_reads_it_from_its_beginning_and_says_so(
     start_broker: BrokerFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from conftest import free_endpoint
-
     port = free_endpoint()
     data_dir = tmp_path / "data"
     broker = start_broker(topics=RULES, data_dir=data_dir, bind=port, heartbeat_tick=0.05)
@@ -104,8 +101,6 @@ def test_a_client_resuming_on_a_weak_log_cut_back_by_a_machine_restart_goes_on_w
     """A weak topic hands messages out before they are fsynced. If the machine goes down, the log comes back
     shorter, and new messages get ids the reader already saw. The broker knows (an unclean stop, another
     boot): a successor incarnation, and the reader resumes at the first id the two logs do not share."""
-    from conftest import free_endpoint
-
     port = free_endpoint()
     data_dir = tmp_path / "data"
     boot = tmp_path / "boot_id"
