@@ -11,7 +11,7 @@ from pipeline.options import Mode, OptionError
 
 def test_known_options_pass_in_their_modes_whatever_their_case() -> None:
     options.check({"subscribe": "a", "STARTINGOFFSETS": "earliest", "maxoffsetspertrigger": "5"}, Mode.STREAM)
-    options.check({"topic": "t", "checkpointlocation": "/tmp/c"}, Mode.WRITE_STREAM)
+    options.check({"topic": "t", "checkpointlocation": "checkpoints/c"}, Mode.WRITE_STREAM)
     options.check({"writeid": "w1", "broker": "tcp://h:1"}, Mode.WRITE)
 
 
