@@ -75,6 +75,7 @@ class BrokerConfig:
     # and only if that port is free (several brokers on one machine still start with their defaults).
     http: str | None = None
     http_topic_labels: int = DEFAULT_HTTP_TOPIC_LABELS  # topics labelled in /metrics; 0: no topic labels
+    max_waiting_fetches: int = 10_000  # FETCHes with WAIT held at once (beyond it they are answered at once)
 
     @property
     def allowlist_dir(self) -> Path:
@@ -117,6 +118,7 @@ _BROKER_KEYS = {
     "rstreams": str, "rstreams_part_size": int, "lumberjack": str, "lumberjack_topic": str,
     "lumberjack_topic_field": str, "lumberjack_tls_cert": str, "lumberjack_tls_key": str,
     "lumberjack_tls_client_ca": str, "event_loop": str, "http": str, "http_topic_labels": int,
+    "max_waiting_fetches": int,
 }
 #: Keys holding a gateway's HOST:PORT (or "off").
 GATEWAYS = ("sexp", "msgq", "rstreams", "lumberjack")
@@ -125,7 +127,7 @@ GATEWAYS = ("sexp", "msgq", "rstreams", "lumberjack")
 #: and a zero high-water mark means "unbounded" to ZeroMQ, which breaks the promise of bounded memory.
 _POSITIVE = frozenset({"heartbeat_tick", "pending_limit", "max_message_size", "send_hwm", "recv_hwm",
                        "weak_sync_interval", "retention_interval", "sexp_ping_interval",
-                       "msgq_max_message", "rstreams_part_size"})
+                       "msgq_max_message", "rstreams_part_size", "max_waiting_fetches"})
 
 #: The event loops a broker runs on (``event_loop``): auto takes uvloop where it is installed.
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")

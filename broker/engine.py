@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.producers import ProducerWindow
 from broker.store import Store, TopicLog
 from broker.topics import MAX_TOPIC_ID, Delivery, Sync, TopicRules, TopicSpec
 
@@ -71,6 +72,21 @@ def _message_id(message: Message) -> int:
 class EngineError(Exception):
     """A request the engine refuses (replay on a transient topic, conflicting declare, ...); the shell reports
     it to the peer."""
+
+
+@dataclass(slots=True)
+class RangeRead:
+    """What :meth:`Engine.read_range` found. ``incarnation`` is the log's identity (None for a topic whose log
+    does not exist yet); ``start_id`` the id the read started from. Either ``messages`` (decoded) or
+    ``records`` (``count`` stored records as they lie in the log) holds what was read."""
+
+    first_id: int
+    next_id: int
+    start_id: int
+    incarnation: str | None
+    messages: list[Message]
+    records: bytes = b""
+    count: int = 0
 
 
 @dataclass(slots=True)
@@ -171,9 +187,11 @@ class Topic:
     redeliver: list[int] = field(default_factory=list)
     dirty: bool = False  # appended or acked since the last commit
     committed_id: int = FIRST_MESSAGE_ID  # persistent: next_id at the last commit (a commit's size: the gap)
+    producers: ProducerWindow | None = None  # idempotent publishers, transient topics (a log keeps its own)
     messages_in: int = 0
     messages_out: int = 0
     dropped: int = 0
+    duplicates: int = 0  # idempotent entries not stored again (their producer had stored them)
     round_robin: bool = field(init=False)  # derived from spec once: publish() asks on every message
     element_size: int = field(init=False)  # likewise; 0 = bodies of any size
 
@@ -207,6 +225,7 @@ class Topic:
             "messages_in": self.messages_in,
             "messages_out": self.messages_out,
             "dropped": self.dropped,
+            "duplicates": self.duplicates,
             "backlog": self.waiting() if self.round_robin else 0,
             "first_id": self.log.first_id if self.log is not None else None,
             "last_id": self.next_id - 1,
@@ -228,6 +247,8 @@ class Engine:
         self.topics: dict[bytes, Topic] = {}
         self._ready: list[Subscriber] = []
         self._dirty: list[Topic] = []
+        #: Names of the topics the last :meth:`commit` wrote: what became readable (waiting reads watch it).
+        self.committed: list[bytes] = []
         # Ordered sets (dicts): catch-up and dispatch go round in a stable order.
         self._catching_up: dict[Subscription, None] = {}
         self._dispatch: dict[Topic, None] = {}
@@ -578,6 +599,40 @@ class Engine:
             last = publish(name, body, headers, timestamp)
         return last
 
+    def publish_idempotent(
+        self,
+        name: bytes,
+        items: Sequence[tuple[bytes, bytes, dict[bytes, bytes]]],
+        producer: bytes,
+        sequence: int,
+        timestamp: int,
+    ) -> tuple[Message | None, int]:
+        """Publish ``items`` (all to ``name``, entry ``i`` numbered ``sequence + i`` by ``producer``),
+        skipping the entries this producer already stored in this topic. Returns the last message published
+        (None if every entry was a duplicate) and how many leading entries were skipped.
+
+        The topic remembers the highest sequence each of its recent producers stored (a persistent topic in
+        its log, so across restarts): see :mod:`broker.producers`."""
+        topic = self.topics.get(name) or self.topic(name)
+        if topic.element_size:
+            for _, body, _ in items:
+                if len(body) != topic.element_size:
+                    raise EngineError(_wrong_size(topic, body))
+        window = topic.log.producers if topic.log is not None else topic.producers
+        if window is None:
+            window = topic.producers = ProducerWindow()
+        skipped = window.duplicates(producer, sequence, len(items))
+        topic.duplicates += skipped
+        if skipped == len(items):
+            return None, skipped
+        first_id = topic.next_id
+        last = None
+        publish = self.publish
+        for _, body, headers in items[skipped:]:
+            last = publish(name, body, headers, timestamp)
+        window.record(producer, sequence + len(items) - 1, first_id, len(items) - skipped)
+        return last, skipped
+
     def _give(self, subscription: Subscription, message: Message) -> None:
         subscriber = subscription.subscriber
         subscriber.pending.append(message)
@@ -641,14 +696,34 @@ class Engine:
         self, name: bytes, start: int | None, max_messages: int, max_bytes: int
     ) -> tuple[int, int, list[Message]]:
         """Stored messages of the persistent topic ``name`` from ``start`` on: ``(first_id, next_id,
-        messages)``.
+        messages)`` (:meth:`read_range` without its extras)."""
+        read = self.read_range(name, start, max_messages, max_bytes)
+        return read.first_id, read.next_id, read.messages
 
-        ``first_id`` is the oldest stored id, ``next_id`` one past the newest; ``messages`` are in id order
-        from ``max(start, first_id)`` (``start`` None: from ``first_id``), at most ``max_messages`` of them
-        with bodies totalling at most ``max_bytes``, except that the first message there is always returned
-        (a body larger than ``max_bytes`` is still readable). Both bounds are lowered to FETCH_MAX_MESSAGES
-        and FETCH_MAX_BYTES; ``max_messages`` 0 asks for the two ids only. A read changes nothing: it takes no
-        subscription, moves no queue position and acks nothing.
+    def read_range(
+        self,
+        name: bytes,
+        start: int | None,
+        max_messages: int,
+        max_bytes: int,
+        *,
+        at_time: int | None = None,
+        records: bool = False,
+        known_incarnation: str | None = None,
+    ) -> RangeRead:
+        """Stored messages of the persistent topic ``name`` from ``start`` on.
+
+        ``first_id`` is the oldest stored id, ``next_id`` one past the newest; what was read is in id order
+        from ``max(start, first_id)`` (``start`` None: from ``first_id``; ``at_time`` instead: from the first
+        message stored at or after that time), at most ``max_messages`` messages with bodies totalling at
+        most ``max_bytes``, except that the first message there is always returned (a body larger than
+        ``max_bytes`` is still readable). Both bounds are lowered to FETCH_MAX_MESSAGES and FETCH_MAX_BYTES;
+        ``max_messages`` 0 asks for the ids only. With ``records`` the stored records come undecoded, as they
+        lie in the log (``max_bytes`` then bounds record bytes, and a read stops at a segment's end). A read
+        changes nothing: it takes no subscription, moves no queue position and acks nothing.
+        ``known_incarnation`` is the log the reader read before: if the topic's log is another one now, the
+        read starts where that reader goes on in this log (:meth:`LogIdentity.resume_point`: the first id
+        the two logs do not share, or the beginning of a log created anew) — ``start_id`` says where.
 
         Call it after :meth:`commit`, never between a publish and the commit of its turn: the log serves only
         what was written, and ``next_id`` must not promise more. A topic that does not exist yet but that its
@@ -665,7 +740,7 @@ class Engine:
             if self.store is None:
                 raise EngineError(f"topic {_shown(name)} is configured persistent but the broker has no "
                                   "store")
-            return FIRST_MESSAGE_ID, FIRST_MESSAGE_ID, []
+            return RangeRead(FIRST_MESSAGE_ID, FIRST_MESSAGE_ID, FIRST_MESSAGE_ID, None, [])
         log = topic.log
         if log is None:
             raise EngineError(f"topic {_shown(name)} is transient: there is no log to fetch from (fetch "
@@ -676,12 +751,44 @@ class Engine:
             raise EngineError(f"topic {_shown(name)} has uncommitted messages: fetch runs after the commit")
         first_id = log.first_id
         next_id = topic.next_id
+        if at_time is not None:
+            start = log.find_time(at_time)
+        identity = log.identity
+        if known_incarnation is not None and known_incarnation != identity.incarnation:
+            point = identity.resume_point(known_incarnation, first_id if start is None else start)
+            start = first_id if point is None else point
         if start is None or start < first_id:
             start = first_id
+        read = RangeRead(first_id, next_id, start, identity.incarnation, [])
         max_messages = min(max_messages, FETCH_MAX_MESSAGES)
         if max_messages <= 0 or start >= next_id:
-            return first_id, next_id, []
-        return first_id, next_id, log.read(start, max_messages, max(0, min(max_bytes, FETCH_MAX_BYTES)))
+            return read
+        max_bytes = max(0, min(max_bytes, FETCH_MAX_BYTES))
+        if records:
+            read.start_id, read.count, read.records = log.read_records(start, max_messages, max_bytes)
+        else:
+            read.messages = log.read(start, max_messages, max_bytes)
+            read.count = len(read.messages)
+        return read
+
+    def resume_point(self, name: bytes, resume: int, incarnation: bytes) -> int:
+        """Where a subscriber that wants ``resume`` next, in the log it knows as ``incarnation``, resumes now.
+
+        The same id while the topic's log is that one (or a transient topic: nothing to compare). If the log
+        changed, the first id the two do not share when its lineage remembers the old one (a reader past it
+        saw messages that are gone), or the beginning of the log when it does not (a log created anew)."""
+        log = self.topic(name).log  # created as subscribing would: a new log is a log the client never read
+        if log is None:
+            return resume
+        point = log.identity.resume_point(incarnation.decode("ascii", "replace"), resume)
+        return log.first_id if point is None else point
+
+    def incarnation(self, name: bytes) -> bytes | None:
+        """The identity of ``name``'s log (None for a transient topic or one that does not exist)."""
+        topic = self.topics.get(name)
+        if topic is None or topic.log is None:
+            return None
+        return topic.log.identity.incarnation.encode()
 
     # ------------------------------------------------------------------------------------- logs: the turn
 
@@ -692,9 +799,12 @@ class Engine:
         Returns the number of topics committed; :attr:`last_commit_messages` says how many messages."""
         dirty = self._dirty
         if not dirty:
+            if self.committed:
+                self.committed = []
             return 0
         self._dirty = []
         messages = 0
+        self.committed = [topic.name for topic in dirty]
         for topic in dirty:
             topic.dirty = False
             topic.log.commit()  # type: ignore[union-attr] - only topics with a log are marked dirty

@@ -16,6 +16,10 @@ place), never from data the turn has not yet written. Building is bounded per tu
 which comes after the socket has been read again, so a crowd of readers cannot hold the loop, or gigabytes,
 for long.
 
+A FETCH with ``WAIT`` that finds nothing past its FROM leaves its client's reply order and waits
+(:mod:`broker.waiting`) until a commit writes its topic or its wait ends; it is answered then, in the step
+after the commit like any FETCH, and may overtake replies to its client's later commands.
+
 Sends use ``ROUTER_MANDATORY`` so that a message to a vanished peer raises instead of vanishing: the peer's
 session and subscriptions are then dropped. A peer whose pipe is full (``EAGAIN``) keeps its deliveries
 pending (bounded by the engine): sessions are *polled* outlets, retried on the hub's backing-off timer.
@@ -28,6 +32,7 @@ import contextlib
 import errno
 import json
 import logging
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from time import perf_counter
@@ -40,6 +45,7 @@ from broker.config import ConfigError, declared_spec
 from broker.engine import EngineError, Message
 from broker.hub import Hub
 from broker.sessions import Session, Sessions, heartbeat_tick
+from broker.waiting import DEFAULT_LIMIT, Wait, Waits
 from connector.zsock import Again, readable, recv_frames, send_to
 from protocol import ProtocolError, mc0
 
@@ -81,6 +87,8 @@ class _FetchReply:
 
 #: What waits to be sent to a client: encoded frames, or a FETCH reply still to be read from the log.
 Reply = mc0.Frames | _FetchReply
+#: What building a FETCH reply may give instead of frames: it waits for a commit (see broker.waiting).
+PARKED: mc0.Frames = []
 
 
 class RouterShell:
@@ -96,6 +104,7 @@ class RouterShell:
         recv_budget: int = 8192,
         pending_limit: int = 100_000,
         tick: float = 0.1,
+        max_waiting_fetches: int = DEFAULT_LIMIT,
     ) -> None:
         self.hub = hub
         self.engine = hub.engine
@@ -122,6 +131,11 @@ class RouterShell:
         self.fetch_bytes = FETCH_TURN_BYTES
         self.fetch_messages = FETCH_TURN_MESSAGES
         self.fetch_deferred = False
+        # FETCHes waiting for a commit or their time; those woken but not yet answered (the turn's budget).
+        self.waits = Waits(max_waiting_fetches)
+        self.woken: deque[Wait] = deque()
+        self._wait_timer: asyncio.TimerHandle | None = None
+        self._wait_timer_at: float | None = None
         # messages_*: published through this door, and deliveries written to its clients; bytes_*: the last
         # frame of each frame set read from and sent to them, the payload (a body, a batch), which is nearly
         # all of the bytes; the verb and header frames are not counted (what the monitoring shows per door).
@@ -249,9 +263,18 @@ class RouterShell:
                 self.counters["messages_in"] += 1
                 if command_id is not None:
                     self.ok(session, command_id, self._published(session, message, (topic,)))
-            case mc0.Puts(items, command_id, _, True):
+            case mc0.Puts(items=items, id=command_id, confirm_each=True):
                 assert command_id is not None  # the codec refuses CONFIRM each without an ID
                 self.reply(session, mc0.confirms_ok(command_id, self._publish_each(items, wall)))
+            case mc0.Puts(items, command_id, _, producer, sequence) if producer is not None and items:
+                # Idempotent: entries this producer already stored in the topic are skipped (a prefix).
+                topic = items[0][0]
+                last, duplicates = engine.publish_idempotent(topic, items, producer, sequence or 0, wall)
+                if command_id is not None:
+                    extra = {b"COUNT": b"%d" % (len(items) - duplicates), mc0.DUPLICATES: b"%d" % duplicates}
+                    if last is not None:
+                        extra.update(self._published(session, last, (topic,)))
+                    self.ok(session, command_id, extra)
             case mc0.Puts(items, command_id):
                 # The codec checked every entry before this line: a batch is refused whole or published whole.
                 last = engine.publish_batch(items, wall)
@@ -264,18 +287,29 @@ class RouterShell:
             case mc0.Noop(command_id):
                 if command_id is not None:
                     self.ok(session, command_id)
-            case mc0.Sub(topics, command_id, _, replay, resume, credit, explicit_acks):
+            case mc0.Sub(topics, command_id, _, replay, resume, credit, explicit_acks, incarnation):
                 for topic in topics:  # refused whole: check every topic before subscribing to any
                     engine.check_subscribe(topic, replay)
-                next_ids = [
-                    engine.subscribe(session.subscriber, topic, replay=replay, resume=resume, credit=credit,
-                                     explicit_acks=explicit_acks).next_id
-                    for topic in topics
-                ]
+                next_ids = []
+                starts = []
+                for topic in topics:
+                    start = resume
+                    if resume is not None and incarnation is not None:
+                        # The client read another log than this topic's now: resume where the two still agree.
+                        start = engine.resume_point(topic, resume, incarnation)
+                    next_ids.append(engine.subscribe(session.subscriber, topic, replay=replay, resume=start,
+                                                     credit=credit, explicit_acks=explicit_acks).next_id)
+                    starts.append(start)
                 if command_id is not None:
                     # With "ids": where each topic stood, so a client that sees nothing before it reconnects
-                    # can still resume from the moment it subscribed.
-                    extra = {mc0.NEXT_IDS: b" ".join(b"%d" % n for n in next_ids)} if session.ids else None
+                    # can still resume from the moment it subscribed; and which log each topic is.
+                    extra = None
+                    if session.ids:
+                        extra = {mc0.NEXT_IDS: b" ".join(b"%d" % n for n in next_ids),
+                                 mc0.INCARNATIONS: b" ".join(engine.incarnation(topic) or mc0.NO_INCARNATION
+                                                             for topic in topics)}
+                        if resume is not None:
+                            extra[mc0.START_IDS] = b" ".join(b"%d" % start for start in starts)
                     self.ok(session, command_id, extra)
             case mc0.Ack(topic, message_ids, command_id):
                 unknown = engine.ack(session.subscriber, topic, message_ids)
@@ -382,7 +416,11 @@ class RouterShell:
         self.fetch_bytes = FETCH_TURN_BYTES
         self.fetch_messages = FETCH_TURN_MESSAGES
         self.fetch_deferred = False
+        if self.waits.count or self.woken:
+            self._answer_waits(now)  # before this turn's FETCHes park: those have seen the commit already
         self._send_replies(now)
+        if self.waits.count:
+            self._arm_wait_timer(now)
         if self.fetch_deferred:
             # FETCH replies were left for the next turn: come back once the socket has had its turn, not on
             # the backing-off retry timer meant for full pipes.
@@ -404,9 +442,12 @@ class RouterShell:
                 if type(frames) is _FetchReply:
                     if not current:
                         break  # nobody to read the log for
-                    frames = self._build(frames)
+                    frames = self._build(frames, session, now)
                     if frames is None:
                         break
+                    if frames is PARKED:
+                        queue.popleft()
+                        continue
                     queue[0] = frames  # built once, however long the pipe stays full
                 if not self.send(session, frames, now):
                     break
@@ -419,7 +460,9 @@ class RouterShell:
         self.replies = []
         for session, reply in replies:
             if not session.stalled:
-                frames = self._build(reply) if type(reply) is _FetchReply else reply
+                frames = self._build(reply, session, now) if type(reply) is _FetchReply else reply
+                if frames is PARKED:
+                    continue
                 if frames is not None:
                     if self.send(session, frames, now):
                         continue
@@ -431,36 +474,100 @@ class RouterShell:
             if len(session.stalled) > MAX_STALLED_REPLIES:
                 self.drop(session, f"{MAX_STALLED_REPLIES} replies unread")
 
-    def _build(self, reply: _FetchReply) -> mc0.Frames | None:
-        """A FETCH's reply, read from the log now; None (for a later turn) once the turn's budget is spent."""
+    def _build(
+        self, reply: _FetchReply, session: Session, now: float, deadline: float | None = None
+    ) -> mc0.Frames | None:
+        """A FETCH's reply, read from the log now; None (for a later turn) once the turn's budget is spent;
+        PARKED if it found nothing new and waits (until ``deadline`` when it waited before)."""
         if self.fetch_bytes <= 0 or self.fetch_messages <= 0:
             self.fetch_deferred = True
             return None
-        return mc0.encode(self._fetch(reply.event), delimiter=reply.delimiter)
+        event = reply.event
+        answer, waitable = self._fetch(event)
+        if waitable and event.wait:
+            if deadline is None:
+                deadline = now + min(event.wait, mc0.FETCH_MAX_WAIT_MS) / 1000
+            if deadline > now and self.waits.park(session, event.topic, reply, deadline):
+                return PARKED
+        if type(answer) is mc0.Ok:
+            self.counters["fetches"] += 1  # answered (a wait read again is counted once, when it is)
+        return mc0.encode(answer, delimiter=reply.delimiter)
 
-    def _fetch(self, event: mc0.Fetch) -> mc0.Ok | mc0.Error:
-        """Read a FETCH's messages from the log (after the commit) and make its OK, or its ERROR."""
+    def _fetch(self, event: mc0.Fetch) -> tuple[mc0.Ok | mc0.Error, bool]:
+        """Read a FETCH's messages from the log (after the commit) and make its OK, or its ERROR; and whether
+        it found nothing past its start in the log it expected (so it may wait for a commit)."""
         command_id = event.id
         assert command_id is not None  # dispatch() refused a FETCH without one
         max_messages = mc0.FETCH_DEFAULT_MAX_MESSAGES if event.max_messages is None else event.max_messages
         max_bytes = mc0.FETCH_DEFAULT_MAX_BYTES if event.max_bytes is None else event.max_bytes
+        known = None if event.incarnation is None else event.incarnation.decode("ascii", "replace")
         try:
-            first_id, next_id, messages = self.engine.fetch(
+            read = self.engine.read_range(
                 event.topic, event.start, min(max_messages, mc0.FETCH_MAX_MESSAGES),
-                min(max_bytes, mc0.FETCH_MAX_BYTES),
+                min(max_bytes, mc0.FETCH_MAX_BYTES), at_time=event.at_time, records=event.records,
+                known_incarnation=known,
             )
         except EngineError as error:
             self.counters["errors"] += 1
-            return mc0.Error(str(error).encode(), command_id)
-        self.counters["fetches"] += 1
+            return mc0.Error(str(error).encode(), command_id), False
+        incarnation = read.incarnation.encode() if read.incarnation is not None else mc0.NO_INCARNATION
+        waitable = read.start_id >= read.next_id and event.incarnation in (None, incarnation)
+        if event.records:
+            self.fetch_bytes -= len(read.records)
+            self.fetch_messages -= read.count
+            return mc0.records_ok(command_id, read.first_id, read.next_id, read.start_id, read.count,
+                                  incarnation, read.records), waitable
         size = 0
         items = []
-        for message in messages:
+        for message in read.messages:
             size += len(message.body)
             items.append((message.id, message.timestamp, message.body, message.headers))
         self.fetch_bytes -= size
         self.fetch_messages -= len(items)
-        return mc0.fetch_ok(command_id, first_id, next_id, items)
+        ok = mc0.fetch_ok(command_id, read.first_id, read.next_id, items, incarnation, read.start_id)
+        return ok, waitable
+
+    def _answer_waits(self, now: float) -> None:
+        """Waiting FETCHes whose topic this turn's commit wrote, or whose wait is over: read again, and answer
+        what found something (or ran out of time); the rest wait on. Bounded by the turn's fetch budget like
+        any FETCH: what is left is answered next turn."""
+        waits, woken = self.waits, self.woken
+        if waits.count:
+            committed = self.engine.committed
+            if committed:
+                woken.extend(waits.woken(committed))
+            woken.extend(waits.expired(now))
+        while woken:
+            wait = woken[0]
+            session = wait.owner
+            if self.sessions.by_identity.get(session.identity) is not session:
+                woken.popleft()  # gone: nobody to answer
+                continue
+            frames = self._build(wait.request, session, now, wait.deadline)
+            if frames is None:
+                break
+            woken.popleft()
+            if frames is PARKED:
+                continue
+            if session.stalled or (not self.send(session, frames, now)
+                                   and self.sessions.by_identity.get(session.identity) is session):
+                session.stalled.append(frames)  # behind what already waits, or for room in the pipe
+                self.stalled.add(session)
+
+    def _arm_wait_timer(self, now: float) -> None:
+        """Come back (a hub flush) when the next wait ends; nothing else would wake an idle broker then."""
+        loop = self.hub.loop
+        deadline = self.waits.next_deadline()
+        if loop is None or deadline is None or deadline == self._wait_timer_at:
+            return
+        if self._wait_timer is not None:
+            self._wait_timer.cancel()
+        self._wait_timer_at = deadline
+        self._wait_timer = loop.call_later(max(0.0, deadline - now), self._wait_timer_fired)
+
+    def _wait_timer_fired(self) -> None:
+        self._wait_timer = self._wait_timer_at = None
+        self.hub.schedule()
 
     def deliver(self, session: Session, pending: list[Message], now: float) -> int:
         """Write ``pending`` to one client; returns how many went out (the rest stay pending)."""
@@ -541,11 +648,12 @@ class RouterShell:
         level = logging.DEBUG if why == DISCONNECTED else logging.INFO
         log.log(level, "client %s dropped: %s", session.identity.hex(), why)
         self.engine.detach(session.subscriber)
+        self.waits.forget(session)
 
     # -------------------------------------------------------------------------------------------------- stats
 
     def stats(self) -> dict[str, Any]:
-        return {"connections": len(self.sessions), **self.counters}
+        return {"connections": len(self.sessions), **self.counters, "waiting_fetches": self.waits.count}
 
 
 def _command_id(body: list[bytes]) -> bytes | None:

@@ -177,7 +177,8 @@ async def _serve(
             log.warning("CURVE is OFF: traffic on %s is plaintext and any client is admitted", config.bind)
         socket.bind(config.bind)
         endpoint = socket.last_endpoint.decode()
-        router = RouterShell(hub, socket, pending_limit=config.pending_limit, tick=config.heartbeat_tick)
+        router = RouterShell(hub, socket, pending_limit=config.pending_limit, tick=config.heartbeat_tick,
+                             max_waiting_fetches=config.max_waiting_fetches)
         hub.add(router)
         for gateway in gateways.values():
             await gateway.start()

@@ -249,10 +249,17 @@ class AsyncClient(ClientBase):
         *,
         max_messages: int = mc0.FETCH_DEFAULT_MAX_MESSAGES,
         max_bytes: int = mc0.FETCH_DEFAULT_MAX_BYTES,
+        wait: float | None = None,
+        at_time: int | None = None,
+        incarnation: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> FetchResult:
-        """Stored messages of a persistent topic from id ``start`` on (see :meth:`connector.Client.fetch`)."""
-        reply = await self._call(fetch_event(topic, start, max_messages, max_bytes), timeout, "FETCH")
+        """Stored messages of a persistent topic from id ``start`` on (see :meth:`connector.Client.fetch`,
+        with the same long poll ``wait`` and ``at_time``)."""
+        event = fetch_event(topic, start, max_messages, max_bytes, wait=wait, at_time=at_time,
+                            incarnation=incarnation)
+        total = (self.timeout if timeout is None else timeout) + min(wait or 0, mc0.FETCH_MAX_WAIT_MS / 1000)
+        reply = await self._call(event, total, "FETCH")
         return fetch_result(topic, reply)
 
     async def offsets(self, topic: str | bytes, timeout: float | None = None) -> tuple[int, int]:  # noqa: ASYNC109

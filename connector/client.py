@@ -45,6 +45,7 @@ from connector.core import (
     FetchResult,
     Message,
     Publish,
+    RecordsResult,
     ack_target,
     declare_event,
     encode_headers,
@@ -52,6 +53,7 @@ from connector.core import (
     fetch_result,
     ok_headers,
     puts_event,
+    records_result,
     sub_event,
     to_bytes,
 )
@@ -287,15 +289,54 @@ class Client(ClientBase):
         self,
         items: Iterable[tuple[str | bytes, str | bytes, dict[str, str] | None]],
         *,
+        producer: str | bytes | None = None,
+        sequence: int | None = None,
         timeout: float | None = None,
     ) -> dict[str, str]:
         """Publish ``(topic, body, headers)`` entries as one PUTS and wait for the broker's OK, which confirms
         them all — as durably as their topics promise — or an ERROR that refuses them all (ConnectorError).
-        Returns the OK's headers (``COUNT``, and with ``ids`` the last ``MESSAGE-ID`` and ``DURABILITY``)."""
-        event = puts_event(items)
+        Returns the OK's headers (``COUNT``, and with ``ids`` the last ``MESSAGE-ID`` and ``DURABILITY``).
+
+        Idempotent with ``producer`` (an id of yours, up to 255 bytes) and ``sequence`` (the first entry's
+        number; entry ``i`` is ``sequence + i``, and a producer's numbers only grow, per topic): the batch
+        names one topic, and the broker stores only the entries that producer has not stored there yet, so the
+        same batch sent again after a lost answer, a reconnect or a broker restart lands once. The OK's
+        ``DUPLICATES`` says how many leading entries were already stored, ``COUNT`` how many were stored now
+        (docs/mc0.md, "Idempotent PUTS")."""
+        event = puts_event(items, producer, sequence)
         if not event.items:
             return {}
         return ok_headers(self._call(event, timeout, "PUTS"))
+
+    def publish_batch_later(
+        self,
+        items: Iterable[tuple[str | bytes, str | bytes, dict[str, str] | None]],
+        *,
+        producer: str | bytes | None = None,
+        sequence: int | None = None,
+    ) -> Future[dict[str, str]]:
+        """:meth:`publish_batch` without waiting: a Future of the OK's headers (ConnectorError if refused).
+        Batches sent this way travel in order, so a publisher can keep several in flight; with a producer,
+        a batch that fails can be sent again with the same numbers, and what the broker stored is skipped."""
+        return self._later(puts_event(items, producer, sequence), "PUTS", ok_headers)
+
+    def _later(self, event: Any, what: str, convert: Any) -> Future[Any]:
+        """Queue ``event`` and return a Future of ``convert(OK)`` (ConnectorError for an ERROR or a lost
+        connection); the caller waits on it with a timeout of its choice."""
+        self._check()
+        request = _Request(event)
+        out: Future[Any] = Future()
+
+        def settle(done: Future[mc0.Ok]) -> None:
+            try:
+                out.set_result(convert(reply_or_raise(done.result(), what)))
+            except BaseException as error:  # handed to whoever waits on the Future
+                out.set_exception(error)
+
+        request.future.add_done_callback(settle)
+        self._outbox.append(request)
+        self._wake()
+        return out
 
     def subscribe(
         self,
@@ -355,6 +396,9 @@ class Client(ClientBase):
         *,
         max_messages: int = mc0.FETCH_DEFAULT_MAX_MESSAGES,
         max_bytes: int = mc0.FETCH_DEFAULT_MAX_BYTES,
+        wait: float | None = None,
+        at_time: int | None = None,
+        incarnation: str | None = None,
         timeout: float | None = None,
     ) -> FetchResult:
         """Read stored messages of a persistent topic, from id ``start`` on (None: the oldest stored), without
@@ -363,9 +407,60 @@ class Client(ClientBase):
 
         The broker reads after it has written what it received, so everything confirmed before this call is
         there, and ``next_id`` is exactly what can be read. ``max_messages=0`` asks for the ids only (see
-        :meth:`offsets`). A transient topic has no log: ConnectorError, with the broker's reason."""
-        reply = self._call(fetch_event(topic, start, max_messages, max_bytes), timeout, "FETCH")
+        :meth:`offsets`). A transient topic has no log: ConnectorError, with the broker's reason.
+
+        ``wait`` (seconds, at most 60): when nothing is stored from ``start`` on, the broker answers as soon
+        as something is, or after ``wait`` (a long poll; ``incarnation``, the log the caller knows, makes it
+        answer at once if the topic's log is another one now). ``at_time`` (ms since the epoch) instead of
+        ``start``: from the first message stored at or after that time (``result.start_id`` says which)."""
+        event = fetch_event(topic, start, max_messages, max_bytes, wait=wait, at_time=at_time,
+                            incarnation=incarnation)
+        reply = self._call(event, self._waiting_timeout(timeout, wait), "FETCH")
         return fetch_result(topic, reply)
+
+    def fetch_records(
+        self,
+        topic: str | bytes,
+        start: int | None = None,
+        *,
+        max_messages: int = mc0.FETCH_MAX_MESSAGES,
+        max_bytes: int = mc0.FETCH_DEFAULT_MAX_BYTES,
+        wait: float | None = None,
+        at_time: int | None = None,
+        incarnation: str | None = None,
+        timeout: float | None = None,
+    ) -> RecordsResult:
+        """:meth:`fetch`, with the stored records as the log holds them instead of decoded messages: one copy
+        on the broker, no per-message work there, and the reader takes the fields it wants in bulk
+        (:func:`protocol.records.walk`, :func:`protocol.records.decode`). ``max_bytes`` bounds the records'
+        bytes (16 per record more than their bodies'), and a reply stops at the end of a segment."""
+        event = fetch_event(topic, start, max_messages, max_bytes, wait=wait, at_time=at_time,
+                            incarnation=incarnation, records=True)
+        reply = self._call(event, self._waiting_timeout(timeout, wait), "FETCH")
+        return records_result(topic, reply)
+
+    def fetch_later(
+        self,
+        topic: str | bytes,
+        start: int | None = None,
+        *,
+        max_messages: int = mc0.FETCH_DEFAULT_MAX_MESSAGES,
+        max_bytes: int = mc0.FETCH_DEFAULT_MAX_BYTES,
+        wait: float | None = None,
+        at_time: int | None = None,
+        incarnation: str | None = None,
+        records: bool = False,
+    ) -> Future[Any]:
+        """:meth:`fetch` (or :meth:`fetch_records` with ``records``) without waiting: a Future of its result.
+        Long polls on many topics at once, or the next range read while the last one is being used."""
+        event = fetch_event(topic, start, max_messages, max_bytes, wait=wait, at_time=at_time,
+                            incarnation=incarnation, records=records)
+        convert = records_result if records else fetch_result
+        return self._later(event, "FETCH", lambda reply: convert(topic, reply))
+
+    def _waiting_timeout(self, timeout: float | None, wait: float | None) -> float:
+        """A long poll's answer may take its wait on top of the usual time."""
+        return (self.timeout if timeout is None else timeout) + min(wait or 0, mc0.FETCH_MAX_WAIT_MS / 1000)
 
     def offsets(self, topic: str | bytes, timeout: float | None = None) -> tuple[int, int]:
         """``(first_id, next_id)`` of a persistent topic: the oldest stored id and one past the newest (a

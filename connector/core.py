@@ -13,11 +13,14 @@ and FETCH before anything is queued, because a bad value found later, on a clien
 from __future__ import annotations
 
 import itertools
+import logging
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from protocol import ProtocolError, mc0
+
+log = logging.getLogger("mc0.connector")
 
 #: The client asks for every extension it speaks; a broker that does not echo one simply is not using it.
 WANTED_EXTENSIONS = frozenset({mc0.EXT_BATCH, mc0.EXT_IDS, mc0.EXT_CONFIRMS})
@@ -162,50 +165,127 @@ class FetchResult:
     up to now), and the stored messages from the id asked for on, in id order (``id``, ``timestamp`` set).
 
     ``messages`` starting above the id asked for means retention removed the ones between (``first_id`` says
-    where the log begins now); an empty list with ``start >= next_id`` means there is nothing newer yet."""
+    where the log begins now); an empty list with ``start >= next_id`` means there is nothing newer yet.
+    ``incarnation`` names the log the ids belong to (docs/storage.md, "Log identity"; "" from an older broker,
+    "-" for a topic with no log yet) and ``start_id`` is where the read started (None from an older
+    broker)."""
 
     topic: str
     first_id: int
     next_id: int
     messages: list[Message]
+    incarnation: str = ""
+    start_id: int | None = None
 
 
-def fetch_event(topic: str | bytes, start: int | None, max_messages: int, max_bytes: int) -> mc0.Fetch:
+@dataclass(frozen=True, slots=True)
+class RecordsResult:
+    """What ``Client.fetch_records`` read: ``count`` stored records, ids ``start_id`` on, undecoded in
+    ``payload`` (:mod:`protocol.records` reads them), and the topic's ``first_id``, ``next_id`` and
+    ``incarnation`` as in :class:`FetchResult`."""
+
+    topic: str
+    first_id: int
+    next_id: int
+    start_id: int
+    count: int
+    incarnation: str
+    payload: bytes
+
+
+def fetch_event(
+    topic: str | bytes,
+    start: int | None,
+    max_messages: int,
+    max_bytes: int,
+    *,
+    wait: float | None = None,
+    at_time: int | None = None,
+    incarnation: str | None = None,
+    records: bool = False,
+) -> mc0.Fetch:
     """The FETCH for ``Client.fetch``; raises TypeError or ValueError for arguments the codec cannot send.
 
-    Bounds above the broker's caps are sent as asked: the broker lowers them (mc0.FETCH_MAX_*)."""
+    Bounds above the broker's caps are sent as asked: the broker lowers them (mc0.FETCH_MAX_*). ``wait`` is
+    in seconds, ``at_time`` in milliseconds since the epoch."""
     raw = to_bytes(topic)
     if not raw:
         raise ValueError("fetch() needs a non-empty topic")
     if start is not None:
         start = _count(start, "start (a message id)", 0)
-    return mc0.Fetch(raw, start, _count(max_messages, "max_messages", 0), _count(max_bytes, "max_bytes", 0))
+        if at_time is not None:
+            raise ValueError("fetch() takes start or at_time, not both")
+    event = mc0.Fetch(raw, start, _count(max_messages, "max_messages", 0), _count(max_bytes, "max_bytes", 0))
+    if wait is not None:
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
+            raise ValueError(f"wait must be a number of seconds >= 0, not {wait!r}")
+        event.wait = round(wait * 1000)
+    if at_time is not None:
+        event.at_time = _count(at_time, "at_time (milliseconds since the epoch)", 0)
+    if incarnation:
+        event.incarnation = incarnation.encode("ascii")
+    event.records = records
+    return event
 
 
 def fetch_result(topic: str | bytes, reply: mc0.Ok) -> FetchResult:
     """The broker's OK to a FETCH as a :class:`FetchResult`; ConnectorError if it is not a well-formed one."""
     try:
-        first_id, next_id, items = mc0.decode_fetch_reply(reply)
+        first_id, next_id, items, incarnation, start_id = mc0.decode_fetch_reply(reply)
     except ProtocolError as error:
         raise ConnectorError(f"malformed reply to FETCH: {error}") from None
-    name = topic if isinstance(topic, str) else topic.decode("utf-8", "surrogateescape")
+    name = _topic_name(topic)
     messages = [
         Message(name, item.body, _text_headers(item.headers) if item.headers else {}, item.id, item.timestamp)
         for item in items
     ]
-    return FetchResult(name, first_id, next_id, messages)
+    return FetchResult(name, first_id, next_id, messages, incarnation.decode("ascii", "replace"), start_id)
 
 
-def puts_event(items: Iterable[tuple[str | bytes, str | bytes, Mapping[str, str] | None]]) -> mc0.Puts:
-    """The PUTS of ``publish_batch``: every entry checked and encoded before anything is sent."""
-    batch = []
+def records_result(topic: str | bytes, reply: mc0.Ok) -> RecordsResult:
+    """The broker's OK to a ``FORMAT records`` FETCH; ConnectorError if it is not a well-formed one."""
+    try:
+        first_id, next_id, start_id, count, incarnation, payload = mc0.decode_records_reply(reply)
+    except ProtocolError as error:
+        raise ConnectorError(f"malformed reply to FETCH: {error}") from None
+    return RecordsResult(_topic_name(topic), first_id, next_id, start_id, count,
+                         incarnation.decode("ascii", "replace"), payload)
+
+
+def _topic_name(topic: str | bytes) -> str:
+    return topic if isinstance(topic, str) else topic.decode("utf-8", "surrogateescape")
+
+
+def puts_event(
+    items: Iterable[tuple[str | bytes, str | bytes, Mapping[str, str] | None]],
+    producer: str | bytes | None = None,
+    sequence: int | None = None,
+) -> mc0.Puts:
+    """The PUTS of ``publish_batch``: every entry checked and encoded before anything is sent. With
+    ``producer`` and ``sequence`` an idempotent batch: one topic, entry ``i`` numbered ``sequence + i``."""
+    batch: list[tuple[bytes, bytes, dict[bytes, bytes]]] = []
+    append = batch.append
+    raw_topics: dict[str | bytes, bytes] = {}  # a batch names few topics: each converted and checked once
     for topic, body, headers in items:
-        raw_topic = to_bytes(topic)
-        if not raw_topic:
-            raise ValueError("publish_batch() needs a non-empty topic for every message")
-        encoded = encode_headers(dict(headers)) if headers else mc0.NO_HEADERS
-        batch.append((raw_topic, to_bytes(body), encoded))
-    return mc0.Puts(batch)
+        raw_topic = raw_topics.get(topic)
+        if raw_topic is None:
+            raw_topic = raw_topics[topic] = to_bytes(topic)
+            if not raw_topic:
+                raise ValueError("publish_batch() needs a non-empty topic for every message")
+        append((raw_topic, body if type(body) is bytes else to_bytes(body),
+                encode_headers(dict(headers)) if headers else mc0.NO_HEADERS))
+    puts = mc0.Puts(batch)
+    if producer is None and sequence is None:
+        return puts
+    if producer is None or sequence is None:
+        raise ValueError("publish_batch() takes producer and sequence together")
+    puts.producer = to_bytes(producer)
+    if not 1 <= len(puts.producer) <= mc0.MAX_PRODUCER_BYTES:
+        raise ValueError(f"producer must be 1 to {mc0.MAX_PRODUCER_BYTES} bytes")
+    puts.sequence = _count(sequence, "sequence", 0)
+    if len(set(raw_topics.values())) > 1:
+        raise ValueError("an idempotent publish_batch() (producer) writes one topic")
+    return puts
 
 
 def ok_headers(reply: mc0.Ok) -> dict[str, str]:
@@ -262,6 +342,12 @@ class ClientCore:
         # because the fast path has the decoded name at hand, and no check that ids grow (resume asks for
         # "after the last one received", which is right even if a redelivery went backwards).
         self.last_ids: dict[str, int] = {}
+        # Topic name -> identity of its log, from the OK to the SUB (persistent topics): sent with RESUME, so
+        # that the broker resumes where the logs agree if the topic's log changed while we were away.
+        self.incarnations: dict[str, str] = {}
+        #: (topic, incarnation before, incarnation now) for each log found changed on a reconnect: ids of the
+        #: topic may repeat ones received before (logged as a warning too).
+        self.log_changes: list[tuple[str, str, str]] = []
         self.extensions: frozenset[str] = frozenset()
         self._ids = itertools.count(1)
         self._topic_names: dict[bytes, str] = {}
@@ -331,6 +417,7 @@ class ClientCore:
             return
         if isinstance(reply, mc0.Ok):
             self._subscribed_at(list(before), reply.headers.get(mc0.NEXT_IDS))
+            self._logs_of(list(before), reply.headers.get(mc0.INCARNATIONS), reply.headers.get(mc0.START_IDS))
             return
         # The broker refuses a SUB whole and keeps what each topic had: so does the client.
         for topic, (previous, last_id) in before.items():
@@ -356,6 +443,33 @@ class ClientCore:
                 # setdefault: a message of the topic may already have arrived and set a newer position.
                 self.last_ids.setdefault(self._topic(topic), int(next_id) - 1)
 
+    def _logs_of(self, topics: list[bytes], raw: bytes | None, starts: bytes | None) -> None:
+        """Which log each topic is (INCARNATIONS on the OK to a SUB). A topic whose log is another one than
+        the one this client read (recreated, or cut back after a crash) says so: a warning,
+        :attr:`log_changes`, and the resume point moves to where the broker restarted the subscription
+        (START-IDS)."""
+        if raw is None:
+            return
+        names = raw.decode("ascii", "replace").split()
+        first = starts.split() if starts is not None else []
+        if len(names) != len(topics):
+            return
+        for index, (topic, incarnation) in enumerate(zip(topics, names, strict=True)):
+            if incarnation == mc0.NO_INCARNATION.decode():
+                continue
+            name = self._topic(topic)
+            before = self.incarnations.get(name)
+            self.incarnations[name] = incarnation
+            if before is None or before == incarnation:
+                continue
+            self.log_changes.append((name, before, incarnation))
+            start = first[index] if index < len(first) else b""
+            if start.isdigit():
+                self.last_ids[name] = int(start) - 1
+            log.warning("topic %s: the broker's log is another one than the one read before (incarnation %s, "
+                        "was %s): reading on from id %s; ids may repeat ones received before", name,
+                        incarnation, before, start.decode() if start.isdigit() else "its start")
+
     def resubscribe(self) -> list[tuple[bytes, mc0.Frames]]:
         """The SUB commands that restore every subscription on a new connection.
 
@@ -365,10 +479,13 @@ class ClientCore:
         shared: dict[Subscription, mc0.Sub] = {}
         last_ids = self.last_ids
         for topic, options in self.subscriptions.items():
-            last = last_ids.get(self._topic(topic))
+            name = self._topic(topic)
+            last = last_ids.get(name)
             if type(last) is int and last >= 0:  # a broker bug could have put anything there
+                incarnation = self.incarnations.get(name)
                 subs.append(mc0.Sub([topic], resume=last + 1, credit=options.credit,
-                                    explicit_acks=options.explicit_acks))
+                                    explicit_acks=options.explicit_acks,
+                                    incarnation=incarnation.encode("ascii") if incarnation else None))
                 continue
             sub = shared.get(options)
             if sub is None:
@@ -376,7 +493,16 @@ class ClientCore:
                                                 explicit_acks=options.explicit_acks)
                 subs.append(sub)
             sub.topics.append(topic)
-        return [self.request(sub) for sub in subs]
+        out = []
+        for sub in subs:
+            command_id, frames = self.request(sub)
+            # Answered like a SUB of the user's: where live topics stand, and which log each topic is now.
+            self._before_sub[command_id] = {
+                topic: (self.subscriptions.get(topic), last_ids.get(self._topic(topic)))
+                for topic in sub.topics
+            }
+            out.append((command_id, frames))
+        return out
 
     def pack(self, publishes: list[Publish]) -> Iterable[mc0.Frames]:
         """Fire-and-forget publishes as frame sets: PUTS batches if the broker speaks ``batch``, else PUTs."""

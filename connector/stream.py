@@ -36,7 +36,8 @@ class StreamClient:
     """One TCP connection to a broker gateway. ``timeout`` bounds connecting and each wait for a reply;
     receiving a delivery waits as long as its caller says."""
 
-    #: Said after "the broker closed the connection": a dialect without error messages explains what it means.
+    #: Said after "the broker closed the connection" (or "connection lost", when the close came as a reset): a
+    #: dialect without error messages explains what it means.
     closed_why = ""
 
     def __init__(self, host: str, port: int, timeout: float, *, tls: ssl.SSLContext | None = None,
@@ -102,7 +103,7 @@ class StreamClient:
         try:
             self.sock.sendall(data)
         except OSError as error:
-            raise ConnectorError(f"connection lost: {error.strerror or error}") from None
+            raise ConnectorError(f"connection lost: {error.strerror or error}{self.closed_why}") from None
 
     def read_into(self, codec: _Codec, deadline: float | None) -> bool:
         """Wait for bytes until ``deadline`` (a ``time.monotonic()`` value; None waits as long as it takes)
@@ -120,7 +121,7 @@ class StreamClient:
         except TimeoutError:
             return False
         except OSError as error:
-            raise ConnectorError(f"connection lost: {error.strerror or error}") from None
+            raise ConnectorError(f"connection lost: {error.strerror or error}{self.closed_why}") from None
         if not data:
             raise ConnectorError(f"the broker closed the connection{self.closed_why}")
         codec.receive_data(data)

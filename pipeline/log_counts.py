@@ -19,6 +19,8 @@ ships a few hundred sample events to it over Lumberjack, runs the job once and p
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +52,10 @@ def run(spark: Any, *, broker_options: dict[str, str], source: str, sink: str, o
             f.col("minute.start").alias("minute"), "host", "level", "count",
         )
         rows.write.mode("overwrite").parquet(str(output))
-        (rows.select(f.lit(sink).alias("topic"), f.to_json(f.struct("*")).alias("value"))
-         .write.format("mc0").options(**broker_options).mode("append").save())
+        # writeId: a micro-batch replayed after a crash writes its counts under the same id: they land once.
+        (rows.select(f.to_json(f.struct("*")).alias("value"))
+         .write.format("mc0").options(**broker_options).option("topic", sink)
+         .option("writeId", f"{sink}-{batch_id}").mode("append").save())
 
     writer = (counts_query(spark, broker_options, source).writeStream.outputMode("complete")
               .foreachBatch(write).option("checkpointLocation", str(checkpoint)))
@@ -107,6 +111,17 @@ def demo(spark: Any, workdir: Path) -> list[Any]:
         thread.join(30)
 
 
+def python_for_workers() -> None:
+    """Spark starts its Python workers with ``PYSPARK_PYTHON`` (else whatever ``python3`` is on PATH): make it
+    this interpreter, which has PySpark and pyarrow, and let it import ``pipeline`` also when it runs from a
+    checkout rather than an installed package. Settings already made by the user are kept."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    root = str(Path(__file__).resolve().parents[1])
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, paths)])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.log_counts", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -121,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--demo", action="store_true",
                         help="run a broker of our own, ship sample events, run once and print the counts")
     args = parser.parse_args(argv)
+    python_for_workers()
     from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master("local[*]").appName("mc0 log counts")

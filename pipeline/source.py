@@ -4,27 +4,32 @@ into topics, through PySpark's Python Data Source API (``pyspark.sql.datasource`
 Everything goes through the broker, never its disk, so the same code runs in ``local[*]`` and on a cluster
 whose executors reach the broker over the network:
 
-* reading uses the broker's range fetch (``FETCH``: stored messages of a persistent topic from an id, bounded
-  per reply) and its offsets query; offsets are **the next message id per topic**;
-* writing publishes with confirmed ``PUTS`` batches: a task succeeds only once the broker confirmed every
-  row it was given (at-least-once: a task Spark retries publishes its rows again).
+* the driver asks the broker for each topic's offsets (first id, next id, log identity), waiting in a long
+  poll while a stream is idle, and plans id ranges; each executor task reads its range as stored records
+  (``FETCH ... FORMAT records``) and turns them into Arrow columns in bulk (:mod:`pipeline.arrow`);
+* offsets are ``{"topic": {"next": <next message id>, "incarnation": <log identity>}}``: a query whose
+  checkpoint belongs to another log (recreated, or cut back after a machine restart) notices;
+* writing is :mod:`pipeline.sink`: idempotent batches, so a retried task's rows land once.
 
-Options mirror Spark's Kafka source: ``broker``, ``subscribe``, ``startingOffsets``, ``endingOffsets``,
-``maxOffsetsPerTrigger``, ``failOnDataLoss``, ``minPartitions``, ``includeHeaders``, and for writing
-``topic``; CURVE: ``curve`` (``false`` for plaintext), ``keys`` (a keys folder) or ``serverKey`` /
-``publicKey`` / ``secretKey`` (Z85). ``docs/pipeline.md`` describes them. Readers and writers hold only
-their options and plans (picklable); sockets are opened inside ``read()`` / ``write()``.
+Options are named as in Spark's Kafka source (:mod:`pipeline.options` checks them). Readers and writers hold
+only their settings and plans (picklable); sockets are opened inside ``read()`` / ``write()`` on executors,
+and kept for the life of a stream on the driver.
 
-Register once per session: ``spark.dataSource.register(Mc0DataSource)``, then ``spark.read.format("mc0")``.
+Register once per session: :func:`register`, then ``spark.read.format("mc0")``.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import math
+import os
+import re
+import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -33,294 +38,444 @@ from pyspark.sql.datasource import (
     DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
-    WriterCommitMessage,
 )
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from pipeline import options as opts
+from pipeline.options import Connection, Mode, OptionError
 
 FORMAT = "mc0"
-DEFAULT_BROKER = "tcp://127.0.0.1:61616"
-#: Messages per fetch: bounded replies keep many executors from hurting live traffic.
-FETCH_MESSAGES = 5000
-FETCH_BYTES = 4 << 20
-#: Rows per confirmed PUTS batch when writing.
-WRITE_BATCH = 1000
-#: A partition is split when it holds more messages than this, even without ``minPartitions``.
-MAX_PARTITION = 1_000_000
-
+#: Records per range fetch on an executor (the broker's cap) and their bytes: bounded replies keep many
+#: executors from holding the broker's loop, and 16 MiB is the broker's cap for one reply.
+FETCH_RECORDS = 10_000
+FETCH_BYTES = 16 << 20
+#: Message ids start at 1: 0 in an offset means "from the beginning", never a message that was lost.
+FIRST_ID = 1
 #: In offsets JSON, as in Kafka's: the oldest stored message, and the next one to come.
 EARLIEST = -2
 LATEST = -1
+#: What a FETCH reply says for a topic that has no log yet.
+NO_LOG = "-"
 
-SCHEMA = "topic string, id long, timestamp timestamp, value binary"
-SCHEMA_WITH_HEADERS = "topic string, id long, timestamp timestamp, headers map<string,string>, value binary"
+HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+SCHEMA = StructType([
+    StructField("key", BinaryType()),
+    StructField("value", BinaryType()),
+    StructField("topic", StringType()),
+    StructField("id", LongType()),
+    StructField("timestamp", TimestampType()),
+])
+SCHEMA_WITH_HEADERS = StructType([*SCHEMA.fields, StructField("headers", HEADERS_TYPE)])
+
+log = logging.getLogger("mc0.pipeline")
+if not log.handlers and not logging.getLogger().handlers:
+    # Python workers have no logging set up: the warnings (data loss skipped, a log that changed) must reach
+    # the driver's or executor's stderr, which Spark keeps with its own logs.
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    log.addHandler(_handler)
+    log.setLevel(logging.INFO)
 
 
 class DataLossError(Exception):
-    """Messages a query was going to read were removed by retention (and ``failOnDataLoss`` is true)."""
+    """Messages a query was going to read are gone (retention, or the topic's log is another one now) and
+    ``failOnDataLoss`` is true."""
 
 
-def _flag(options: Mapping[str, str], name: str, default: bool) -> bool:
-    value = options.get(name)
-    if value is None:
-        return default
-    if value.lower() not in ("true", "false"):
-        raise ValueError(f"option {name} must be true or false, not {value!r}")
-    return value.lower() == "true"
+class Bounds(NamedTuple):
+    """What the broker says of a topic: oldest stored id, next id, and which log it is ("-": none yet)."""
+
+    first: int
+    next: int
+    incarnation: str
 
 
-def _positive(options: Mapping[str, str], name: str) -> int | None:
-    value = options.get(name)
-    if value is None:
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"option {name} must be a positive integer, not {value!r}")
-    return int(value)
+class Position(NamedTuple):
+    """Where a stream stands in a topic: the next id to read, in the log named by ``incarnation`` ("" when
+    unknown: an offset written by hand, or by an older version of this source)."""
+
+    next: int
+    incarnation: str
+
+
+def encode_offset(positions: Mapping[str, Position]) -> dict:
+    return {topic: {"next": p.next, "incarnation": p.incarnation} for topic, p in sorted(positions.items())}
+
+
+def decode_offset(offset: Mapping[str, Any]) -> dict[str, Position]:
+    """A stream offset back from Spark's checkpoint; a bare id per topic (older checkpoints) is accepted."""
+    out = {}
+    for topic, value in offset.items():
+        if isinstance(value, int):
+            out[topic] = Position(value, "")
+        else:
+            out[topic] = Position(int(value["next"]), str(value.get("incarnation", "")))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- settings
 
 
 @dataclass(frozen=True)
-class Settings:
-    """The options, checked once on the driver; shipped to executors inside readers and writers."""
+class Starting:
+    """Where reads start (or, for ``endingOffsets``, stop): ``earliest``/``latest``, ids, or times."""
 
-    broker: str
+    kind: str  # "earliest" | "latest" | "ids" | "times"
+    ids: Mapping[str, int] = field(default_factory=dict)  # "ids": -2 earliest, -1 latest; "times": ms
+    every_topic_time: int | None = None  # startingTimestamp / endingTimestamp: one time for all topics
+
+
+def _starting(options: Mapping[str, str], prefix: str, default: str, batch: bool) -> Starting:
+    """``startingOffsets`` & co. (``prefix`` "starting") or ``endingOffsets`` & co. ("ending"), with Kafka's
+    precedence: a single timestamp, then timestamps per topic, then offsets."""
+    single = opts.count(options, f"{prefix}Timestamp", minimum=0)
+    if single is not None:
+        return Starting("times", every_topic_time=single)
+    by_time = options.get(f"{prefix}OffsetsByTimestamp")
+    if by_time is not None:
+        return Starting("times", opts.topics_json(by_time, f"{prefix}OffsetsByTimestamp"))
+    value = options.get(f"{prefix}Offsets", default).strip()
+    if value.lower() in ("earliest", "latest"):
+        kind = value.lower()
+        if batch and prefix == "starting" and kind == "latest":
+            raise OptionError("startingOffsets can't be latest for batch reads: they would read nothing "
+                              "(use earliest, ids or a timestamp)")
+        if prefix == "ending" and kind == "earliest":
+            raise OptionError("endingOffsets can't be earliest: a batch read would read nothing (use latest)")
+        return Starting(kind)
+    ids = opts.topics_json(value, f"{prefix}Offsets")
+    for topic, message_id in ids.items():
+        if message_id < EARLIEST:
+            raise OptionError(f"{prefix}Offsets: {message_id} for topic {topic!r} is neither an id nor -2/-1")
+        if batch and prefix == "starting" and message_id == LATEST:
+            raise OptionError(f"startingOffsets for topic {topic!r} can't be latest (-1) for batch reads")
+        if prefix == "ending" and message_id == EARLIEST:
+            raise OptionError(f"endingOffsets for topic {topic!r} can't be earliest (-2)")
+    return Starting("ids", ids)
+
+
+@dataclass(frozen=True)
+class ReadSettings:
+    """The options of a read, checked once on the driver; shipped to executors inside readers."""
+
+    connection: Connection
     topics: tuple[str, ...]
-    starting: str  # "earliest" | "latest" | JSON of topic -> id
-    ending: str  # "latest" | JSON of topic -> id (batch only)
-    max_per_trigger: int | None
+    pattern: str | None
+    starting: Starting
+    ending: Starting
+    latest_if_none_at_time: bool  # startingOffsetsByTimestampStrategy latest
     fail_on_data_loss: bool
     min_partitions: int | None
+    max_records_per_partition: int
     include_headers: bool
-    topic: str | None  # writes: the topic when rows have no topic column
-    curve: bool
-    keys: str | None
-    server_key: str | None
-    public_key: str | None
-    secret_key: str | None
+    check_crcs: bool
+    max_per_trigger: int | None
+    min_per_trigger: int | None
+    max_trigger_delay_ms: int
+    fetch_max_wait_ms: int
+    discovery_ms: int
+    parallelism: int | None = None  # Spark's default parallelism when registered (None: the machine's cores)
 
     @classmethod
-    def parse(cls, options: Mapping[str, str], *, streaming: bool) -> Settings:
-        """From Spark's options, whose names are case-insensitive (Spark's own mapping: never copied into a
-        plain dict, which would lose that)."""
+    def parse(cls, options: Mapping[str, str], mode: Mode, parallelism: int | None = None) -> ReadSettings:
+        opts.check(options, mode)
+        batch = mode is Mode.READ
         topics = tuple(t.strip() for t in options.get("subscribe", "").split(",") if t.strip())
-        return cls(
-            broker=options.get("broker", DEFAULT_BROKER),
+        pattern = options.get("subscribePattern")
+        if bool(topics) == (pattern is not None):
+            raise OptionError("name the topics to read with exactly one of subscribe (comma-separated "
+                              "names) and subscribePattern (a regular expression)")
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise OptionError(f"subscribePattern {pattern!r} is not a regular expression: {error}"
+                                  ) from None
+        strategy = options.get("startingOffsetsByTimestampStrategy", "error").strip().lower()
+        if strategy not in ("error", "latest"):
+            raise OptionError(f"startingOffsetsByTimestampStrategy must be error or latest, not {strategy!r}")
+        settings = cls(
+            connection=Connection.parse(options),
             topics=topics,
-            starting=options.get("startingOffsets", "latest" if streaming else "earliest"),
-            ending=options.get("endingOffsets", "latest"),
-            max_per_trigger=_positive(options, "maxOffsetsPerTrigger"),
-            fail_on_data_loss=_flag(options, "failOnDataLoss", True),
-            min_partitions=_positive(options, "minPartitions"),
-            include_headers=_flag(options, "includeHeaders", False),
-            topic=options.get("topic"),
-            curve=_flag(options, "curve", True),
-            keys=options.get("keys"),
-            server_key=options.get("serverKey"),
-            public_key=options.get("publicKey"),
-            secret_key=options.get("secretKey"),
+            pattern=pattern,
+            starting=_starting(options, "starting", "earliest" if batch else "latest", batch),
+            ending=_starting(options, "ending", "latest", batch),
+            latest_if_none_at_time=strategy == "latest",
+            fail_on_data_loss=opts.flag(options, "failOnDataLoss", True),
+            min_partitions=opts.count(options, "minPartitions"),
+            max_records_per_partition=opts.count(options, "maxRecordsPerPartition",
+                                                 opts.DEFAULT_MAX_RECORDS_PER_PARTITION) or 1,
+            include_headers=opts.flag(options, "includeHeaders", False),
+            check_crcs=opts.flag(options, "checkCrcs", True),
+            max_per_trigger=opts.count(options, "maxOffsetsPerTrigger"),
+            min_per_trigger=opts.count(options, "minOffsetsPerTrigger"),
+            max_trigger_delay_ms=opts.duration_ms(options, "maxTriggerDelay", opts.DEFAULT_MAX_TRIGGER_DELAY),
+            fetch_max_wait_ms=opts.count(options, "fetchMaxWaitMs", opts.DEFAULT_FETCH_MAX_WAIT_MS,
+                                         minimum=0) or 0,
+            discovery_ms=opts.count(options, "topicDiscoveryIntervalMs",
+                                    opts.DEFAULT_TOPIC_DISCOVERY_MS) or 1,
+            parallelism=parallelism or os.cpu_count(),
         )
+        if settings.min_per_trigger and settings.max_per_trigger and (
+                settings.min_per_trigger > settings.max_per_trigger):
+            raise OptionError("minOffsetsPerTrigger must not be larger than maxOffsetsPerTrigger")
+        return settings
 
+    def matches(self, topic: str) -> bool:
+        return topic in self.topics if self.pattern is None else re.fullmatch(self.pattern, topic) is not None
+
+    def schema(self) -> StructType:
+        return SCHEMA_WITH_HEADERS if self.include_headers else SCHEMA
+
+    def loss(self, message: str) -> None:
+        """Data a query was to read is gone: fail (failOnDataLoss) or say so and go on."""
+        if self.fail_on_data_loss:
+            raise DataLossError(f"{message} (failOnDataLoss=false reads on from what is there)")
+        log.warning("%s: reading on from what is there (failOnDataLoss=false)", message)
+
+
+# ----------------------------------------------------------------------------------------- the broker
+
+
+class Broker:
+    """The driver's questions to the broker, on one connection (opened on first use, kept by streams)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self._client: Any = None
+
+    @property
     def client(self) -> Any:
-        """A connected :class:`connector.Client` (imported here: executors import it when they run)."""
-        from connector import Client, Credentials
+        if self._client is None:
+            self._client = self.connection.client()
+        return self._client
 
-        if not self.curve:
-            return Client(self.broker, curve=False, timeout=60.0)
-        if self.server_key and self.public_key and self.secret_key:
-            credentials = Credentials(self.server_key.encode(), self.public_key.encode(),
-                                      self.secret_key.encode())
-            return Client(self.broker, credentials=credentials, timeout=60.0)
-        return Client(self.broker, keys=self.keys or "keys", timeout=60.0)
+    def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            client.close(timeout=1.0)
 
-    def require_topics(self) -> None:
-        if not self.topics:
-            raise ValueError("option subscribe must name at least one topic (comma-separated)")
-
-    def offsets(self, which: str, bounds: dict[str, tuple[int, int]], default: int) -> dict[str, int]:
-        """``earliest`` / ``latest`` / JSON resolved to a next-id per topic, given (first, next) bounds. In
-        JSON, as in Kafka's options, -2 means earliest and -1 latest; a topic the JSON leaves out gets
-        ``default`` (one of those two)."""
-        if which == "earliest":
-            return {topic: first for topic, (first, _) in bounds.items()}
-        if which == "latest":
-            return {topic: next_id for topic, (_, next_id) in bounds.items()}
+    def _gather(self, futures: Mapping[str, Future[Any]]) -> dict[str, Any]:
+        timeout = self.connection.request_timeout
         try:
-            given = json.loads(which)
-        except ValueError:
-            raise ValueError(f"offsets must be earliest, latest or a JSON object, not {which!r}") from None
-        if not isinstance(given, dict) or not all(isinstance(v, int) for v in given.values()):
-            raise ValueError(f"offsets JSON must map topics to message ids: {which!r}")
+            return {topic: future.result(timeout) for topic, future in futures.items()}
+        except TimeoutError:
+            self.close()  # a connection that failed a request is not trusted with the next one
+            raise TimeoutError(f"no answer from the broker at {self.connection.broker} within {timeout:g} s "
+                               "(requestTimeoutMs)") from None
+        except BaseException:
+            self.close()
+            raise
+
+    def bounds(self, topics: Sequence[str]) -> dict[str, Bounds]:
+        """Every topic's bounds, asked at once (one round trip however many topics)."""
+        client = self.client
+        replies = self._gather({t: client.fetch_later(t, max_messages=0) for t in topics})
+        return {t: Bounds(r.first_id, r.next_id, r.incarnation) for t, r in replies.items()}
+
+    def ids_at(self, times: Mapping[str, int]) -> dict[str, int]:
+        """Per topic: the first id stored at or after its time (the next id when there is none)."""
+        client = self.client
+        replies = self._gather({t: client.fetch_later(t, max_messages=0, at_time=ms)
+                                for t, ms in times.items()})
+        return {t: r.start_id for t, r in replies.items()}
+
+    def resume_point(self, topic: str, position: Position) -> int:
+        """Where a reader at ``position`` in an earlier log of ``topic`` goes on in its log now (the broker
+        knows the lineage): the same id, the first id the logs do not share, or the log's beginning."""
+        result = self.client.fetch(topic, max(position.next, FIRST_ID), max_messages=0,
+                                    incarnation=position.incarnation)
+        return result.start_id if result.start_id is not None else result.first_id
+
+    def persistent_topics(self) -> list[str]:
+        return sorted(name for name, about in self.client.topics().items()
+                      if about.get("persistence") == "persistent")
+
+
+def topics_of(settings: ReadSettings, broker: Broker) -> list[str]:
+    if settings.pattern is None:
+        return list(settings.topics)
+    return [topic for topic in broker.persistent_topics() if settings.matches(topic)]
+
+
+def resolve(settings: ReadSettings, which: Starting, broker: Broker, bounds: Mapping[str, Bounds],
+            default: int) -> dict[str, int]:
+    """``earliest`` / ``latest`` / ids / times as a next-id per topic. A topic the JSON leaves out gets
+    ``default`` (EARLIEST or LATEST)."""
+    for topic in which.ids:
+        if not settings.matches(topic):
+            raise OptionError(f"offsets name topic {topic!r}, which this read does not subscribe to")
+    if which.kind == "earliest":
+        return {topic: b.first for topic, b in bounds.items()}
+    if which.kind == "latest":
+        return {topic: b.next for topic, b in bounds.items()}
+    if which.kind == "ids":
         out = {}
-        for topic, (first, next_id) in bounds.items():
-            value = given.get(topic, default)
-            out[topic] = first if value == -2 else next_id if value == -1 else value
+        for topic, b in bounds.items():
+            value = which.ids.get(topic, default)
+            out[topic] = b.first if value == EARLIEST else b.next if value == LATEST else value
         return out
+    times = {topic: which.every_topic_time if which.every_topic_time is not None else which.ids.get(topic)
+             for topic in bounds}
+    found = broker.ids_at({topic: ms for topic, ms in times.items() if ms is not None})
+    out = {}
+    for topic, b in bounds.items():
+        if times[topic] is None:
+            out[topic] = b.first if default == EARLIEST else b.next
+        elif found[topic] >= b.next and which is settings.starting and not settings.latest_if_none_at_time:
+            raise DataLossError(f"topic {topic!r} has no message stored at or after {times[topic]} ms "
+                                "(startingOffsetsByTimestampStrategy=latest starts at its end instead)")
+        else:
+            out[topic] = found[topic]
+    return out
 
 
-def bounds_of(settings: Settings) -> dict[str, tuple[int, int]]:
-    """(first stored id, next id) of every subscribed topic, asked of the broker."""
-    with settings.client() as client:
-        return {topic: client.offsets(topic) for topic in settings.topics}
+def begin(settings: ReadSettings, broker: Broker, topic: str, position: Position | None, now: Bounds) -> int:
+    """The first id to read of ``topic`` for a reader at ``position`` (None: a topic new to this stream, read
+    from its beginning), checked against what the topic holds now: retention, and another log."""
+    if position is None:
+        return now.first
+    start = max(position.next, FIRST_ID)  # 0 is "before the first message", never a lost one
+    if position.incarnation and now.incarnation != NO_LOG and position.incarnation != now.incarnation:
+        point = broker.resume_point(topic, position)
+        if point < start:
+            settings.loss(f"topic {topic!r} is another log than the one this query read (incarnation "
+                          f"{now.incarnation}, was {position.incarnation}): messages from {point} on are not "
+                          f"the ones it read up to {start - 1}")
+            return point
+        log.info("topic %r: another incarnation of its log (%s), sharing every id this query read",
+                 topic, now.incarnation)
+    if start < now.first:
+        settings.loss(f"messages {start}..{now.first - 1} of topic {topic!r} were removed by retention "
+                      "before they were read")
+        return now.first
+    return start
 
 
 class Range(InputPartition):
-    """Messages ``start <= id < end`` of one topic: one Spark task."""
+    """Messages ``start <= id < end`` of one topic, in the log named ``incarnation``: one Spark task."""
 
-    def __init__(self, topic: str, start: int, end: int) -> None:
-        super().__init__((topic, start, end))
+    def __init__(self, topic: str, start: int, end: int, incarnation: str) -> None:
+        super().__init__((topic, start, end, incarnation))
         self.topic = topic
         self.start = start
         self.end = end
+        self.incarnation = incarnation
 
 
-def split(ranges: dict[str, tuple[int, int]], min_partitions: int | None) -> list[Range]:
-    """One partition per topic range, split further so there are at least ``min_partitions`` and none holds
-    more than :data:`MAX_PARTITION` messages."""
-    total = sum(end - start for start, end in ranges.values())
-    if total == 0:
+def split(ranges: Mapping[str, tuple[int, int, str]], settings: ReadSettings) -> list[Range]:
+    """One partition per topic range, split so that none holds more than ``maxRecordsPerPartition`` messages
+    and there are at least ``minPartitions`` — by default as many as Spark's default parallelism (every core
+    busy), but none under MIN_DEFAULT_SPLIT messages."""
+    total = sum(end - start for start, end, _ in ranges.values())
+    if total <= 0:
         return []
-    size = MAX_PARTITION
-    if min_partitions:
-        size = min(size, max(1, math.ceil(total / min_partitions)))
-    out = []
-    for topic, (start, end) in ranges.items():
-        for first in range(start, end, size):
-            out.append(Range(topic, first, min(end, first + size)))
-    return out
+    size = settings.max_records_per_partition
+    if settings.min_partitions:
+        size = min(size, max(1, math.ceil(total / settings.min_partitions)))
+    elif settings.parallelism:
+        size = min(size, max(opts.MIN_DEFAULT_SPLIT, math.ceil(total / settings.parallelism)))
+    return [Range(topic, first, min(end, first + size), incarnation)
+            for topic, (start, end, incarnation) in sorted(ranges.items())
+            for first in range(start, end, size)]
 
 
-def read_range(settings: Settings, part: Range) -> Iterator[Any]:
-    """The rows of one partition as Arrow record batches, one per fetch."""
-    import pyarrow as pa
+def read_range(settings: ReadSettings, part: Range) -> Iterator[Any]:
+    """The rows of one partition as Arrow record batches, one per range fetch, the next fetch in flight while
+    the last reply is turned into columns."""
+    from pyspark.sql.pandas.types import to_arrow_schema
 
-    fields = [pa.field("topic", pa.string()), pa.field("id", pa.int64()),
-              pa.field("timestamp", pa.timestamp("us", tz="UTC"))]
-    if settings.include_headers:
-        fields.append(pa.field("headers", pa.map_(pa.string(), pa.string())))
-    fields.append(pa.field("value", pa.binary()))
-    schema = pa.schema(fields)
-    position = part.start
-    with settings.client() as client:
+    from pipeline.arrow import to_batch
+
+    if part.start >= part.end:
+        return
+    schema = to_arrow_schema(settings.schema(), timezone="UTC")
+    client = settings.connection.client()
+    try:
+        def ask(position: int) -> Future[Any]:
+            return client.fetch_later(part.topic, position,
+                                      max_messages=min(FETCH_RECORDS, part.end - position),
+                                      max_bytes=FETCH_BYTES, records=True,
+                                      incarnation=part.incarnation if part.incarnation != NO_LOG else None)
+
+        position = part.start
+        pending = ask(position)
         while position < part.end:
-            result = client.fetch(part.topic, position, max_messages=min(FETCH_MESSAGES, part.end - position),
-                                  max_bytes=FETCH_BYTES)
-            messages = [m for m in result.messages if m.id is not None and m.id < part.end]
-            first = messages[0].id if messages else result.first_id
-            if first > position:  # retention removed what this range was to read
-                if settings.fail_on_data_loss:
-                    raise DataLossError(
-                        f"messages {position}..{min(first, part.end) - 1} of topic {part.topic!r} were "
-                        "removed by retention before they were read (failOnDataLoss=false skips them)")
-                position = min(first, part.end)
-            if not messages:
-                if result.next_id <= position or position >= part.end:
+            reply = pending.result(settings.connection.request_timeout)
+            if part.incarnation != NO_LOG and reply.incarnation != part.incarnation:
+                raise DataLossError(f"topic {part.topic!r}'s log changed while it was read (incarnation "
+                                    f"{reply.incarnation}, planned {part.incarnation}): the query will see "
+                                    "it when it restarts")
+            if reply.start_id > position:
+                gone = min(reply.start_id, part.end) - 1
+                settings.loss(f"messages {position}..{gone} of topic {part.topic!r} were removed by "
+                              "retention before they were read")
+                position = min(reply.start_id, part.end)
+            if reply.count == 0:
+                if position >= part.end:
                     break
-                continue
-            columns: list[Any] = [
-                pa.array([part.topic] * len(messages), pa.string()),
-                pa.array([m.id for m in messages], pa.int64()),
-                pa.array([(m.timestamp or 0) * 1000 for m in messages], pa.timestamp("us", tz="UTC")),
-            ]
-            if settings.include_headers:
-                columns.append(pa.array([list(m.headers.items()) for m in messages],
-                                        pa.map_(pa.string(), pa.string())))
-            columns.append(pa.array([m.body for m in messages], pa.binary()))
-            yield pa.RecordBatch.from_arrays(columns, schema=schema)
-            position = messages[-1].id + 1
-
-
-def check_loss(
-    settings: Settings, start: dict[str, int], bounds: dict[str, tuple[int, int]]
-) -> dict[str, int]:
-    """Start offsets below what a topic still stores: an error, or (failOnDataLoss=false) skipped."""
-    out = dict(start)
-    for topic, (first, _) in bounds.items():
-        if out.get(topic, first) < first:
-            if settings.fail_on_data_loss:
-                raise DataLossError(f"topic {topic!r} starts at message {first} now; messages "
-                                    f"{out[topic]}..{first - 1} were removed by retention before they were "
-                                    "read (failOnDataLoss=false skips them)")
-            out[topic] = first
-    return out
+                raise DataLossError(f"topic {part.topic!r} holds no message {position} (it ends before "
+                                    f"{reply.next_id}): the range planned was {part.start}..{part.end - 1}")
+            stored_end = reply.start_id + reply.count
+            if stored_end < part.end:
+                pending = ask(stored_end)  # fetched while this reply becomes columns
+            yield to_batch(reply.payload, reply.start_id, reply.count, part.topic, schema, stop_id=part.end,
+                           check_crc=settings.check_crcs)
+            position = stored_end
+    finally:
+        client.close(timeout=1.0)
 
 
 # ------------------------------------------------------------------------------------------------ reading
 
 
 class Mc0BatchReader(DataSourceReader):
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: ReadSettings) -> None:
         self.settings = settings
 
     def partitions(self) -> Sequence[InputPartition]:
         settings = self.settings
-        bounds = bounds_of(settings)
-        start = check_loss(settings, settings.offsets(settings.starting, bounds, EARLIEST), bounds)
-        end = settings.offsets(settings.ending, bounds, LATEST)
-        ranges = {topic: (start[topic], max(start[topic], min(end[topic], bounds[topic][1])))
-                  for topic in settings.topics}
-        return split(ranges, settings.min_partitions) or [Range(settings.topics[0], 0, 0)]
-
-    def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, Range)
-        if partition.start < partition.end:
-            yield from read_range(self.settings, partition)
-
-
-class Mc0StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets are ``{topic: next message id}``; a micro-batch reads ``start <= id < end`` of each topic."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.target: dict[str, int] | None = None  # Trigger.AvailableNow: never read past these
-
-    def initialOffset(self) -> dict:
-        bounds = bounds_of(self.settings)
-        return self.settings.offsets(self.settings.starting, bounds, LATEST)
-
-    def getDefaultReadLimit(self) -> ReadLimit:
-        limit = self.settings.max_per_trigger
-        return ReadMaxRows(limit) if limit else ReadAllAvailable()
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        self.target = {topic: next_id for topic, (_, next_id) in bounds_of(self.settings).items()}
-
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        bounds = bounds_of(self.settings)
-        latest = {topic: next_id for topic, (_, next_id) in bounds.items()}
-        if self.target is not None:
-            latest = {topic: min(latest[topic], self.target.get(topic, latest[topic])) for topic in latest}
-        begin = {topic: max(start.get(topic, bounds[topic][0]), 0) for topic in latest}
-        if isinstance(limit, ReadMaxRows):
-            latest = cap(begin, latest, limit.max_rows)
-        return {topic: max(begin[topic], latest[topic]) for topic in latest}
-
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        bounds = bounds_of(self.settings)
-        topics = self.settings.topics
-        begin = check_loss(self.settings, {t: start.get(t, bounds[t][0]) for t in topics}, bounds)
-        ranges = {topic: (begin[topic], max(begin[topic], end.get(topic, begin[topic])))
-                  for topic in self.settings.topics}
-        return split(ranges, self.settings.min_partitions)
+        broker = Broker(settings.connection)
+        try:
+            topics = topics_of(settings, broker)
+            bounds = broker.bounds(topics)
+            starts = resolve(settings, settings.starting, broker, bounds, EARLIEST)
+            ends = resolve(settings, settings.ending, broker, bounds, LATEST)
+            ranges = {}
+            for topic, now in bounds.items():
+                start = begin(settings, broker, topic, Position(starts[topic], now.incarnation), now)
+                ranges[topic] = (start, max(start, min(ends[topic], now.next)), now.incarnation)
+        finally:
+            broker.close()
+        return split(ranges, settings) or [Range("", 0, 0, NO_LOG)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, Range)
         yield from read_range(self.settings, partition)
 
-    def commit(self, end: dict) -> None:
-        """Nothing to release: the broker keeps no state for readers (retention alone removes messages)."""
 
-
-def cap(start: dict[str, int], latest: dict[str, int], max_rows: int) -> dict[str, int]:
+def cap(start: Mapping[str, int], latest: Mapping[str, int], max_rows: int) -> dict[str, int]:
     """End offsets holding at most ``max_rows`` messages in all, shared out in proportion to what each topic
     has waiting (each topic with something waiting moves by at least one)."""
     waiting = {topic: max(0, latest[topic] - start[topic]) for topic in latest}
     total = sum(waiting.values())
     if total <= max_rows:
-        return latest
+        return dict(latest)
     out = {}
     left = max_rows
     for topic, count in sorted(waiting.items()):
@@ -330,60 +485,210 @@ def cap(start: dict[str, int], latest: dict[str, int], max_rows: int) -> dict[st
     return out
 
 
-# ------------------------------------------------------------------------------------------------ writing
+class Mc0StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are :func:`encode_offset` of each topic's :class:`Position`. On the driver the reader keeps one
+    connection, the latest bounds it knows per topic, and a long poll per topic while the stream is idle: an
+    idle query costs the broker about two commands a second per topic, and a new message ends the poll at
+    once."""
 
-
-@dataclass
-class Written(WriterCommitMessage):
-    rows: int
-
-
-def write_rows(settings: Settings, rows: Iterator[Any]) -> Written:
-    """Publish every row with confirmed PUTS batches; returns once the broker confirmed all of them."""
-    written = 0
-    batch: list[tuple[str, bytes, dict[str, str]]] = []
-    with settings.client() as client:
-        for row in rows:
-            values = row.asDict()
-            topic = values.get("topic") or settings.topic
-            if not topic:
-                raise ValueError("a row has no topic: give the DataFrame a topic column or the topic option")
-            value = values.get("value")
-            if value is None:
-                raise ValueError("a row has no value")
-            body = bytes(value) if not isinstance(value, str) else value.encode()
-            headers = values.get("headers") or {}
-            batch.append((topic, body, {str(k): str(v) for k, v in headers.items()}))
-            if len(batch) == WRITE_BATCH:
-                client.publish_batch(batch)
-                written += len(batch)
-                batch = []
-        if batch:
-            client.publish_batch(batch)
-            written += len(batch)
-    return Written(written)
-
-
-class Mc0BatchWriter(DataSourceWriter):
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: ReadSettings) -> None:
         self.settings = settings
+        self._init_driver_state()
 
-    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        return write_rows(self.settings, iterator)
+    def _init_driver_state(self) -> None:
+        self._broker: Broker | None = None
+        self._known: dict[str, Bounds] = {}
+        self._polls: dict[str, Future[Any]] = {}
+        self._poll_deadlines: dict[str, float] = {}  # past it, a poll's answer is not coming (a restart)
+        self._topics: list[str] | None = None
+        self._discovered_at = 0.0
+        self._target: dict[str, int] | None = None  # Trigger.AvailableNow: never read past these
+        self._last_trigger: float | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"settings": self.settings}  # executors get the settings; the driver's connection stays here
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.settings = state["settings"]
+        self._init_driver_state()
+
+    @property
+    def broker(self) -> Broker:
+        if self._broker is None:
+            self._broker = Broker(self.settings.connection)
+        return self._broker
+
+    def _current_topics(self) -> list[str]:
+        now = time.monotonic()
+        if self._topics is None or (self.settings.pattern is not None
+                                    and now - self._discovered_at >= self.settings.discovery_ms / 1000):
+            topics = topics_of(self.settings, self.broker)
+            if self._topics is not None:
+                for gone in set(self._topics) - set(topics):
+                    log.warning("topic %r no longer exists: no longer read", gone)
+                    self._known.pop(gone, None)
+                    self._polls.pop(gone, None)
+                    self._poll_deadlines.pop(gone, None)
+            self._topics, self._discovered_at = topics, now
+        return self._topics
+
+    def _harvest(self) -> None:
+        """Take the answers of long polls that ended: each says where its topic stands now. A poll whose
+        answer is overdue (the broker restarted and forgot it) is given up: its topic is asked again."""
+        now = time.monotonic()
+        for topic, future in list(self._polls.items()):
+            overdue = now > self._poll_deadlines[topic]
+            if future.done() or overdue:
+                del self._polls[topic], self._poll_deadlines[topic]
+                try:
+                    result = future.result(timeout=0)
+                except Exception:  # lost with a connection, or overdue: the next refresh asks again
+                    self._known.pop(topic, None)
+                    continue
+                self._known[topic] = Bounds(result.first_id, result.next_id, result.incarnation)
+
+    def _refresh(self, topics: Sequence[str]) -> dict[str, Bounds]:
+        """The latest bounds of every topic. With long polls, what a poll last said is trusted: a topic with
+        a poll still waiting has nothing new (the broker would have answered), and a topic whose bounds are
+        older than what it now holds is found out by the next poll, which starts from them and so returns at
+        once. Without long polls, or for a topic never asked, the broker is asked (all topics at once)."""
+        self._harvest()
+        if self.settings.fetch_max_wait_ms > 0:
+            stale = [topic for topic in topics if topic not in self._known]
+        else:
+            stale = list(topics)
+        if stale:
+            self._known.update(self.broker.bounds(stale))
+        return {topic: self._known[topic] for topic in topics}
+
+    def _poll(self, topics: Sequence[str], seconds: float) -> None:
+        """Wait up to ``seconds`` for any topic to get a message past the latest known (a long poll each)."""
+        client = self.broker.client
+        wait = self.settings.fetch_max_wait_ms / 1000
+        for topic in topics:
+            if topic not in self._polls:
+                known = self._known[topic]
+                self._polls[topic] = client.fetch_later(
+                    topic, known.next, max_messages=0, wait=wait,
+                    incarnation=known.incarnation if known.incarnation != NO_LOG else None)
+                deadline = time.monotonic() + wait + self.settings.connection.request_timeout
+                self._poll_deadlines[topic] = deadline
+        wait_for(list(self._polls.values()), timeout=seconds, return_when=FIRST_COMPLETED)
+        self._harvest()
+
+    def initialOffset(self) -> dict:
+        settings = self.settings
+        topics = self._current_topics()
+        bounds = self._refresh(topics)
+        starts = resolve(settings, settings.starting, self.broker, bounds, LATEST)
+        return encode_offset({t: Position(starts[t], bounds[t].incarnation) for t in topics})
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        settings = self.settings
+        if settings.max_per_trigger:
+            return ReadMaxRows(settings.max_per_trigger)
+        if settings.min_per_trigger:
+            return ReadMinRows(settings.min_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        topics = self._current_topics()
+        bounds = self.broker.bounds(topics)
+        self._known.update(bounds)  # what the micro-batches up to the target are planned from
+        self._target = {topic: b.next for topic, b in bounds.items()}
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        end = self._latest(start, limit)
+        idle = end == start and self._target is None and self.settings.fetch_max_wait_ms > 0
+        if idle:
+            topics = self._current_topics()
+            self._poll(topics, self._poll_seconds())
+            end = self._latest(start, limit)
+        return end
+
+    def _poll_seconds(self) -> float:
+        wait = self.settings.fetch_max_wait_ms / 1000
+        if self.settings.min_per_trigger and self._last_trigger is not None:
+            due = self._last_trigger + self.settings.max_trigger_delay_ms / 1000 - time.monotonic()
+            wait = max(0.0, min(wait, due))
+        return wait
+
+    def _latest(self, start: dict, limit: ReadLimit) -> dict:
+        settings = self.settings
+        positions = decode_offset(start)
+        topics = self._current_topics()
+        bounds = self._refresh(topics)
+        begins = {t: begin(settings, self.broker, t, positions.get(t), bounds[t]) for t in topics}
+        latest = {t: max(begins[t], bounds[t].next) for t in topics}
+        if self._target is not None:
+            latest = {t: max(begins[t], min(latest[t], self._target.get(t, begins[t]))) for t in topics}
+        now = time.monotonic()
+        if self._last_trigger is None:
+            self._last_trigger = now
+        if not isinstance(limit, ReadAllAvailable):
+            waiting = sum(latest[t] - begins[t] for t in topics)
+            delay = settings.max_trigger_delay_ms / 1000
+            too_few = settings.min_per_trigger and waiting < settings.min_per_trigger
+            if too_few and now - self._last_trigger < delay:
+                latest = dict(begins)  # not enough yet: Kafka's minOffsetsPerTrigger
+            elif settings.max_per_trigger:
+                latest = cap(begins, latest, settings.max_per_trigger)
+        end = encode_offset({t: Position(latest[t], bounds[t].incarnation) for t in topics})
+        if end != start:
+            self._last_trigger = now
+        return end
+
+    def reportLatestOffset(self) -> dict | None:
+        """The latest offsets known (from the last latestOffset): the progress's ``latestOffset``, against
+        which a query's lag shows (:func:`offsets_behind`)."""
+        if not self._known or self._topics is None:
+            return None
+        return encode_offset({t: Position(self._known[t].next, self._known[t].incarnation)
+                              for t in self._topics if t in self._known})
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        settings = self.settings
+        first = decode_offset(start)
+        last = decode_offset(end)
+        bounds = self.broker.bounds(list(last))
+        ranges = {}
+        for topic, stop in last.items():
+            begins = begin(settings, self.broker, topic, first.get(topic), bounds[topic])
+            ranges[topic] = (begins, max(begins, stop.next), stop.incarnation)
+        return split(ranges, settings)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, Range)
+        yield from read_range(self.settings, partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to release: the broker keeps no state for readers (retention alone removes messages)."""
+
+    def stop(self) -> None:
+        if self._broker is not None:
+            self._broker.close()
 
 
-class Mc0StreamWriter(DataSourceStreamWriter):
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+def offsets_behind(progress: Mapping[str, Any]) -> dict[str, float]:
+    """What Kafka's source reports as metrics, computed from a streaming progress (``query.lastProgress``):
+    ``avgOffsetsBehindLatest``, ``maxOffsetsBehindLatest`` and ``minOffsetsBehindLatest`` of each mc0
+    source, over its topics. PySpark's Python sources cannot put metrics into the progress themselves (see
+    docs/pipeline.md), but they do report ``latestOffset``, and the lag is its distance to ``endOffset``."""
+    import json
 
-    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        return write_rows(self.settings, iterator)
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Every task already had its rows confirmed by the broker; nothing is left to make visible."""
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Published rows cannot be taken back: the delivery guarantee is at-least-once."""
+    out: dict[str, float] = {}
+    for source in progress.get("sources", []):
+        latest, end = source.get("latestOffset"), source.get("endOffset")
+        if not latest or not end:
+            continue
+        latest_positions = decode_offset(json.loads(latest) if isinstance(latest, str) else latest)
+        end_positions = decode_offset(json.loads(end) if isinstance(end, str) else end)
+        behind = [max(0, p.next - end_positions[t].next)
+                  for t, p in latest_positions.items() if t in end_positions]
+        if behind:
+            out = {"avgOffsetsBehindLatest": sum(behind) / len(behind), "maxOffsetsBehindLatest": max(behind),
+                   "minOffsetsBehindLatest": min(behind)}
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ the source
@@ -392,30 +697,43 @@ class Mc0StreamWriter(DataSourceStreamWriter):
 class Mc0DataSource(DataSource):
     """``format("mc0")``: read topics, write DataFrames into topics."""
 
+    #: Spark's default parallelism, set by :func:`register` (a subclass made there carries it to the Python
+    #: workers that plan reads, which have no SparkContext to ask).
+    default_parallelism: int | None = None
+
     @classmethod
     def name(cls) -> str:
         return FORMAT
 
-    def schema(self) -> str:
-        return SCHEMA_WITH_HEADERS if _flag(self.options, "includeHeaders", False) else SCHEMA
+    def schema(self) -> StructType:
+        # Asked by load(), for batch and streaming reads alike: the names are checked here, so that a typo
+        # fails at load(); what depends on the mode is checked when Spark asks for the reader.
+        opts.check(self.options, None)
+        return SCHEMA_WITH_HEADERS if opts.flag(self.options, "includeHeaders", False) else SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        settings = Settings.parse(self.options, streaming=False)
-        settings.require_topics()
-        return Mc0BatchReader(settings)
+        return Mc0BatchReader(ReadSettings.parse(self.options, Mode.READ, self.default_parallelism))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        settings = Settings.parse(self.options, streaming=True)
-        settings.require_topics()
-        return Mc0StreamReader(settings)
+        return Mc0StreamReader(ReadSettings.parse(self.options, Mode.STREAM, self.default_parallelism))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return Mc0BatchWriter(Settings.parse(self.options, streaming=False))
+        from pipeline.sink import batch_writer
+
+        return batch_writer(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return Mc0StreamWriter(Settings.parse(self.options, streaming=True))
+        from pipeline.sink import stream_writer
+
+        return stream_writer(self.options, schema)
 
 
 def register(spark: Any) -> None:
-    """Make ``format("mc0")`` available in ``spark``."""
-    spark.dataSource.register(Mc0DataSource)
+    """Make ``format("mc0")`` available in ``spark``, splitting reads for its default parallelism."""
+    try:
+        parallelism = spark.sparkContext.defaultParallelism
+    except Exception:  # Spark Connect has no SparkContext: the planning machine's cores then
+        parallelism = None
+    source = type(Mc0DataSource.__name__, (Mc0DataSource,), {"default_parallelism": parallelism,
+                                                             "__module__": __name__})
+    spark.dataSource.register(source)

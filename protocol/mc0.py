@@ -60,6 +60,19 @@ CONFIRM = b"CONFIRM"
 CONFIRM_EACH = b"each"
 CONTENT_TYPE = b"CONTENT-TYPE"
 MSGPACK_CONTENT_TYPE = b"application/msgpack"  # the payload of a FETCH or a CONFIRM reply
+WAIT = b"WAIT"  # <ms>: a FETCH with nothing to read from FROM on may wait this long for a commit
+AT_TIME = b"AT-TIME"  # <ms since the epoch>: a FETCH starts at the first message stored at or after this time
+FORMAT = b"FORMAT"  # records: the reply carries the stored records as they lie in the log (protocol.records)
+FORMAT_RECORDS = b"records"
+RECORDS_CONTENT_TYPE = b"application/x-mc0-records"
+INCARNATION = b"INCARNATION"  # the log's identity: on the OK to a FETCH; on FETCH and SUB RESUME, the known
+INCARNATIONS = b"INCARNATIONS"  # on the OK to a SUB ("ids"): each topic's log identity ("-" for none)
+START_IDS = b"START-IDS"  # on the OK to a SUB with RESUME ("ids"): where each topic's subscription starts
+START_ID = b"START-ID"  # on the OK to a FETCH: where the reply starts (FROM raised to FIRST-ID, or AT-TIME's)
+# Idempotent PUTS.
+PRODUCER = b"PRODUCER"  # <opaque bytes>: who publishes; with SEQUENCE, the broker stores each entry once
+SEQUENCE = b"SEQUENCE"  # <n>: the first entry's sequence number (entry i has n + i), per producer and topic
+DUPLICATES = b"DUPLICATES"  # on the OK to an idempotent PUTS: how many leading entries were stored before
 
 REPLAY_BEGINNING = "beginning"
 REPLAY_CURRENT = "current"
@@ -98,6 +111,13 @@ FETCH_DEFAULT_MAX_MESSAGES = 1000
 FETCH_DEFAULT_MAX_BYTES = 1 << 20
 FETCH_MAX_MESSAGES = 10_000
 FETCH_MAX_BYTES = 16 << 20
+#: The longest a FETCH may wait (a larger WAIT is lowered to it): a waiting FETCH holds a place in the broker,
+#: and a client's request timeout must outlast it. Kafka's fetch.max.wait.ms defaults to 500.
+FETCH_MAX_WAIT_MS = 60_000
+#: The longest PRODUCER a PUTS may name: an id, not a payload (it is kept per topic in memory and on disk).
+MAX_PRODUCER_BYTES = 255
+#: "No log identity": a transient topic in INCARNATIONS.
+NO_INCARNATION = b"-"
 
 #: Largest TTL we accept (about 24.8 days, the largest millisecond count a signed 32-bit timer holds).
 MAX_TTL_MS = 2**31 - 1
@@ -131,6 +151,7 @@ class Sub:
     resume: int | None = None  # extension RESUME: the next id wanted after a reconnect
     credit: int | None = None  # extension CREDIT: in-flight limit, None = the broker's per-client bound
     explicit_acks: bool = False  # extension ACKS explicit: messages count as in flight until ACKed
+    incarnation: bytes | None = None  # extension INCARNATION (with RESUME): the log the resume point is from
 
 
 @dataclass(slots=True)
@@ -163,6 +184,10 @@ class PutItem(NamedTuple):
 class Puts:
     """Extension: many PUTs in one frame set; an ID confirms the whole batch.
 
+    With ``producer`` and ``sequence`` (idempotent publishing) every entry names the same topic and entry
+    ``i`` carries sequence ``sequence + i``: the broker stores an entry only if that producer has not stored
+    that sequence (or a higher one) in that topic already.
+
     With ``confirm_each`` (extension "confirms", header ``CONFIRM each``, needs an ID) the entries are
     separate publishes that travel together: each is stored or refused on its own, and the OK carries one
     result per entry (:func:`confirms_ok`). This is how a client pipelines confirmed publishes."""
@@ -170,6 +195,8 @@ class Puts:
     items: list[tuple[bytes, bytes, Headers]]  # PutItem or plain tuples of the same shape
     id: bytes | None = None
     headers: Headers = field(default_factory=dict)
+    producer: bytes | None = None
+    sequence: int | None = None
     confirm_each: bool = False
 
 
@@ -261,6 +288,10 @@ class Fetch:
     max_bytes: int | None = None
     id: bytes | None = None
     headers: Headers = field(default_factory=dict)
+    wait: int | None = None  # WAIT ms: wait for a commit when there is nothing to read (capped, see above)
+    at_time: int | None = None  # AT-TIME ms: start at the first message stored at or after it (not with FROM)
+    records: bool = False  # FORMAT records: the stored records as they lie in the log
+    incarnation: bytes | None = None  # INCARNATION: the log the reader knows; another one is answered at once
 
 
 class FetchItem(NamedTuple):
@@ -273,11 +304,26 @@ class FetchItem(NamedTuple):
 
 
 class FetchReply(NamedTuple):
-    """The OK to a FETCH, decoded (:func:`decode_fetch_reply`)."""
+    """The OK to a FETCH, decoded (:func:`decode_fetch_reply`). ``incarnation`` is b"" and ``start_id`` None
+    from a broker that does not send them."""
 
     first_id: int
     next_id: int
     items: list[FetchItem]
+    incarnation: bytes = b""
+    start_id: int | None = None
+
+
+class RecordsReply(NamedTuple):
+    """The OK to a ``FORMAT records`` FETCH (:func:`decode_records_reply`): ``count`` stored records, ids
+    ``start_id`` to ``start_id + count - 1``, as the log holds them (``protocol.records`` reads them)."""
+
+    first_id: int
+    next_id: int
+    start_id: int
+    count: int
+    incarnation: bytes
+    payload: bytes
 
 
 Event: TypeAlias = (
@@ -383,6 +429,11 @@ def _decode_sub(topics: list[bytes], headers: Headers, command_id: bytes | None)
         if sub.replay is not None:
             raise ProtocolError("SUB takes REPLAY or RESUME, not both", command_id=command_id)
         sub.resume = _unsigned(RESUME, raw, command_id)
+    raw = headers.pop(INCARNATION, None)
+    if raw is not None:
+        if sub.resume is None:
+            raise ProtocolError("SUB takes INCARNATION only with RESUME", command_id=command_id)
+        sub.incarnation = raw
     raw = headers.pop(CREDIT, None)
     if raw is not None:
         sub.credit = _unsigned(CREDIT, raw, command_id, 2**31 - 1)
@@ -442,7 +493,43 @@ def _decode_fetch(headers: Headers, command_id: bytes | None) -> Fetch:
     raw = headers.pop(MAX_BYTES, None)
     if raw is not None:
         fetch.max_bytes = _unsigned(MAX_BYTES, raw, command_id)
+    raw = headers.pop(WAIT, None)
+    if raw is not None:
+        fetch.wait = _unsigned(WAIT, raw, command_id)
+    raw = headers.pop(AT_TIME, None)
+    if raw is not None:
+        if fetch.start is not None:
+            raise ProtocolError("FETCH takes FROM or AT-TIME, not both", command_id=command_id)
+        fetch.at_time = _unsigned(AT_TIME, raw, command_id)
+    raw = headers.pop(FORMAT, None)
+    if raw is not None:
+        if raw != FORMAT_RECORDS:
+            raise ProtocolError(f"FETCH FORMAT must be records, not {_text(raw)!r}", command_id=command_id)
+        fetch.records = True
+    fetch.incarnation = headers.pop(INCARNATION, None)
     return fetch
+
+
+def _decode_producer(puts: Puts, headers: Headers, command_id: bytes | None) -> Puts:
+    """PRODUCER and SEQUENCE, both or neither; an idempotent batch names one topic."""
+    producer = headers.pop(PRODUCER, None)
+    raw = headers.pop(SEQUENCE, None)
+    if producer is None and raw is None:
+        return puts
+    if producer is None or raw is None:
+        raise ProtocolError("PUTS takes PRODUCER and SEQUENCE together", command_id=command_id)
+    if not producer or len(producer) > MAX_PRODUCER_BYTES:
+        raise ProtocolError(f"PRODUCER must be 1 to {MAX_PRODUCER_BYTES} bytes", command_id=command_id)
+    puts.producer = producer
+    puts.sequence = _unsigned(SEQUENCE, raw, command_id)
+    if puts.items:
+        topic = puts.items[0][0]
+        if any(item[0] != topic for item in puts.items):
+            raise ProtocolError("an idempotent PUTS (PRODUCER) writes one topic: every entry must name it",
+                                command_id=command_id)
+        if puts.sequence + len(puts.items) - 1 > 2**64 - 1:
+            raise ProtocolError("SEQUENCE runs past 2^64 - 1 in this batch", command_id=command_id)
+    return puts
 
 
 def _decode_connect(headers: Headers, command_id: bytes | None) -> Connect:
@@ -557,13 +644,18 @@ def decode(frames: Frames) -> Event:
         return Put(topic, body, command_id, publisher_headers(headers, command_id))
     if verb == b"PUTS":
         headers.pop(ID, None)
+        puts = Puts(_decode_puts(positional, command_id), command_id, headers)
         confirm = headers.pop(CONFIRM, None)
         if confirm is not None:
             if confirm != CONFIRM_EACH:
                 raise ProtocolError(f"CONFIRM must be 'each', not {_text(confirm)!r}", command_id=command_id)
             if command_id is None:
                 raise ProtocolError("PUTS with CONFIRM each needs an ID to answer to")
-        return Puts(_decode_puts(positional, command_id), command_id, headers, confirm is not None)
+            puts.confirm_each = True
+        puts = _decode_producer(puts, headers, command_id) if headers else puts
+        if puts.confirm_each and puts.producer is not None:
+            raise ProtocolError("a PUTS takes CONFIRM each or PRODUCER, not both", command_id=command_id)
+        return puts
     if verb == b"MESSAGE":
         topic = headers.pop(TOPIC, None)
         if not topic:
@@ -650,7 +742,12 @@ def pack_message_items(items: list[MessageItem]) -> bytes:
 
 
 def fetch_ok(
-    command_id: bytes, first_id: int, next_id: int, items: Sequence[tuple[int, int, bytes, Headers]]
+    command_id: bytes,
+    first_id: int,
+    next_id: int,
+    items: Sequence[tuple[int, int, bytes, Headers]],
+    incarnation: bytes | None = None,
+    start_id: int | None = None,
 ) -> Ok:
     """The OK answering a FETCH. ``items`` are FetchItems or plain tuples of the same shape; the payload is
     ``[id, timestamp-ms, body, headers]`` per message, headers always there (an empty map for none)."""
@@ -660,7 +757,27 @@ def fetch_ok(
         COUNT: b"%d" % len(items),
         CONTENT_TYPE: MSGPACK_CONTENT_TYPE,
     }
+    if incarnation is not None:
+        headers[INCARNATION] = incarnation
+    if start_id is not None:
+        headers[START_ID] = b"%d" % start_id
     return Ok(command_id, headers, msgpack.packb(items, use_bin_type=True))
+
+
+def records_ok(
+    command_id: bytes, first_id: int, next_id: int, start_id: int, count: int, incarnation: bytes,
+    payload: bytes,
+) -> Ok:
+    """The OK answering a ``FORMAT records`` FETCH: ``count`` records from ``start_id`` on, as stored."""
+    headers = {
+        FIRST_ID: b"%d" % first_id,
+        NEXT_ID: b"%d" % next_id,
+        COUNT: b"%d" % count,
+        CONTENT_TYPE: RECORDS_CONTENT_TYPE,
+        INCARNATION: incarnation,
+        START_ID: b"%d" % start_id,
+    }
+    return Ok(command_id, headers, payload)
 
 
 def _reply_number(ok: Ok, name: bytes) -> int:
@@ -690,7 +807,21 @@ def decode_fetch_reply(ok: Ok) -> FetchReply:
     if len(items) != count:
         raise ProtocolError(f"the OK to a FETCH says COUNT {count} but carries {len(items)} messages",
                             command_id=ok.id)
-    return FetchReply(first_id, next_id, items)
+    start = ok.headers.get(START_ID)
+    start_id = None if start is None else _unsigned(START_ID, start, ok.id)
+    return FetchReply(first_id, next_id, items, ok.headers.get(INCARNATION, b""), start_id)
+
+
+def decode_records_reply(ok: Ok) -> RecordsReply:
+    """What the OK to a ``FORMAT records`` FETCH says; the records themselves are read by
+    :mod:`protocol.records`. ProtocolError if the OK is not a well-formed one."""
+    if ok.headers.get(CONTENT_TYPE) != RECORDS_CONTENT_TYPE:
+        raise ProtocolError("the OK to a FETCH FORMAT records does not carry records (an older broker?)",
+                            command_id=ok.id)
+    return RecordsReply(
+        _reply_number(ok, FIRST_ID), _reply_number(ok, NEXT_ID), _reply_number(ok, START_ID),
+        _reply_number(ok, COUNT), ok.headers.get(INCARNATION, b""), ok.body or b"",
+    )
 
 
 #: One entry of the OK to a ``PUTS CONFIRM each``: ``(message id, durability)`` for a stored entry, ``(None,
@@ -754,8 +885,10 @@ def encode(event: Event, *, delimiter: bool = True) -> Frames:
             out += (b"", body)
         case Message(topic, body, headers, message_id, timestamp):
             message_frames(out, topic, body, headers, message_id, timestamp)
-        case Puts(items, command_id, headers, confirm_each):
+        case Puts(items, command_id, headers, producer, sequence, confirm_each):
             out.append(b"PUTS")
+            if producer is not None:
+                out += (PRODUCER, producer, SEQUENCE, b"%d" % (sequence or 0))
             if confirm_each:
                 out += (CONFIRM, CONFIRM_EACH)
             _headers(out, headers)
@@ -763,12 +896,14 @@ def encode(event: Event, *, delimiter: bool = True) -> Frames:
             out += (b"", pack_put_items(items))
         case Messages(items):
             out += (b"MESSAGES", b"", pack_message_items(items))
-        case Sub(topics, command_id, headers, replay, resume, credit, explicit_acks):
+        case Sub(topics, command_id, headers, replay, resume, credit, explicit_acks, incarnation):
             out.append(b"SUB")
             if replay is not None:
                 out += (REPLAY, replay.encode() if isinstance(replay, str) else b"%d" % replay)
             if resume is not None:
                 out += (RESUME, b"%d" % resume)
+                if incarnation is not None:
+                    out += (INCARNATION, incarnation)
             if credit is not None:
                 out += (CREDIT, b"%d" % credit)
             if explicit_acks:
@@ -797,7 +932,8 @@ def encode(event: Event, *, delimiter: bool = True) -> Frames:
             _headers(out, headers)
             _with_id(out, command_id)
             out += (b"", topic)
-        case Fetch(topic, start, max_messages, max_bytes, command_id, headers):
+        case Fetch(topic, start, max_messages, max_bytes, command_id, headers, wait, at_time, records,
+                   incarnation):
             out += (b"FETCH", TOPIC, topic)
             if start is not None:
                 out += (FROM, b"%d" % start)
@@ -805,6 +941,14 @@ def encode(event: Event, *, delimiter: bool = True) -> Frames:
                 out += (MAX_MESSAGES, b"%d" % max_messages)
             if max_bytes is not None:
                 out += (MAX_BYTES, b"%d" % max_bytes)
+            if wait is not None:
+                out += (WAIT, b"%d" % wait)
+            if at_time is not None:
+                out += (AT_TIME, b"%d" % at_time)
+            if records:
+                out += (FORMAT, FORMAT_RECORDS)
+            if incarnation is not None:
+                out += (INCARNATION, incarnation)
             _headers(out, headers)
             _with_id(out, command_id)
         case Connect(version, ttl, command_id, extensions, headers):

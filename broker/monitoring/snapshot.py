@@ -65,6 +65,7 @@ class TopicRecord(NamedTuple):
     bytes: int | None = None
     segments: int | None = None
     fsyncs: int | None = None
+    duplicates: int = 0  # entries of idempotent batches stored before, not stored again
 
     @property
     def traffic(self) -> int:
@@ -148,11 +149,12 @@ def topic_record(topic: Topic, held: _Held) -> TopicRecord:
     log = topic.log
     if log is None:
         return TopicRecord(name, topic.topic_id, topic.spec, topic.messages_in, topic.messages_out,
-                           topic.dropped, backlog, None, next_id - 1, lag, subscriptions)
+                           topic.dropped, backlog, None, next_id - 1, lag, subscriptions,
+                           duplicates=topic.duplicates)
     first_id = log.first_id
     return TopicRecord(name, topic.topic_id, topic.spec, topic.messages_in, topic.messages_out, topic.dropped,
                        backlog, first_id, next_id - 1, lag, subscriptions, next_id - first_id,
-                       log.bytes_on_disk, log.segment_count, log.fsyncs)
+                       log.bytes_on_disk, log.segment_count, log.fsyncs, topic.duplicates)
 
 
 def _doors(broker: Broker) -> dict[str, dict[str, Any]]:

@@ -38,6 +38,7 @@ def topic_stats(topic: TopicRecord) -> dict[str, Any]:
         "messages_in": topic.messages_in,
         "messages_out": topic.messages_out,
         "dropped": topic.dropped,
+        "duplicates": topic.duplicates,
         "backlog": topic.backlog,
         "first_id": topic.first_id,
         "last_id": topic.last_id,

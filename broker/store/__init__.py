@@ -13,12 +13,52 @@ This module must not import the engine at run time (the engine imports it).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from broker.engine import Message
+    from broker.producers import ProducerWindow
     from broker.topics import TopicSpec
+
+#: Lineage entries kept in a log's identity: enough for every unclean restart a reader could sleep through.
+MAX_LINEAGE = 16
+
+
+class LogIdentity(NamedTuple):
+    """Which log a message id belongs to (docs/storage.md, "Log identity").
+
+    Within one ``incarnation`` an id names one message forever (or a message retention removed). A log that
+    is created — a new topic, or a topic whose files were lost — gets a fresh incarnation and no lineage: its
+    ids say nothing about any earlier log's. A log that may have lost a tail it had already handed out (an
+    unsynced tail after the machine went down) gets a fresh incarnation whose ``lineage`` records the one
+    before it and ``until``, the first id the two do not share: a reader of the old incarnation at a position
+    up to ``until`` may go on reading there; one past it read messages that are gone, and its ids will be
+    given to new ones. Like a Kafka leader epoch with its start offset, and meant to grow into one."""
+
+    incarnation: str  # 32 lowercase hex digits
+    lineage: tuple[tuple[str, int], ...] = ()  # (earlier incarnation, until), oldest first
+
+    @classmethod
+    def fresh(cls) -> LogIdentity:
+        return cls(uuid.uuid4().hex)
+
+    def successor(self, until: int) -> LogIdentity:
+        """A new incarnation sharing ids below ``until`` with this one."""
+        lineage = (*self.lineage, (self.incarnation, until))[-MAX_LINEAGE:]
+        return LogIdentity(uuid.uuid4().hex, lineage)
+
+    def resume_point(self, incarnation: str, position: int) -> int | None:
+        """Where a reader that stood at ``position`` (the next id it wanted) in ``incarnation`` goes on in
+        this log: the same position, or the first id the logs do not share if it is lower. None if
+        ``incarnation`` is not this log's nor an ancestor it remembers (read this log from its beginning)."""
+        if incarnation == self.incarnation:
+            return position
+        for index, (earlier, _) in enumerate(self.lineage):
+            if earlier == incarnation:
+                return min(position, *(until for _, until in self.lineage[index:]))
+        return None
 
 
 class StoredTopic(NamedTuple):
@@ -38,6 +78,10 @@ class TopicLog(Protocol):
     """The append-only log of one persistent topic (and, for round-robin topics, its acked ids)."""
 
     spec: TopicSpec
+    #: Which log this is (set by the store when it opens the log).
+    identity: LogIdentity
+    #: What idempotent publishers stored (kept with the log, so it survives a restart).
+    producers: ProducerWindow
     #: fsyncs of segment files so far (the benchmark's "messages per fsync").
     fsyncs: int
     #: Bytes recovery cut off a torn tail when the log was opened (0 normally).
@@ -78,6 +122,15 @@ class TopicLog(Protocol):
 
     def read(self, start_id: int, max_messages: int, max_bytes: int) -> list[Message]:
         """Written messages from ``start_id`` on, bounded by count and body bytes (at least one if any)."""
+        ...
+
+    def read_records(self, start_id: int, max_messages: int, max_bytes: int) -> tuple[int, int, bytes]:
+        """Written records from ``start_id`` (or the first stored) on, as they lie in the log, undecoded:
+        ``(first id, count, bytes)``, bounded by count and record bytes (at least one record if any)."""
+        ...
+
+    def find_time(self, timestamp_ms: int) -> int:
+        """The first written id stored at or after ``timestamp_ms`` (``next_id`` if none is)."""
         ...
 
     def enforce_retention(self, now_ms: int) -> int:

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from broker.store import StoreError
-from broker.store.segment import fsync, fsync_directory, pread_exact, write_all
+from broker.store.segment import fsync, pread_exact, replace_file, write_all
 
 log = logging.getLogger("mc0.store")
 
@@ -178,15 +178,7 @@ class AckJournal:
         ranges = [(1, self.watermark)] if self.watermark else []
         ranges += coalesce(self.above)
         data = encode_ranges(ranges)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        try:
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-            write_all(fd, data, tmp)
-            fsync(fd, tmp)
-            os.replace(tmp, self.path)
-        except OSError as exc:
-            raise StoreError(f"{self.path}: compaction failed: {exc}") from exc
-        fsync_directory(self.path.parent)
+        fd = replace_file(self.path, data)
         self.close()
         self._fd = fd
         self.size = len(data)

@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -23,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from broker.histogram import FSYNC_SECONDS, Histogram
-from broker.store import StoredTopic, StoreError
+from broker.store import LogIdentity, StoredTopic, StoreError
 from broker.store.log import SegmentLog
-from broker.store.segment import fsync_directory, write_all
+from broker.store.segment import fsync, fsync_directory, write_all
 from broker.topics import MAX_TOPIC_ID, Delivery, Persistence, Sync, TopicSpec
+
+log = logging.getLogger("mc0.store")
 
 META_FILE = "topic.json"
 META_FORMAT = 1
@@ -35,7 +38,12 @@ MAX_DIRECTORY_NAME = 200
 #: A directory being created is first built under this prefix (a leading "." never starts a topic directory).
 NEW_PREFIX = ".new-"
 #: Held with flock() while a broker uses the directory: two brokers appending to one log would corrupt it.
+#: While held it also says "in use since boot <id>"; a clean stop empties it, so a start that finds it full
+#: knows the last broker stopped uncleanly, and whether the machine restarted since.
 LOCK_FILE = ".lock"
+#: The kernel's id of the current boot (Linux); elsewhere every unclean stop counts as a possible restart.
+BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+_INCARNATION = re.compile(r"[0-9a-f]{32}")
 
 _SAFE_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 #: Every name directory_name() can produce (never one starting with "."). Anything else in the data
@@ -108,20 +116,52 @@ def spec_from_json(value: Any) -> TopicSpec:
     )
 
 
-def encode_meta(topic: bytes, spec: TopicSpec, topic_id: int | None = None) -> bytes:
+def encode_meta(
+    topic: bytes, spec: TopicSpec, topic_id: int | None = None, identity: LogIdentity | None = None
+) -> bytes:
     meta: dict[str, Any] = {"format": META_FORMAT, "name_hex": topic.hex()}
     # name_hex alone is the truth; "name" is only there for people reading the file.
     with contextlib.suppress(UnicodeDecodeError):
         meta["name"] = topic.decode("utf-8")
     if topic_id is not None:
         meta["topic_id"] = topic_id
+    if identity is not None:
+        meta["incarnation"] = identity.incarnation
+        if identity.lineage:
+            meta["lineage"] = [{"incarnation": old, "until": until} for old, until in identity.lineage]
     meta["spec"] = spec_to_json(spec)
     return (json.dumps(meta, indent=2) + "\n").encode()
+
+
+def _identity_from_json(meta: dict[str, Any]) -> LogIdentity | None:
+    """The log identity a meta file records (None in files written before identities were)."""
+    incarnation = meta.get("incarnation")
+    if incarnation is None:
+        return None
+    if not isinstance(incarnation, str) or not _INCARNATION.fullmatch(incarnation):
+        raise ValueError("incarnation must be 32 lowercase hex digits")
+    lineage = meta.get("lineage", [])
+    if not isinstance(lineage, list):
+        raise ValueError("lineage must be a list")
+    entries = []
+    for entry in lineage:
+        if (not isinstance(entry, dict) or set(entry) != {"incarnation", "until"}
+                or not isinstance(entry["incarnation"], str)
+                or not _INCARNATION.fullmatch(entry["incarnation"])
+                or type(entry["until"]) is not int or entry["until"] < 1):
+            raise ValueError("each lineage entry must be {incarnation: 32 hex digits, until: an id}")
+        entries.append((entry["incarnation"], entry["until"]))
+    return LogIdentity(incarnation, tuple(entries))
 
 
 def read_meta(directory: Path) -> StoredTopic:
     """The exact topic name, spec and topic id (None if not yet recorded) from a topic directory's meta file;
     StoreError if missing or garbled."""
+    return _read_meta(directory)[0]
+
+
+def _read_meta(directory: Path) -> tuple[StoredTopic, LogIdentity | None]:
+    """:func:`read_meta`, and the log identity the file records."""
     path = directory / META_FILE
     try:
         meta = json.loads(path.read_bytes())
@@ -142,11 +182,20 @@ def read_meta(directory: Path) -> StoredTopic:
         topic_id = meta.get("topic_id")
         if topic_id is not None and (type(topic_id) is not int or not 1 <= topic_id <= MAX_TOPIC_ID):
             raise ValueError(f"topic_id must be an integer from 1 to {MAX_TOPIC_ID}")
+        identity = _identity_from_json(meta)
     except FileNotFoundError:
         raise StoreError(f"{path}: missing: {directory} is not a topic directory") from None
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise StoreError(f"{path}: unreadable topic meta file: {exc!r}") from None
-    return StoredTopic(topic, spec, topic_id)
+    return StoredTopic(topic, spec, topic_id), identity
+
+
+def boot_id() -> str | None:
+    """This boot's id, or None where the system does not say."""
+    try:
+        return BOOT_ID_FILE.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def write_file_atomically(path: Path, data: bytes) -> None:
@@ -177,6 +226,9 @@ class FileStore:
         self.fsync_seconds = Histogram(FSYNC_SECONDS)
         self._logs: dict[bytes, SegmentLog] = {}
         self._lock_fd: int | None = None
+        # Set when the data directory is claimed: did the last broker stop uncleanly, and on this boot?
+        self.unclean = False
+        self.same_boot = True
 
     def _claim(self) -> None:
         """Create the data directory if needed and lock it for this process (once)."""
@@ -193,9 +245,35 @@ class FileStore:
             os.close(fd)
             raise StoreError(f"{self.root}: another broker is using this data directory") from None
         self._lock_fd = fd
+        self._mark_in_use(fd)
 
-    def _release_if_idle(self) -> None:
+    def _mark_in_use(self, fd: int) -> None:
+        """Read what the last broker left in the lock file, then say "in use since this boot" (fsynced: it
+        must be on disk before anything this broker writes and hands out)."""
+        path = self.root / LOCK_FILE
+        try:
+            previous = os.pread(fd, 256, 0).decode("ascii", "replace").split()
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot read: {exc}") from exc
+        current = boot_id()
+        if previous:
+            self.unclean = True
+            self.same_boot = current is not None and previous[-1] == current
+            log.warning("%s: the last broker did not stop cleanly (%s)", self.root,
+                        "same boot" if self.same_boot else "the machine may have restarted since")
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"boot {current or 'unknown'}\n".encode(), 0)
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot write: {exc}") from exc
+        fsync(fd, path)
+
+    def _release_if_idle(self, clean: bool = False) -> None:
         if self._lock_fd is not None and not self._logs:
+            if clean:  # every log is written, fsynced and closed: the next start need not doubt any of them
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._lock_fd, 0)
+                    os.fsync(self._lock_fd)
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
 
@@ -252,21 +330,52 @@ class FileStore:
     def _open(self, topic: bytes, spec: TopicSpec, topic_id: int | None) -> SegmentLog:
         directory = self.root / directory_name(topic)
         if directory.is_dir():
-            stored = read_meta(directory)
+            stored, identity = _read_meta(directory)
             if stored.name != topic:
                 raise StoreError(f"{directory}: holds topic {stored.name!r}, not {topic!r}")
             if topic_id is None:
                 topic_id = stored.topic_id
-            if stored.spec != spec or stored.topic_id != topic_id:
-                write_file_atomically(directory / META_FILE, encode_meta(topic, spec, topic_id))
+            recorded = (stored.spec, stored.topic_id, identity)
+            segment_log = SegmentLog(topic, directory, spec, index_interval=self.index_interval,
+                                     fsync_seconds=self.fsync_seconds)
         else:
-            self._create_directory(directory, topic, spec, topic_id)
-        log = SegmentLog(topic, directory, spec, index_interval=self.index_interval,
-                         fsync_seconds=self.fsync_seconds)
-        self._logs[topic] = log
-        return log
+            identity = LogIdentity.fresh()
+            self._create_directory(directory, topic, spec, topic_id, identity)
+            recorded = (spec, topic_id, identity)
+            segment_log = SegmentLog(topic, directory, spec, index_interval=self.index_interval,
+                                     fsync_seconds=self.fsync_seconds)
+            segment_log.created = False  # created with its identity just now
+        try:
+            identity = self._identity(segment_log, identity)
+            if recorded != (spec, topic_id, identity):
+                write_file_atomically(directory / META_FILE, encode_meta(topic, spec, topic_id, identity))
+        except BaseException:
+            segment_log.close()
+            raise
+        segment_log.identity = identity
+        self._logs[topic] = segment_log
+        return segment_log
 
-    def _create_directory(self, directory: Path, topic: bytes, spec: TopicSpec, topic_id: int | None) -> None:
+    def _identity(self, segment_log: SegmentLog, identity: LogIdentity | None) -> LogIdentity:
+        """Which log this is now (docs/storage.md, "Log identity"): a new incarnation for a log created with
+        no segments (new, or its files lost) or without a recorded identity (older files); a successor
+        sharing the recovered ids for a log that may have lost a tail it handed out (not strong, last stop
+        unclean, the machine restarted since)."""
+        if identity is None or segment_log.created:
+            if identity is not None:
+                log.warning("%s: no segments found: a new log, with a new incarnation", segment_log.directory)
+            return LogIdentity.fresh()
+        if self.unclean and segment_log.spec.sync is not Sync.STRONG:
+            segment_log.make_durable()
+            if not self.same_boot:
+                log.warning("%s: may have lost an unsynced tail in a machine restart: ids from %d on start a "
+                            "new incarnation", segment_log.directory, segment_log.next_id)
+                return identity.successor(segment_log.next_id)
+        return identity
+
+    def _create_directory(
+        self, directory: Path, topic: bytes, spec: TopicSpec, topic_id: int | None, identity: LogIdentity
+    ) -> None:
         """Build the topic directory under a hidden name, then rename it: it appears whole or not at all."""
         new = self.root / (NEW_PREFIX + directory.name)
         try:
@@ -275,7 +384,7 @@ class FileStore:
             new.mkdir()
             fd = os.open(new / META_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                write_all(fd, encode_meta(topic, spec, topic_id), new / META_FILE)
+                write_all(fd, encode_meta(topic, spec, topic_id, identity), new / META_FILE)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -297,6 +406,6 @@ class FileStore:
             except StoreError as exc:
                 failure = failure or exc
         self._logs.clear()
-        self._release_if_idle()
+        self._release_if_idle(clean=failure is None)
         if failure is not None:
             raise failure

@@ -15,7 +15,7 @@ import os
 import zlib
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from itertools import pairwise
 from pathlib import Path
 from time import perf_counter
@@ -24,8 +24,9 @@ import msgpack
 
 from broker.engine import Message
 from broker.histogram import FSYNC_SECONDS, Histogram
-from broker.store import StoreError
+from broker.store import LogIdentity, StoreError
 from broker.store.acks import AckJournal
+from broker.store.producers import ProducerJournal
 from broker.store.segment import (
     NO_ENTRY,
     RECORD_HEAD,
@@ -50,6 +51,8 @@ MAX_READ_CHUNK = 16 << 20
 #: Sealed segments kept open (fd and loaded index) for readers; the rest are reopened on demand. A replay
 #: needs one or two at a time; the bound keeps many topics with many segments under the fd limit.
 MAX_OPEN_SEALED = 8
+#: Messages per read while find_time() looks through one index interval (a few dozen usually).
+READ_CHUNK_MESSAGES = 4096
 #: Read positions remembered for sequential readers (each may hold a chunk of up to MAX_READ_CHUNK).
 MAX_CURSORS = 4
 #: The ack journal, beside the segments.
@@ -99,6 +102,9 @@ class SegmentLog:
         self._last_chunk: tuple[Segment, bytes, int] | None = None
         self._pack = msgpack.Packer(use_bin_type=True).pack
         self._acks = AckJournal(directory / ACK_FILE)
+        self.producers = ProducerJournal(directory)
+        self.identity = LogIdentity.fresh()  # the store sets the one recorded with the log
+        self.created = False  # no segment was found at open: a new log (or one whose files were lost)
         self._closed = False
         self._open()
 
@@ -121,6 +127,7 @@ class SegmentLog:
                 (self.directory / name).unlink(missing_ok=True)  # an interrupted atomic rewrite
         bases.sort()
         if not bases:
+            self.created = True
             bases = [1]
             Segment(self.directory, 1).create_empty()
             fsync_directory(self.directory)
@@ -145,8 +152,10 @@ class SegmentLog:
         self._bytes_on_disk = sum(segment.size for segment in segments)
         try:
             self._acks.open(self.first_id, self._next_id)
+            self.producers.open(self._next_id)
         except BaseException:
             self._acks.close()
+            self.producers.close()
             active.close()
             raise
 
@@ -172,6 +181,7 @@ class SegmentLog:
     @property
     def dirty(self) -> bool:
         acks = self._acks
+        producers = self.producers
         return bool(
             self._buf
             or self._sealing
@@ -180,6 +190,9 @@ class SegmentLog:
             or acks.pending
             or acks.unsynced
             or acks.created
+            or producers.pending
+            or producers.unsynced
+            or producers.created
         )
 
     @property
@@ -250,6 +263,14 @@ class SegmentLog:
         """Write everything buffered: full segments first (sealing them), then the active one, then acks."""
         if self._closed:
             raise StoreError(f"{self.directory}: the log is closed")
+        producers = self.producers
+        if producers.pending:
+            # Before the messages they describe: a message on disk must never lack its producer record, or a
+            # retried batch would store it twice. A strong topic fsyncs the record first, so that even a
+            # power loss cannot keep the messages and lose the record.
+            producers.write()
+            if self._strong:
+                producers.fsync()
         for segment in self._sealing:
             if segment.pending:
                 self._write_to(segment, segment.pending)
@@ -301,13 +322,24 @@ class SegmentLog:
         if self._dir_dirty or acks.created:
             fsync_directory(self.directory)
             self._dir_dirty = acks.created = False
+        self.producers.fsync()
+        self.producers.compact_if_big()  # everything it describes is fsynced now
 
     def commit(self) -> None:
         """Group commit of one loop turn: one write, and for strong topics the fsyncs it needs."""
-        if self._buf or self._sealing or self._acks.pending:
+        if self._buf or self._sealing or self._acks.pending or self.producers.pending:
             self._write()
-        if self._strong and (self._unsynced or self._acks.unsynced or self._dir_dirty or self._acks.created):
+        if self._strong and (self._unsynced or self._acks.unsynced or self._dir_dirty or self._acks.created
+                             or self.producers.unsynced):
             self._fsync_written()
+
+    def make_durable(self) -> None:
+        """fsync the active segment whatever this process wrote: after an unclean stop its bytes may be the
+        crashed process's, in the page cache only, and readers must not be handed what a power loss takes."""
+        active = self._segments[-1]
+        if active.fd is not None:
+            fsync(active.fd, active.path)
+            self.fsyncs += 1
 
     def sync(self) -> None:
         """Write anything buffered, then fsync everything written since the last fsync; no-op when clean."""
@@ -330,6 +362,7 @@ class SegmentLog:
                 segment.close()
             self._open_sealed.clear()
             self._acks.close()
+            self.producers.close()
 
     # ------------------------------------------------------------------------------------------- acks
 
@@ -520,6 +553,144 @@ class SegmentLog:
             raise self._corrupt(segment, position, "the file is shorter than the log says")
         self._last_chunk = (segment, chunk, position)
         return segment, chunk, position
+
+    # ------------------------------------------------------------------------------ raw ranges and time
+
+    def read_records(self, start_id: int, max_messages: int, max_bytes: int) -> tuple[int, int, bytes]:
+        """Written records from ``start_id`` (or the first stored) on, as they lie in the log: ``(first id,
+        count, bytes)``. No record is decoded or checked here: the reader checks each record's CRC.
+
+        One segment at most, ``max_messages`` records at most, and at most ``max_bytes`` of records (heads
+        included), except that the first record is always returned. The cuts come from the sparse index plus
+        a walk over at most one index interval of record heads at each end, so the cost does not grow with
+        the number of records returned: one pread."""
+        if self._closed:
+            raise StoreError(f"{self.directory}: the log is closed")
+        start_id = max(start_id, self._segments[0].base)
+        if start_id >= self._written_next_id or max_messages <= 0:
+            return start_id, 0, b""
+        segment = self._segments[bisect_right(self._bases, start_id) - 1]
+        self._readable(segment)
+        stop_id = min(self._written_next_id, start_id + max_messages, segment.last_id + 1)
+        begin = self._record_position(segment, start_id)
+        end = self._record_position(segment, stop_id)
+        limit = begin + max(0, max_bytes)
+        if end > limit:
+            ids, positions = segment.ids, segment.positions
+            assert ids is not None
+            assert positions is not None
+            entry = bisect_right(positions, limit) - 1
+            if entry >= 0 and ids[entry] > start_id:
+                stop_id, end = ids[entry], positions[entry]
+            else:  # no index entry inside the budget: it spans less than one index interval
+                stop_id, end = self._walk_heads(segment, begin, start_id, limit)
+        assert segment.fd is not None
+        data = pread_exact(segment.fd, end - begin, begin, segment.path)
+        if len(data) != end - begin:
+            raise self._corrupt(segment, begin + len(data), "the file is shorter than the log says")
+        return start_id, stop_id - start_id, data
+
+    def _record_position(self, segment: Segment, record_id: int, retried: bool = False) -> int:
+        """The byte position of ``record_id``'s record in ``segment`` (the written end for the id after its
+        last): from the index entry at or before it, walking record heads."""
+        if record_id > segment.last_id:
+            return segment.size
+        ids, positions = segment.ids, segment.positions
+        assert ids is not None
+        assert positions is not None
+        entry = bisect_right(ids, record_id) - 1
+        if entry < 0:
+            raise self._corrupt(segment, SEGMENT_HEADER_SIZE, "no index entry for the first record")
+        for position, found, _ in self._heads(segment, positions[entry], ids[entry], stale_entry=not retried):
+            if found is None:
+                # The index entry we started from is wrong (derived data): rebuild it and try once more.
+                segment.rebuild_index(self.index_interval)
+                self._cursors.clear()
+                self._last_chunk = None
+                return self._record_position(segment, record_id, retried=True)
+            if found == record_id:
+                return position
+        raise self._corrupt(segment, segment.size, f"no record {record_id} before the end of the segment")
+
+    def _walk_heads(self, segment: Segment, begin: int, start_id: int, limit: int) -> tuple[int, int]:
+        """From the record of ``start_id`` at ``begin``: the id and position where the records that fit below
+        byte ``limit`` end (at least one record)."""
+        for position, found, length in self._heads(segment, begin, start_id):
+            if position + RECORD_HEAD_SIZE + length > limit and found > start_id:
+                return found, position
+        return segment.last_id + 1, segment.size
+
+    def _heads(
+        self, segment: Segment, position: int, current: int, stale_entry: bool = False
+    ) -> Iterator[tuple[int, int | None, int]]:
+        """``(position, id, payload length)`` of each written record of ``segment`` from ``position`` (which
+        holds ``current``) on, checking that ids follow each other. Reads about one index interval at once,
+        then a head at a time (records may be large). With ``stale_entry``, a first head that is not
+        ``current`` yields ``(position, None, 0)`` once instead of raising: the index entry was wrong."""
+        assert segment.fd is not None
+        chunk_start = position
+        chunk = pread_exact(segment.fd, min(segment.size - position, self.index_interval + (64 << 10)),
+                            position, segment.path)
+        while position < segment.size:
+            offset = position - chunk_start
+            if offset + RECORD_HEAD_SIZE <= len(chunk):
+                length, _, found = _unpack_head(chunk, offset)
+            else:
+                head = pread_exact(segment.fd, RECORD_HEAD_SIZE, position, segment.path)
+                if len(head) < RECORD_HEAD_SIZE:
+                    raise self._corrupt(segment, position, f"record head of id {current} cut short")
+                length, _, found = _unpack_head(head, 0)
+            if found != current:
+                if stale_entry:
+                    yield position, None, 0
+                    return
+                raise self._corrupt(segment, position, f"record has id {found}, expected {current}")
+            stale_entry = False
+            yield position, found, length
+            position += RECORD_HEAD_SIZE + length
+            current += 1
+
+    def find_time(self, timestamp_ms: int) -> int:
+        """The first written id whose timestamp is at or after ``timestamp_ms``; ``next_id`` if none is.
+
+        A search, not a scan: the first segment whose newest record is at or after the time (segments are in
+        time order as they are in id order), a binary search over its index entries' records, then a read of
+        at most one index interval. Timestamps are the broker's clock when it took each message; were that
+        clock ever stepped back, the answer is one of the ids where the log crosses the time."""
+        if self._closed:
+            raise StoreError(f"{self.directory}: the log is closed")
+        for segment in self._segments:
+            if segment.last_id >= segment.base and segment.last_timestamp >= timestamp_ms:
+                break
+        else:
+            return self._written_next_id
+        self._readable(segment)
+        ids, positions = segment.ids, segment.positions
+        assert ids is not None
+        assert positions is not None
+        size = segment.size
+        high = bisect_right(positions, size - 1) - 1  # entries of written records only
+        if high < 0:
+            return self._written_next_id
+        low = 0
+        if segment.timestamp_at(positions[0], size) < timestamp_ms:
+            # Invariant: the record of entry `low` is older than the time; find the last such entry.
+            while low < high:
+                middle = (low + high + 1) // 2
+                if segment.timestamp_at(positions[middle], size) < timestamp_ms:
+                    low = middle
+                else:
+                    high = middle - 1
+        position = ids[low]
+        while position < self._written_next_id:
+            messages = self.read(position, READ_CHUNK_MESSAGES, READ_CHUNK)
+            if not messages:
+                break
+            for message in messages:
+                if message.timestamp >= timestamp_ms:
+                    return message.id
+            position = messages[-1].id + 1
+        return self._written_next_id
 
     def verify(self) -> None:
         """Scan every written record of every segment (CRC, ids, payload); StoreError at the first bad one."""

@@ -112,6 +112,25 @@ def fsync(fd: int, path: Path) -> None:
         raise StoreError(f"{path}: fsync failed: {exc}") from exc
 
 
+def replace_file(path: Path, data: bytes) -> int:
+    """Replace ``path`` with ``data`` atomically (tmp file, fsync, rename, fsync of the directory), and return
+    a descriptor of the new file open for appending (the journals go on writing to it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        try:
+            write_all(fd, data, tmp)
+            fsync(fd, tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            os.close(fd)
+            raise
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot rewrite: {exc}") from exc
+    fsync_directory(path.parent)
+    return fd
+
+
 def fsync_directory(path: Path) -> None:
     """Make file creations, renames and deletions inside ``path`` durable."""
     try:

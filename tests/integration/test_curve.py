@@ -207,8 +207,10 @@ def test_ensure_keys_does_nothing_without_curve(tmp_path: Path) -> None:
 
 def test_missing_client_certificate_names_the_fix(tmp_path: Path) -> None:
     keys.generate(tmp_path / "keys")
-    with pytest.raises(keys.KeyFileError, match="mc0 keys generate --client nobody"):
+    with pytest.raises(keys.KeyFileError, match="mc0 keys client nobody") as missing:
         keys.client_pair(tmp_path / "keys", "nobody")
+    assert "copy nobody.key_secret from the broker's keys folder" in str(missing.value)
+    assert "keys generate" not in str(missing.value), "never a new broker identity on a client's machine"
 
 
 def test_generated_secret_keys_are_private_from_the_start(tmp_path: Path) -> None:

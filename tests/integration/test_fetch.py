@@ -467,3 +467,46 @@ def test_publish_batch_is_confirmed_whole_or_refused_whole(start_broker: BrokerF
             client.publish_batch([("log.b", "fine", None), ("fixed", "too long", None)])
         assert client.offsets("log.b") == (1, 51), "a refused batch publishes nothing"
         assert client.publish_batch([]) == {}
+
+
+# ------------------------------------------------------------------------------------- FORMAT records
+
+
+def test_records_fetched_are_the_stored_messages_undecoded(broker: Broker) -> None:
+    from protocol import records
+
+    with Client(broker.endpoint, curve=False) as client:
+        client.publish_batch([("log.records", f"m{n}", {"X-N": str(n)} if n % 3 == 0 else None)
+                              for n in range(50)])
+        plain = client.fetch("log.records", 5, max_messages=20)
+        raw = client.fetch_records("log.records", 5, max_messages=20)
+        assert (raw.first_id, raw.next_id, raw.start_id, raw.count) == (1, 51, 5, 20)
+        assert raw.incarnation == plain.incarnation
+        decoded = records.decode(raw.payload, raw.start_id, raw.count)
+        assert [(r.id, r.timestamp, r.body) for r in decoded] == [
+            (m.id, m.timestamp, m.body) for m in plain.messages]
+        assert [{k.decode(): v.decode() for k, v in r.headers.items()} for r in decoded] == [
+            m.headers for m in plain.messages]
+        small = client.fetch_records("log.records", 1, max_messages=50, max_bytes=1)
+        assert small.count == 1, "at least one record, however small MAX-BYTES"
+        past = client.fetch_records("log.records", 51)
+        assert (past.count, past.payload, past.start_id) == (0, b"", 51)
+
+
+def test_records_fetches_stop_at_segment_ends_and_start_after_retention(broker: Broker) -> None:
+    from protocol import records
+
+    with Client(broker.endpoint, curve=False) as client:
+        client.publish_batch([("log.retained.r", b"x" * 60, None) for _ in range(200)])
+        deadline = time.monotonic() + PATIENCE
+        while client.offsets("log.retained.r")[0] == 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first, next_id = client.offsets("log.retained.r")
+        assert first > 1, "retention removed the oldest segments"
+        position, seen = 1, []
+        while position < next_id:
+            reply = client.fetch_records("log.retained.r", position)
+            assert reply.count >= 1
+            seen += [r.id for r in records.decode(reply.payload, reply.start_id, reply.count)]
+            position = reply.start_id + reply.count
+        assert seen == list(range(first, next_id)), "from the oldest stored, every one, one segment a reply"

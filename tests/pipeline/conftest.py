@@ -1,5 +1,7 @@
-"""One SparkSession for every pipeline test: ``local[2]``, no UI, the driver bound to loopback, the mc0
-data source registered. Spark starts once (a JVM takes seconds) and stops at the end of the session."""
+"""One SparkSession for every pipeline test: ``local[2,4]`` (two threads, and a failed task is tried again up
+to four times, as on a cluster: the exactly-once sink is tested against retries), no UI, the driver bound to
+loopback, the mc0 data source registered. Spark starts once (a JVM takes seconds) and stops at the end of the
+session. Python workers inherit this process's environment, so they import this checkout's packages."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ def spark() -> Iterator[Any]:
     from pipeline.source import register
 
     session = (
-        SparkSession.builder.master("local[2]").appName("mc0-tests")
+        SparkSession.builder.master("local[2,4]").appName("mc0-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")

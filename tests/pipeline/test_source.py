@@ -57,13 +57,14 @@ def test_batch_read_of_two_topics_with_ids_timestamps_and_values(spark: Any, bro
     publish(broker, "a", 99)  # 100 messages: ids 1..100
     publish(broker, "b", 49)
     frame = read(spark, broker, subscribe="a,b")
-    assert frame.columns == ["topic", "id", "timestamp", "value"]
+    assert frame.columns == ["key", "value", "topic", "id", "timestamp"], "Kafka's order, id for offset"
     rows = frame.collect()
     assert len(rows) == 150
     for topic, count in (("a", 100), ("b", 50)):
         mine = sorted((r.id, bytes(r.value)) for r in rows if r.topic == topic)
         assert mine == [(n + 1, f"{topic}:{n}".encode()) for n in range(count)]
     assert all(r.timestamp is not None and r.timestamp.year >= 2024 for r in rows)
+    assert all(r.key is None for r in rows)
 
 
 def test_offsets_partitions_and_headers(spark: Any, broker: Broker) -> None:
@@ -76,7 +77,8 @@ def test_offsets_partitions_and_headers(spark: Any, broker: Broker) -> None:
     assert tasks >= 4, "the 16 messages were read by at least 4 tasks"
     rows = sorted(frame.collect(), key=lambda r: r.id)
     assert [r.id for r in rows] == list(range(5, 21)), "from 5 up to, not including, 21"
-    assert all(r.headers == {"X-Source": "test"} for r in rows)
+    assert all([(h.key, bytes(h.value)) for h in r.headers] == [("X-Source", b"test")] for r in rows), \
+        "Kafka's shape: array<struct<key: string, value: binary>>"
 
 
 def test_fail_on_data_loss_both_ways(spark: Any, broker: Broker) -> None:
@@ -116,7 +118,7 @@ def test_a_stream_stopped_mid_way_and_restarted_has_every_message_exactly_once(
     def reached() -> int:
         progress = query.lastProgress
         end = progress["sources"][0]["endOffset"] if progress else None
-        return json.loads(end)["s"] if end else 0
+        return json.loads(end)["s"]["next"] if end else 0
 
     deadline = time.monotonic() + 60
     while reached() < 100 and time.monotonic() < deadline:
@@ -209,3 +211,29 @@ def test_reading_under_curve_with_a_keys_folder_or_z85_keys(
         broker=broker.endpoint, subscribe="secure", serverKey=credentials.server_public.decode(),
         publicKey=credentials.public.decode(), secretKey=credentials.secret.decode()).load()
     assert [bytes(r.value) for r in by_text.collect()] == [b"sealed"]
+
+
+@pytest.mark.timeout(240)
+def test_the_demo_command_sets_the_python_its_workers_run(tmp_path: Path) -> None:
+    """``python3 -m pipeline.log_counts --demo`` from a shell where ``python3`` on PATH is another Python
+    (here one that cannot even start): Spark's workers must still run this interpreter, which has PySpark and
+    the project, because the job sets PYSPARK_PYTHON."""
+    import os
+    import subprocess
+    import sys
+
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    for name in ("python3", "python"):
+        shim = shims / name
+        shim.write_text("#!/bin/sh\necho 'not the Python the job runs with' >&2\nexit 3\n")
+        shim.chmod(0o755)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYSPARK_")}
+    env["PATH"] = os.pathsep.join([str(shims), env.get("PATH", "")])
+    root = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = str(root)
+    demo = subprocess.run([sys.executable, "-m", "pipeline.log_counts", "--demo"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=220, check=False)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    counts = [line.split() for line in demo.stdout.splitlines() if line.strip()]
+    assert sum(int(fields[-1]) for fields in counts) == 300

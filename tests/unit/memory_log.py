@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from broker.engine import FIRST_MESSAGE_ID, Message
-from broker.store import StoredTopic
+from broker.producers import ProducerWindow
+from broker.store import LogIdentity, StoredTopic
 from broker.topics import Sync, TopicSpec
 
 
@@ -30,6 +31,8 @@ class MemoryLog:
         self._first_id = next_id  # the oldest stored id, or next_id while the log is empty
         self._next_id = next_id
         self.acked: set[int] = set()
+        self.identity = LogIdentity.fresh()
+        self.producers = ProducerWindow()
         self.ack_calls: list[list[int]] = []
         self.reads: list[tuple[int, int, int]] = []  # (start_id, max_messages, max_bytes) per read()
         self.commits = 0
@@ -90,6 +93,10 @@ class MemoryLog:
             out.append(message)
             size += len(message.body)
         return out
+
+    def find_time(self, timestamp_ms: int) -> int:
+        committed = self.messages[: self.committed]
+        return next((m.id for m in committed if m.timestamp >= timestamp_ms), self._first_id + len(committed))
 
     # ------------------------------------------------------------------------------------------------ acks
 

@@ -509,13 +509,13 @@ def test_stats_describe_every_topic() -> None:
     assert engine.stats() == {
         "news": {
             "id": 1, "delivery": "broadcast", "persistence": "transient", "subscribers": 1,
-            "messages_in": 2, "messages_out": 2, "dropped": 0, "backlog": 0, "first_id": None, "last_id": 2,
-            "lag": 2, "consumers": [not_caught_up],
+            "messages_in": 2, "messages_out": 2, "dropped": 0, "duplicates": 0, "backlog": 0,
+            "first_id": None, "last_id": 2, "lag": 2, "consumers": [not_caught_up],
         },
         "q.jobs": {
             "id": 2, "delivery": "round-robin", "persistence": "transient", "max_backlog": 1,
-            "subscribers": 0, "messages_in": 3, "messages_out": 0, "dropped": 2, "backlog": 1,
-            "first_id": None, "last_id": 3, "lag": 0, "consumers": [],
+            "subscribers": 0, "messages_in": 3, "messages_out": 0, "dropped": 2, "duplicates": 0,
+            "backlog": 1, "first_id": None, "last_id": 3, "lag": 0, "consumers": [],
         },
     }
     write_out(engine, subscriber)
@@ -534,7 +534,7 @@ def test_stats_of_a_persistent_topic_report_its_log() -> None:
     assert engine.stats()["log.audit"] == {
         "id": 1, "delivery": "broadcast", "persistence": "persistent", "sync": "strong",
         "segment_bytes": 64 << 20, "subscribers": 1, "messages_in": 2, "messages_out": 2, "dropped": 0,
-        "backlog": 0, "first_id": 1, "last_id": 2, "lag": 2,
+        "duplicates": 0, "backlog": 0, "first_id": 1, "last_id": 2, "lag": 2,
         "consumers": [{"lag": 2, "credit": 10, "unacked": 0, "catching_up": False}],
         "stored": 2, "bytes": 5, "segments": 1, "fsyncs": 2,  # one for the strong commit, one for sync()
     }

@@ -7,6 +7,7 @@ ProtocolError.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 
@@ -436,7 +437,8 @@ def test_long_garbage_is_shortened_in_the_error() -> None:
 # ------------------------------------------------------------------------------------ hypothesis
 
 RESERVED = {mc0.ID, mc0.TOPIC, mc0.VERSION, mc0.TTL, mc0.MESSAGE_KEY, mc0.EXTENSIONS, mc0.MESSAGE_ID,
-            mc0.TIMESTAMP, mc0.REPLAY, mc0.RESUME, mc0.CREDIT, mc0.ACKS, mc0.CONFIRM, *mc0.DECLARE_SETTINGS}
+            mc0.TIMESTAMP, mc0.REPLAY, mc0.RESUME, mc0.CREDIT, mc0.ACKS, mc0.CONFIRM, *mc0.DECLARE_SETTINGS,
+            mc0.WAIT, mc0.AT_TIME, mc0.FORMAT, mc0.INCARNATION, mc0.PRODUCER, mc0.SEQUENCE}
 
 small_bytes = st.binary(max_size=24)
 topics = st.binary(min_size=1, max_size=24)
@@ -774,7 +776,13 @@ fetch_events = st.builds(
     headers=st.dictionaries(header_keys.filter(lambda key: key not in (mc0.FROM, mc0.MAX_MESSAGES,
                                                                        mc0.MAX_BYTES)),
                             small_bytes, max_size=4),
-)
+    wait=st.none() | u64,
+    records=st.booleans(),
+    incarnation=st.none() | st.binary(max_size=32),
+).flatmap(lambda fetch: st.builds(
+    lambda at_time: dataclasses.replace(fetch, at_time=at_time),
+    st.none() | u64 if fetch.start is None else st.none(),  # AT-TIME and FROM exclude each other
+))
 
 
 @ROUND_TRIP
@@ -850,3 +858,45 @@ def test_confirms_reply_round_trip(results: list[tuple[int | None, str]]) -> Non
     ok = mc0.decode(mc0.encode(mc0.confirms_ok(b"c", results)))
     assert isinstance(ok, mc0.Ok)
     assert mc0.decode_confirms(ok, len(results)) == results
+
+
+# ----------------------------------------------------------------------- idempotent PUTS, records replies
+
+
+def test_an_idempotent_puts_round_trips_and_names_one_topic() -> None:
+    items = [(b"t", b"a", {}), (b"t", b"b", {b"X-K": b"v"})]
+    event = mc0.Puts(items, b"p1", producer=b"spark:7", sequence=40)
+    decoded = mc0.decode(mc0.encode(event))
+    assert decoded == event
+    frames = mc0.encode(mc0.Puts([(b"t", b"a", {}), (b"u", b"b", {})], b"p2", producer=b"p", sequence=0))
+    with pytest.raises(ProtocolError, match="one topic") as info:
+        mc0.decode(frames)
+    assert info.value.command_id == b"p2"
+    with pytest.raises(ProtocolError, match="together"):
+        mc0.decode([b"", b"PUTS", mc0.SEQUENCE, b"1", b"", mc0.pack_put_items([(b"t", b"a", {})])])
+    with pytest.raises(ProtocolError, match="SEQUENCE"):
+        mc0.decode([b"", b"PUTS", mc0.PRODUCER, b"p", mc0.SEQUENCE, b"-1", b"", mc0.pack_put_items([])])
+    with pytest.raises(ProtocolError, match="past 2"):
+        mc0.decode(mc0.encode(mc0.Puts([(b"t", b"a", {}), (b"t", b"b", {})], producer=b"p",
+                                        sequence=2**64 - 1)))
+
+
+def test_a_records_reply_says_what_it_holds() -> None:
+    ok = mc0.records_ok(b"r", 3, 90, 10, 2, b"f" * 32, b"\x00" * 40)
+    reply = mc0.decode(mc0.encode(ok))
+    assert isinstance(reply, mc0.Ok)
+    assert mc0.decode_records_reply(reply) == mc0.RecordsReply(3, 90, 10, 2, b"f" * 32, b"\x00" * 40)
+    plain = mc0.decode(mc0.encode(mc0.fetch_ok(b"r", 1, 1, [])))
+    assert isinstance(plain, mc0.Ok)
+    with pytest.raises(ProtocolError, match="does not carry records"):
+        mc0.decode_records_reply(plain)
+    with_identity = mc0.decode(mc0.encode(mc0.fetch_ok(b"r", 1, 5, [], b"a" * 32, 4)))
+    assert isinstance(with_identity, mc0.Ok)
+    assert mc0.decode_fetch_reply(with_identity) == mc0.FetchReply(1, 5, [], b"a" * 32, 4)
+
+
+def test_sub_takes_incarnation_only_with_resume() -> None:
+    sub = mc0.Sub([b"t"], b"s", resume=7, incarnation=b"b" * 32)
+    assert mc0.decode(mc0.encode(sub)) == sub
+    with pytest.raises(ProtocolError, match="only with RESUME"):
+        mc0.decode([b"", b"SUB", mc0.INCARNATION, b"x", mc0.ID, b"s", b"", b"t"])

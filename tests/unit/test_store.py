@@ -328,7 +328,12 @@ def test_rolling_does_not_depend_on_how_appends_are_committed(tmp_path: Path) ->
         fill(store.open(TOPIC, SMALL), 150, commit_every=commit_every)
         store.close()
         directory = topic_dir(store.root)
-        layouts.append([(path.name, path.read_bytes()) for path in sorted(directory.glob("*.*"))])
+        # Every log has an incarnation of its own (a random id in topic.json): the rest must be identical.
+        layouts.append([(path.name, path.read_bytes()) for path in sorted(directory.glob("*.*"))
+                        if path.name != "topic.json"])
+        meta = json.loads((directory / "topic.json").read_bytes())
+        assert len(meta.pop("incarnation")) == 32
+        layouts[-1].append(("topic.json", meta))
     assert layouts[0] == layouts[1] == layouts[2]
 
 
@@ -535,10 +540,14 @@ def test_meta_file_contents(store: FileStore) -> None:
     store.open(b"caf\xc3\xa9", topic_spec)
     store.open(b"\xff", SMALL)
     meta = json.loads((store.root / "caf%C3%A9" / "topic.json").read_text())
+    incarnation = meta.get("incarnation", "")
+    assert len(incarnation) == 32, "a new log gets an incarnation"
+    assert int(incarnation, 16) >= 0
     assert meta == {
         "format": 1,
         "name_hex": "636166c3a9",
         "name": "caf\u00e9",
+        "incarnation": incarnation,
         "spec": {
             "delivery": "round-robin",
             "persistence": "persistent",

@@ -1,0 +1,152 @@
+"""The producer journal of a persistent topic: its :class:`~broker.producers.ProducerWindow`, kept on disk.
+
+``producers.journal`` is a sequence of records, each saying "producer P stored COUNT entries, the last with
+sequence S, at ids FIRST.. FIRST+COUNT-1":
+
+    u32 crc | u8 producer length | producer | u64 last sequence | u64 first id | u32 count
+
+(big-endian; the crc is CRC-32 of everything after it). It is written by the same commit as the messages and
+**before** them (for strong topics also fsynced before them), so that messages on disk always have their
+journal record: after a crash the records are replayed, those whose ids the log no longer holds are dropped
+or shortened, and a retried batch finds exactly what was stored. Past :data:`COMPACT_BYTES` the journal is
+rewritten as the window (one record per producer) once what it describes is fsynced.
+
+This module owns that file; when to write and fsync is the log's business (:mod:`broker.store.log`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from pathlib import Path
+
+from broker.producers import MAX_PRODUCERS, ProducerWindow
+from broker.store import StoreError
+from broker.store.segment import fsync, fsync_directory, pread_exact, replace_file, write_all
+
+log = logging.getLogger("mc0.store")
+
+JOURNAL_FILE = "producers.journal"
+_TAIL = struct.Struct(">QQI")  # last sequence, first id, count
+_CRC = struct.Struct(">I")
+#: Past this size the journal is rewritten as the window: at most MAX_PRODUCERS records of ~30 bytes.
+COMPACT_BYTES = 4 << 20
+
+
+def encode_record(producer: bytes, last_sequence: int, first_id: int, count: int) -> bytes:
+    body = bytes([len(producer)]) + producer + _TAIL.pack(last_sequence, first_id, count)
+    return _CRC.pack(zlib.crc32(body)) + body
+
+
+class ProducerJournal(ProducerWindow):
+    """A topic's producer window, recorded in ``producers.journal`` (created by the first write)."""
+
+    def __init__(self, directory: Path, limit: int = MAX_PRODUCERS) -> None:
+        super().__init__(limit)
+        self.path = directory / JOURNAL_FILE
+        self.pending = bytearray()  # records made since the last write
+        self.unsynced = False
+        self.created = False  # the file was created since the last directory fsync
+        self.size = 0
+        self.compact_bytes = COMPACT_BYTES
+        self._fd: int | None = None
+
+    def record(self, producer: bytes, last_sequence: int, first_id: int, count: int) -> None:
+        super().record(producer, last_sequence, first_id, count)
+        self.pending += encode_record(producer, last_sequence, first_id, count)
+
+    # ------------------------------------------------------------------------------------------- files
+
+    def open(self, next_id: int) -> None:
+        """Replay the journal: cut a torn tail, and forget what the log no longer holds (ids >= ``next_id``,
+        lost with an unsynced tail)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot open: {exc}") from exc
+        self._fd = fd
+        size = os.fstat(fd).st_size
+        data = pread_exact(fd, size, 0, self.path)
+        good, dropped = 0, 0
+        while good + 5 <= len(data):
+            length = data[good + 4]
+            end = good + 5 + length + _TAIL.size
+            if end > len(data) or zlib.crc32(data[good + 4 : end]) != _CRC.unpack_from(data, good)[0]:
+                break
+            producer = data[good + 5 : good + 5 + length]
+            last_sequence, first_id, count = _TAIL.unpack_from(data, good + 5 + length)
+            lost = first_id + count - next_id
+            if lost >= count:
+                dropped += 1  # none of these messages survived: the producer's earlier record stands
+            else:
+                if lost > 0:
+                    last_sequence, count = last_sequence - lost, count - lost
+                    dropped += 1
+                ProducerWindow.record(self, producer, last_sequence, first_id, count)
+            good = end
+        if good < size:
+            try:
+                os.ftruncate(fd, good)
+            except OSError as exc:
+                raise StoreError(f"{self.path}: cannot truncate: {exc}") from exc
+            fsync(fd, self.path)
+            log.warning("%s: recovery truncated %d bytes of torn producer journal tail", self.path,
+                        size - good)
+        self.size = good
+        if dropped:
+            log.warning("%s: %d producer records refer to messages the log no longer holds (ids >= %d): "
+                        "forgotten", self.path, dropped, next_id)
+            self.compact()
+        elif self.size > self.compact_bytes:
+            self.compact()
+
+    def write(self) -> None:
+        """Write the records made since the last call (one os.write)."""
+        if not self.pending:
+            return
+        data, self.pending = self.pending, bytearray()
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            except OSError as exc:
+                raise StoreError(f"{self.path}: cannot create: {exc}") from exc
+            self.created = True
+        write_all(self._fd, data, self.path)
+        self.size += len(data)
+        self.unsynced = True
+
+    def fsync(self) -> None:
+        if self.unsynced and self._fd is not None:
+            fsync(self._fd, self.path)
+        self.unsynced = False
+        if self.created:
+            fsync_directory(self.path.parent)
+            self.created = False
+
+    def compact_if_big(self) -> None:
+        """Call once everything the journal describes is fsynced in the log."""
+        if self.size > self.compact_bytes and not self.pending:
+            self.compact()
+
+    def compact(self) -> None:
+        """Rewrite the journal as the window, atomically: tmp file, fsync, rename, fsync the directory."""
+        data = b"".join(encode_record(producer, sequence, last_id, 1)
+                        for producer, (sequence, last_id) in self.last.items())
+        fd = replace_file(self.path, data)
+        self.close()
+        self._fd = fd
+        self.size = len(data)
+        self.unsynced = False
+        self.created = False
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.close(fd)
+            except OSError as exc:
+                raise StoreError(f"{self.path}: close failed: {exc}") from exc

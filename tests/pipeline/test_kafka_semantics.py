@@ -1,0 +1,270 @@
+"""The ``mc0`` source and sink where a Kafka user has expectations: options checked like Spark's (unknown
+ones with the nearest name, ones for another mode, Kafka's that mc0 cannot honour), Kafka's offsets JSON,
+timestamps, subscribePattern picking up a new topic, the sink's topic option over the topic column (the
+feedback loop), value/key types, keys round-tripped, no overwrite, an idle stream's cost and lag, and
+minOffsetsPerTrigger with maxTriggerDelay.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.server import Broker
+from broker.topics import Persistence, TopicRule, TopicSpec
+from connector import Client
+from pipeline import options as source_options
+from pipeline.source import offsets_behind
+
+pytestmark = pytest.mark.timeout(300)
+
+RULES = (TopicRule("*", TopicSpec(persistence=Persistence.PERSISTENT)),)
+
+
+@pytest.fixture
+def broker(start_broker: Callable[..., Broker]) -> Broker:
+    return start_broker(topics=RULES)
+
+
+def options(broker: Broker) -> dict[str, str]:
+    return {"broker": broker.endpoint, "curve": "false"}
+
+
+def publish(broker: Broker, topic: str, count: int, start: int = 0) -> None:
+    with Client(broker.endpoint, curve=False, timeout=30) as client:
+        client.publish_batch([(topic, f"{topic}:{n}", None) for n in range(start, start + count)])
+
+
+def stored(broker: Broker, topic: str) -> list[Any]:
+    with Client(broker.endpoint, curve=False) as client:
+        return client.fetch(topic, 1, max_messages=10_000).messages
+
+
+def error_of(action: Callable[[], Any]) -> str:
+    with pytest.raises(Exception) as info:  # noqa: PT011 - Spark wraps ours in its AnalysisException
+        action()
+    return str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------- options
+
+
+def test_options_are_checked_like_sparks_with_the_kafka_name_suggested(spark: Any, broker: Broker) -> None:
+    base = {**options(broker), "subscribe": "o"}
+    publish(broker, "o", 3)
+
+    def read(**extra: str) -> Callable[[], Any]:
+        return lambda: spark.read.format("mc0").options(**base, **extra).load().collect()
+
+    def stream(**extra: str) -> Callable[[], Any]:
+        return lambda: spark.readStream.format("mc0").options(**base, **extra).load().writeStream.format(
+            "memory").queryName("never").start().awaitTermination(60)
+
+    from pyspark.errors import AnalysisException
+
+    with pytest.raises(AnalysisException, match="unknown option maxoffsetpertrigger") as info:
+        spark.read.format("mc0").options(**base, maxOffsetPerTrigger="5").load()  # at load(), not later
+    assert "did you mean maxOffsetsPerTrigger" in str(info.value)
+    with pytest.raises(AnalysisException, match="did you mean fetchMaxWaitMs"):
+        spark.readStream.format("mc0").options(**base, fetchMaxWait="5").load()
+    assert "did you mean startingOffsets" in error_of(read(startingOffset="earliest"))
+    assert "applies to batch reads" in error_of(stream(endingOffsets="latest"))
+    assert "applies to streaming reads" in error_of(read(maxOffsetsPerTrigger="5"))
+    assert "no partitions" in error_of(read(assign='{"o": [0]}'))
+    assert "mc0 is not Kafka" in error_of(read(**{"kafka.bootstrap.servers": "x:9092"}))
+    assert "consumer group" in error_of(read(groupIdPrefix="g"))
+    assert "exactly one of subscribe" in error_of(
+        lambda: spark.read.format("mc0").options(**options(broker), subscribePattern="o").option(
+            "subscribe", "o").load().collect())
+    assert "can't be latest for batch" in error_of(read(startingOffsets="latest"))
+    assert "can't be earliest" in error_of(read(endingOffsets="earliest"))
+    assert "no partitions" in error_of(read(startingOffsets='{"o": {"0": 1, "1": 5}}'))
+    assert "true or false" in error_of(read(failOnDataLoss="maybe"))
+    with socket.socket() as probe:  # a port nobody listens on: the broker is down
+        probe.bind(("127.0.0.1", 0))
+        down = {"broker": f"tcp://127.0.0.1:{probe.getsockname()[1]}", "curve": "false"}
+    started = time.monotonic()
+    assert "no answer to CONNECT" in error_of(
+        lambda: spark.read.format("mc0").options(**down, subscribe="o",
+                                                 connectTimeoutMs="1000").load().collect())
+    assert time.monotonic() - started < 15, "a broker that is down is an error within seconds, not a minute"
+    # Case does not matter, as for Spark's own options.
+    rows = spark.read.format("mc0").options(**options(broker)).option("SUBSCRIBE", "o").option(
+        "STARTINGoffsets", "earliest").load().collect()
+    assert len(rows) == 3
+
+
+def test_kafka_style_offsets_json_and_id_zero_mean_what_a_kafka_user_means(spark: Any,
+                                                                           broker: Broker) -> None:
+    publish(broker, "k", 10)  # ids 1..10
+    def ids(**extra: str) -> list[int]:
+        return sorted(r.id for r in spark.read.format("mc0").options(**options(broker), subscribe="k",
+                                                                       **extra).load().collect())
+
+    assert ids(startingOffsets='{"k": {"0": 4}}', endingOffsets='{"k": {"0": -1}}') == list(range(4, 11))
+    assert ids(startingOffsets=json.dumps({"k": 0})) == list(range(1, 11)), \
+        "id 0 is before the first message (ids start at 1), not one removed by retention"
+
+
+def test_reads_keep_every_core_busy_and_follow_max_records_per_partition(spark: Any, broker: Broker) -> None:
+    publish(broker, "parts", 120_000)
+    publish(broker, "few", 1000)
+    from pyspark.sql import functions as f
+
+    def read(topic: str, **extra: str) -> Any:
+        return spark.read.format("mc0").options(**options(broker), subscribe=topic, **extra).load()
+
+    assert spark.sparkContext.defaultParallelism == 2
+    assert read("parts").rdd.getNumPartitions() == 2, "by default one task per core (local[2])"
+    assert read("few").rdd.getNumPartitions() == 1, f"none under {source_options.MIN_DEFAULT_SPLIT} messages"
+    frame = read("few", maxRecordsPerPartition="300")
+    assert frame.rdd.getNumPartitions() == 4
+    assert frame.select(f.spark_partition_id()).distinct().count() == 4
+    assert frame.count() == 1000
+    assert read("few", minPartitions="3").rdd.getNumPartitions() == 3
+
+
+# ---------------------------------------------------------------------------------------------- timestamps
+
+
+def test_starting_and_ending_timestamps_find_the_first_message_at_or_after_them(spark: Any,
+                                                                                 broker: Broker) -> None:
+    publish(broker, "ts", 5)
+    time.sleep(0.05)
+    middle = time.time_ns() // 1_000_000
+    time.sleep(0.05)
+    publish(broker, "ts", 5, start=5)  # ids 6..10, stored after `middle`
+    def ids(**extra: str) -> list[int]:  # a reader of its own each time: option() changes the reader
+        return sorted(r.id for r in spark.read.format("mc0").options(**options(broker), subscribe="ts",
+                                                                       **extra).load().collect())
+
+    assert ids(startingTimestamp=str(middle)) == [6, 7, 8, 9, 10]
+    assert ids(startingOffsetsByTimestamp=json.dumps({"ts": {"0": middle}})) == [6, 7, 8, 9, 10]
+    assert ids(endingTimestamp=str(middle)) == [1, 2, 3, 4, 5]
+    future = str(time.time_ns() // 1_000_000 + 3_600_000)
+    assert "no message stored at or after" in error_of(lambda: ids(startingTimestamp=future))
+    assert ids(startingTimestamp=future, startingOffsetsByTimestampStrategy="latest") == []
+
+
+# ------------------------------------------------------------------------------------------------- the sink
+
+
+def test_the_topic_option_overrides_the_topic_column_so_a_copy_does_not_feed_itself(
+    spark: Any, broker: Broker, tmp_path: Path
+) -> None:
+    """readStream(subscribe=a) gives rows with topic "a"; written with topic=b they must go to b (Kafka's
+    rule), not back into a, where the stream would read them again, and again."""
+    publish(broker, "loop.a", 100)
+    stream = (spark.readStream.format("mc0").options(**options(broker), subscribe="loop.a",
+                                                       startingOffsets="earliest").load())
+    query = (stream.writeStream.format("mc0").options(**options(broker), topic="loop.b")
+             .option("checkpointLocation", str(tmp_path / "c")).trigger(availableNow=True).start())
+    assert query.awaitTermination(120)
+    assert len(stored(broker, "loop.a")) == 100, "nothing written back into the source"
+    copied = sorted(m.body for m in stored(broker, "loop.b"))
+    assert copied == sorted(f"loop.a:{n}".encode() for n in range(100))
+
+
+def test_values_must_be_binary_or_string_and_keys_round_trip(spark: Any, broker: Broker) -> None:
+    write = spark.range(3).selectExpr("id as value").write.format("mc0").options(**options(broker),
+                                                                               topic="typed").mode("append")
+    message = error_of(write.save)
+    assert "column value must be binary or string" in message
+    assert "bigint" in message
+    rows = spark.createDataFrame([("k1", "v1"), (None, "v2")], "key string, value string")
+    rows.write.format("mc0").options(**options(broker), topic="keyed").mode("append").save()
+    read = spark.read.format("mc0").options(**options(broker), subscribe="keyed",
+                                            includeHeaders="true").load()
+    got = sorted(((r.key, bytes(r.value), r.headers) for r in read.collect()), key=lambda row: row[1])
+    assert got == [(b"k1", b"v1", []), (None, b"v2", [])], "the key comes back as the key, not as a header"
+    assert "append-only" in error_of(
+        rows.write.format("mc0").options(**options(broker), topic="keyed").mode("overwrite").save)
+    assert "no partitions" in error_of(
+        rows.selectExpr("value", "0 as partition").write.format("mc0").options(**options(broker),
+                                                                               topic="x").mode("append").save)
+
+
+# --------------------------------------------------------------------------------------------- streaming
+
+
+def count_in(spark: Any, table: str) -> int:
+    return spark.sql(f"select count(*) from {table}").collect()[0][0]
+
+
+def wait_for(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def test_subscribe_pattern_picks_up_a_topic_created_while_the_query_runs(spark: Any, broker: Broker) -> None:
+    publish(broker, "pat.one", 5)
+    publish(broker, "other", 5)
+    query = (spark.readStream.format("mc0").options(**options(broker), subscribePattern=r"pat\..*",
+                                                      startingOffsets="earliest",
+                                                      topicDiscoveryIntervalMs="200")
+             .load().writeStream.format("memory").queryName("pattern_rows").start())
+    try:
+        assert wait_for(lambda: count_in(spark, "pattern_rows") >= 5, 60)
+        publish(broker, "pat.two", 7)  # a topic the query has never seen
+        assert wait_for(lambda: count_in(spark, "pattern_rows") >= 12, 60)
+        rows = spark.sql("select topic, count(*) as n from pattern_rows group by topic").collect()
+        assert {r.topic: r.n for r in rows} == {"pat.one": 5, "pat.two": 7}, "from the new topic's beginning"
+    finally:
+        query.stop()
+
+
+def test_an_idle_stream_costs_a_few_commands_a_second_and_reports_its_lag(spark: Any, broker: Broker) -> None:
+    publish(broker, "idle", 20)
+    query = (spark.readStream.format("mc0").options(**options(broker), subscribe="idle",
+                                                      startingOffsets="earliest", maxOffsetsPerTrigger="5")
+             .load().writeStream.format("memory").queryName("idle_rows").start())
+    with Client(broker.endpoint, curve=False) as client:
+        try:
+            assert wait_for(lambda: count_in(spark, "idle_rows") == 20, 60)
+            progress = [p for p in query.recentProgress if p["numInputRows"]]
+            lags = [offsets_behind(p)["maxOffsetsBehindLatest"] for p in progress]
+            assert lags[0] == 15, "after the first 5 of 20 (maxOffsetsPerTrigger), 15 behind the latest"
+            assert lags[-1] == 0
+            time.sleep(1)
+            before = client.stats()["doors"]["mc0"]["commands"]
+            time.sleep(3)
+            after = client.stats()["doors"]["mc0"]["commands"]
+            assert after - before - 1 <= 12, f"{(after - before - 1) / 3:.1f} commands/s while idle"
+            sent = time.monotonic()
+            client.publish("idle", "wake up", confirm=True)
+            assert wait_for(lambda: count_in(spark, "idle_rows") == 21, 30)
+            assert time.monotonic() - sent < 5, "the long poll ends with the message"
+        finally:
+            query.stop()
+
+
+def test_min_offsets_per_trigger_waits_for_enough_or_for_max_trigger_delay(spark: Any,
+                                                                            broker: Broker) -> None:
+    publish(broker, "few", 3)
+    query = (spark.readStream.format("mc0").options(**options(broker), subscribe="few",
+                                                      startingOffsets="earliest", minOffsetsPerTrigger="50",
+                                                      maxTriggerDelay="3s")
+             .load().writeStream.format("memory").queryName("few_rows").start())
+    try:
+        started = time.monotonic()
+        assert wait_for(lambda: count_in(spark, "few_rows") == 3, 60)
+        assert time.monotonic() - started >= 2.5, "3 < 50 waited for maxTriggerDelay"
+        publisher = threading.Thread(target=publish, args=(broker, "few", 60, 3))
+        sent = time.monotonic()
+        publisher.start()
+        publisher.join()
+        assert wait_for(lambda: count_in(spark, "few_rows") == 63, 60)
+        assert time.monotonic() - sent < 2.5, "50 or more: no wait"
+    finally:
+        query.stop()
