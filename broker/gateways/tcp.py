@@ -14,6 +14,11 @@ in the engine, bounded there: a persistent topic reads them from the log later, 
 drops) and stops reading the peer, so a peer that does not read cannot make us buffer its answers either.
 ``resume_writing`` wakes the subscriber through the hub. Memory per connection is therefore bounded by the
 codec's own limits plus about one write chunk over the high-water mark.
+
+One connection holds the loop for a bounded slice at a time: it handles at most ``SLICE_EVENTS`` events in
+a go (a compressed Lumberjack frame may hold thousands), and a codec with long work of its own (a long sexp
+line, a large inflation) does it in steps and says so with ``busy``. Either way the connection stops reading
+its peer, and goes on from a loop callback after the other connections and the hub have had their turn.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ WRITE_HIGH_WATER = 256 << 10
 #: Deliveries are encoded and handed to the transport in chunks of about this size: one write per chunk, and
 #: a paused transport is noticed after at most one chunk too many.
 WRITE_CHUNK = 64 << 10
+#: Events one connection handles before it lets the loop go round (a few milliseconds of work at most: the
+#: slowest event, a publish into a strong topic, costs a few microseconds before the commit).
+SLICE_EVENTS = 512
 
 
 class Gateway:
@@ -118,7 +126,8 @@ class Gateway:
 
 
 class _Codec(Protocol):
-    """The byte-stream codec shape every dialect module in ``protocol/`` has."""
+    """The byte-stream codec shape every dialect module in ``protocol/`` has. A codec whose work on buffered
+    input comes in steps also has ``busy``: True when ``next_event`` returned None with work left to do."""
 
     def receive_data(self, data: bytes) -> None: ...
 
@@ -142,6 +151,8 @@ class Connection(asyncio.Protocol):
         self.peer = "?"
         self.writable = True
         self.closing = False
+        self.draining = False  # buffered input left for a later slice (reading the peer waits for it)
+        self.reading = True  # the transport reads the peer (see _update_reading)
         self.last_heard = self.hub.monotonic()
 
     # ------------------------------------------------------------------------------------ asyncio callbacks
@@ -159,8 +170,13 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         self.last_heard = self.hub.monotonic()
+        self._guarded(self.received, data)
+
+    def _guarded(self, step: Callable[..., None], *args: Any) -> None:
+        """Run one step of input handling: the peer's ProtocolError closes the peer, any other error is ours
+        (a store that cannot keep its promise) and stops the broker."""
         try:
-            self.received(data)
+            step(*args)
         except ProtocolError as error:
             self.gateway.counters["errors"] += 1
             self.close(f"protocol error: {error}")
@@ -187,17 +203,29 @@ class Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         self.writable = False
         self.gateway.counters["paused"] += 1
-        if self.transport is not None and not self.closing:
-            self.transport.pause_reading()
+        self._update_reading()
 
     def resume_writing(self) -> None:
         self.writable = True
         if self.transport is not None and not self.closing:
-            self.transport.resume_reading()
-            # We were not reading: the peer's silence in that time is ours, not its.
-            self.last_heard = self.hub.monotonic()
+            self._update_reading()
             for subscriber in self.subscribers():
                 self.hub.wake(subscriber)
+
+    def _update_reading(self) -> None:
+        """Read the peer only while the transport takes our answers and no input waits for a later slice."""
+        transport = self.transport
+        if transport is None or self.closing:
+            return
+        if self.writable and not self.draining:
+            if not self.reading:
+                self.reading = True
+                transport.resume_reading()
+                # We were not reading: the peer's silence in that time is ours, not its.
+                self.last_heard = self.hub.monotonic()
+        elif self.reading:
+            self.reading = False
+            transport.pause_reading()
 
     # ---------------------------------------------------------------------------------- the hub's Outlet side
 
@@ -249,15 +277,37 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
     def received(self, data: bytes) -> None:
-        """Feed ``data`` to the dialect's ``codec`` and :meth:`handle` every complete event, until the codec
-        needs more or the connection is closing. A ProtocolError closes the peer."""
+        """Feed ``data`` to the dialect's ``codec`` and :meth:`handle` its events, until the codec needs more,
+        the connection is closing or the slice is spent (see the module docstring). A ProtocolError closes
+        the peer."""
+        self.codec.receive_data(data)
+        self._drain()
+
+    def _drain(self) -> None:
         codec = self.codec
-        codec.receive_data(data)
+        budget = SLICE_EVENTS
+        loop = self.hub.loop
         while not self.closing:
             event = codec.next_event()
             if event is None:
+                if not getattr(codec, "busy", False):
+                    if self.draining:
+                        self.draining = False
+                        self._update_reading()
+                    return
+                budget = 0  # the codec spent its own slice
+            else:
+                self.handle(event)
+                budget -= 1
+            if budget <= 0:
+                if loop is None:  # driven by hand (tests): no loop to come back from, go on at once
+                    budget = SLICE_EVENTS
+                    continue
+                if not self.draining:
+                    self.draining = True
+                    self._update_reading()
+                loop.call_soon(self._guarded, self._drain)
                 return
-            self.handle(event)
 
     def handle(self, event: Any) -> None:
         """Act on one event of the dialect's codec."""
