@@ -28,6 +28,13 @@ Delivery rules:
 A subscription with explicit acks keeps each message in flight until :meth:`Engine.ack`; any other
 subscription counts a message as delivered once the shell wrote it out (auto-ack). ``credit`` bounds a
 subscription's messages in flight.
+
+When the store fails one topic (a file that will not open or be written: StoreError), the request that needed
+it fails with EngineError and the rest goes on. A commit that could not write a topic's messages takes them
+back (:meth:`Engine.commit` rewinds the topic to what its log holds and withdraws their deliveries) and names
+the topic in :attr:`Engine.failed`, so the shells answer ERROR instead of OK. Damaged stored messages fail
+FETCH with an error naming them, and readers catching up or queues dispatching from the log skip them,
+counting them as dropped. Only :class:`~broker.store.SyncFailed` goes through: the broker must stop.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.store import Store, TopicLog
+from broker.store import DamagedRange, Store, StoreError, SyncFailed, TopicLog
 from broker.topics import MAX_TOPIC_ID, Delivery, Sync, TopicRules, TopicSpec
 
 #: Message ids start at 1 so that 0 can mean "nothing seen yet" in offsets and resume points.
@@ -215,6 +222,9 @@ class Topic:
         if self.log is not None:
             out.update(stored=self.next_id - self.log.first_id, bytes=self.log.bytes_on_disk,
                        segments=self.log.segment_count, fsyncs=self.log.fsyncs)
+            damaged = self.log.damaged
+            if damaged:
+                out["damaged"] = [damage.describe() for damage in damaged]
         return out
 
 
@@ -232,6 +242,11 @@ class Engine:
         self._dispatch: dict[Topic, None] = {}
         self._pump_exhausted = False
         self._next_topic_id = 1
+        #: Topics whose commit failed in the last :meth:`commit`, with why: their messages of that turn are
+        #: not stored, and the shells must not confirm them.
+        self.failed: dict[bytes, str] = {}
+        #: Topics found in the store whose log could not be opened at start, with why (refused until then).
+        self.unavailable: dict[bytes, str] = {}
         if store is not None:
             # Persistent topics exist from the start: a queue holds its messages for consumers yet to come,
             # and ids continue where the log ends. Their topic ids are recorded with them, so they are stable
@@ -241,7 +256,10 @@ class Engine:
             for name, stored_spec, topic_id in found:
                 rule = self.rules.rule_for(name)
                 spec = rule.spec if rule is not None and rule.spec.persistent else stored_spec
-                self._create(name, spec, topic_id)
+                try:
+                    self._create(name, spec, topic_id)
+                except EngineError as error:
+                    self.unavailable[name] = str(error)
 
     # ------------------------------------------------------------------------------------------------ topics
 
@@ -279,7 +297,14 @@ class Engine:
         if spec.persistent:
             if self.store is None:
                 raise EngineError(f"topic {name!r} is configured persistent but the broker has no store")
-            log = self.store.open(name, spec, topic_id)
+            try:
+                log = self.store.open(name, spec, topic_id)
+            except SyncFailed:
+                raise
+            except StoreError as error:
+                raise EngineError(f"topic {_shown(name)} is unavailable: its log cannot be opened: "
+                                  f"{error}") from None
+            self.unavailable.pop(name, None)
         topic = Topic(name, topic_id, spec, log=log)
         if log is not None:
             topic.next_id = log.next_id
@@ -503,14 +528,19 @@ class Engine:
         if topic.element_size and len(body) != topic.element_size:
             raise EngineError(_wrong_size(topic, body))
         message = Message(name, topic.next_id, body, headers, timestamp)
-        topic.next_id += 1
-        topic.messages_in += 1
         log = topic.log
         if log is not None:
-            log.append(message)
+            try:
+                log.append(message)
+            except SyncFailed:
+                raise
+            except StoreError as error:  # a broken log that cannot be opened again: refused, nothing changed
+                raise EngineError(f"topic {_shown(name)} is unavailable: {error}") from None
             if not topic.dirty:
                 topic.dirty = True
                 self._dirty.append(topic)
+        topic.next_id += 1
+        topic.messages_in += 1
         if topic.round_robin:
             if log is not None:
                 # The log is the queue: hand the message on directly only when nothing older is waiting.
@@ -678,7 +708,13 @@ class Engine:
         max_messages = min(max_messages, FETCH_MAX_MESSAGES)
         if max_messages <= 0 or start >= next_id:
             return first_id, next_id, []
-        return first_id, next_id, log.read(start, max_messages, max(0, min(max_bytes, FETCH_MAX_BYTES)))
+        try:
+            messages = log.read(start, max_messages, max(0, min(max_bytes, FETCH_MAX_BYTES)))
+        except SyncFailed:
+            raise
+        except StoreError as error:  # a damaged range (named), or a file that will not open now
+            raise EngineError(str(error)) from None
+        return first_id, next_id, messages
 
     # ------------------------------------------------------------------------------------- logs: the turn
 
@@ -687,14 +723,56 @@ class Engine:
 
         One write per dirty topic, and one fsync per strong topic, however many messages the turn took.
         Returns the number of topics committed."""
+        if self.failed:
+            self.failed = {}
         dirty = self._dirty
         if not dirty:
             return 0
         self._dirty = []
         for topic in dirty:
             topic.dirty = False
-            topic.log.commit()  # type: ignore[union-attr] - only topics with a log are marked dirty
+            try:
+                topic.log.commit()  # type: ignore[union-attr] - only topics with a log are marked dirty
+            except SyncFailed:
+                raise
+            except StoreError as error:
+                self._take_back(topic, error)
         return len(dirty)
+
+    def _take_back(self, topic: Topic, error: StoreError) -> None:
+        """A commit of ``topic`` failed: its log is back to what its files hold. Messages past that were never
+        stored (nor confirmed, nor delivered: deliveries leave after the commit): forget them."""
+        self.failed[topic.name] = str(error)
+        log = topic.log
+        assert log is not None
+        stored = log.next_id
+        lost = topic.next_id - stored
+        if lost <= 0:
+            return
+        topic.next_id = stored
+        topic.messages_in -= lost
+        name = topic.name
+        for subscription in topic.subscriptions:
+            subscriber = subscription.subscriber
+            pending = subscriber.pending
+            if pending:
+                kept = [message for message in pending if message.topic != name or message.id < stored]
+                withdrawn = len(pending) - len(kept)
+                if withdrawn:
+                    subscriber.pending = kept
+                    topic.messages_out -= withdrawn
+                    if subscription.tracked:
+                        subscription.outstanding -= withdrawn
+                    for message_id in [key for key in subscription.unacked if key >= stored]:
+                        del subscription.unacked[message_id]
+            if subscription.position is not None and subscription.position >= stored:
+                subscription.position = None  # caught up: the next message arrives live
+                self._catching_up.pop(subscription, None)
+        if topic.round_robin:
+            topic.next_dispatch = min(topic.next_dispatch, stored)
+            if any(message_id >= stored for message_id in topic.redeliver):
+                topic.redeliver = [message_id for message_id in topic.redeliver if message_id < stored]
+                heapq.heapify(topic.redeliver)
 
     def _mark_dirty(self, topic: Topic) -> None:
         if not topic.dirty:
@@ -727,7 +805,24 @@ class Engine:
         room = min(subscription.room, budget, READ_CHUNK)
         if room <= 0:
             return 0
-        messages = log.read(position, room, READ_CHUNK_BYTES)
+        try:
+            messages = log.read(position, room, READ_CHUNK_BYTES)
+        except DamagedRange as damage:
+            # Unreadable ids: skipped and counted as dropped, as retention's are; the log said where, once.
+            skipped = min(damage.resume_id, topic.next_id) - position
+            subscription.subscriber.dropped += skipped
+            topic.dropped += skipped
+            position = damage.resume_id
+            if position >= topic.next_id:
+                subscription.position = None
+                del self._catching_up[subscription]
+            else:
+                subscription.position = position
+            return 0
+        except SyncFailed:
+            raise
+        except StoreError:
+            return 0  # the log cannot be read now (a file that will not open): tried again next turn
         for message in messages:
             self._give(subscription, message)
         # Retention may have removed what it was about to read: the reader skips ahead, and says so.
@@ -767,17 +862,39 @@ class Engine:
                     heapq.heappop(topic.redeliver)
                     topic.dropped += 1  # retention removed it before anyone acked it
                     continue
-                messages = log.read(message_id, 1, 1)
-                if not messages or not self._hand_to_next(topic, messages[0]):
+                try:
+                    messages = log.read(message_id, 1, 1)
+                except DamagedRange:
+                    heapq.heappop(topic.redeliver)
+                    topic.dropped += 1  # unreadable: it cannot be handed to anyone
+                    continue
+                except SyncFailed:
+                    raise
+                except StoreError:
+                    break  # cannot be read now: tried again next turn
+                if not messages or messages[0].id != message_id or not self._hand_to_next(topic, messages[0]):
                     break
                 heapq.heappop(topic.redeliver)
             else:
                 if topic.next_dispatch >= topic.next_id:
                     break
-                messages = log.read(topic.next_dispatch, min(room, budget - moved, READ_CHUNK),
-                                    READ_CHUNK_BYTES)
+                try:
+                    messages = log.read(topic.next_dispatch, min(room, budget - moved, READ_CHUNK),
+                                        READ_CHUNK_BYTES)
+                except DamagedRange as damage:
+                    resume = min(damage.resume_id, topic.next_id)
+                    topic.dropped += resume - topic.next_dispatch  # unreadable, as retention's: dropped
+                    topic.next_dispatch = resume
+                    continue
+                except SyncFailed:
+                    raise
+                except StoreError:
+                    break  # cannot be read now: tried again next turn
                 if not messages:
                     break
+                if messages[0].id > topic.next_dispatch:  # ids repaired out of the log: gone, as retention's
+                    topic.dropped += messages[0].id - topic.next_dispatch
+                    topic.next_dispatch = messages[0].id
                 acked = log.acked_above
                 handed = 0
                 for message in messages:
@@ -832,7 +949,13 @@ class Engine:
         count = 0
         for topic in self.topics.values():
             if topic.log is not None and (level is None or topic.spec.sync is level):
-                topic.log.sync()
+                try:
+                    topic.log.sync()
+                except SyncFailed:
+                    raise
+                except StoreError as error:  # buffered messages that could not be written: taken back
+                    self._take_back(topic, error)
+                    continue
                 count += 1
         return count
 
@@ -843,7 +966,12 @@ class Engine:
             spec = topic.spec
             if topic.log is None or (spec.retention_bytes is None and spec.retention_seconds is None):
                 continue
-            removed += topic.log.enforce_retention(now_ms)
+            try:
+                removed += topic.log.enforce_retention(now_ms)
+            except SyncFailed:
+                raise
+            except StoreError:
+                continue  # the store said why; retention tries again next time
             if topic.round_robin and topic.next_dispatch < topic.log.first_id:
                 self._dispatch[topic] = None  # it counts what retention took from the queue
         return removed

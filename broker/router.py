@@ -106,6 +106,9 @@ class RouterShell:
         self.fetch_bytes = FETCH_TURN_BYTES
         self.fetch_messages = FETCH_TURN_MESSAGES
         self.fetch_deferred = False
+        # Confirmed publishes of this turn (the place of their OK in ``replies``, and the command): their OK
+        # becomes an ERROR if the commit could not store a topic they went to (Engine.failed).
+        self.confirming: list[tuple[int, mc0.Put | mc0.Puts]] = []
         self.counters = {"commands": 0, "errors": 0, "expired": 0, "unreachable": 0, "blocked": 0,
                          "fetches": 0}
 
@@ -182,6 +185,7 @@ class RouterShell:
                 message = engine.publish(topic, body, headers, wall)
                 if command_id is not None:
                     self.ok(session, command_id, self._published(session, message, (topic,)))
+                    self.confirming.append((len(self.replies) - 1, event))
             case mc0.Puts(items, command_id):
                 # The codec checked every entry before this line: a batch is refused whole or published whole.
                 last = engine.publish_batch(items, wall)
@@ -190,6 +194,7 @@ class RouterShell:
                     if last is not None:
                         extra.update(self._published(session, last, {item[0] for item in items}))
                     self.ok(session, command_id, extra)
+                    self.confirming.append((len(self.replies) - 1, event))
             case mc0.Noop(command_id):
                 if command_id is not None:
                     self.ok(session, command_id)
@@ -287,6 +292,10 @@ class RouterShell:
         self.fetch_bytes = FETCH_TURN_BYTES
         self.fetch_messages = FETCH_TURN_MESSAGES
         self.fetch_deferred = False
+        if self.confirming:
+            if self.engine.failed:
+                self._unconfirm()
+            self.confirming.clear()
         self._send_replies(now)
         if self.fetch_deferred:
             # FETCH replies were left for the next turn: come back once the socket has had its turn, not on
@@ -335,6 +344,19 @@ class RouterShell:
             self.stalled.add(session)
             if len(session.stalled) > MAX_STALLED_REPLIES:
                 self.drop(session, f"{MAX_STALLED_REPLIES} replies unread")
+
+    def _unconfirm(self) -> None:
+        """The commit could not store some topics: the OKs of this turn's publishes to them become ERRORs
+        (their messages are not stored; a client that retries publishes them again)."""
+        failed = self.engine.failed
+        for index, event in self.confirming:
+            topics = (event.topic,) if type(event) is mc0.Put else {item[0] for item in event.items}
+            why = next((failed[topic] for topic in topics if topic in failed), None)
+            if why is not None:
+                session = self.replies[index][0]
+                self.counters["errors"] += 1
+                self.replies[index] = (session, mc0.encode(mc0.Error(f"not stored: {why}".encode(), event.id),
+                                                           delimiter=session.delimiter))
 
     def _build(self, reply: _FetchReply) -> mc0.Frames | None:
         """A FETCH's reply, read from the log now; None (for a later turn) once the turn's budget is spent."""

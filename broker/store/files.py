@@ -7,7 +7,16 @@ lock that keeps a second broker out of a data directory in use. What lives insid
 :mod:`broker.store.log`'s business.
 
 The data directory is created, and locked, only when the first persistent topic is opened (or found): a broker
-with transient topics only never touches the disk.
+with transient topics only never touches the disk. :meth:`FileStore.check` says at start, in one line, whether
+the directory can be used at all.
+
+Open files are bounded: the store keeps at most ``max_open_files`` descriptors open across all its logs, and
+lets go of those of the logs used least recently (:meth:`SegmentLog.release`) to stay under it. A topic whose
+log cannot be opened fails the request that needed it; the failure is remembered for ``RETRY_OPEN`` seconds,
+so that a crowd of requests for a topic whose files are damaged does not read them again each time.
+
+A folder in the data directory that is not a topic directory (no ``topic.json``, or a name the encoding cannot
+produce) is skipped with a warning; so is a topic directory that cannot be read.
 """
 
 from __future__ import annotations
@@ -16,13 +25,16 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
+import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from broker.store import StoredTopic, StoreError
+from broker.store import StoredTopic, StoreError, SyncFailed
 from broker.store.log import SegmentLog
 from broker.store.segment import fsync_directory, write_all
 from broker.topics import MAX_TOPIC_ID, Delivery, Persistence, Sync, TopicSpec
@@ -35,6 +47,14 @@ MAX_DIRECTORY_NAME = 200
 NEW_PREFIX = ".new-"
 #: Held with flock() while a broker uses the directory: two brokers appending to one log would corrupt it.
 LOCK_FILE = ".lock"
+#: A deleted topic's directory is renamed with this prefix first (hidden: never a topic), then removed.
+DELETED_PREFIX = ".deleted-"
+#: Seconds a failure to open a topic's log is given again without trying (its files are not read again).
+RETRY_OPEN = 5.0
+#: Descriptors the store keeps open at most when nothing else is said (the broker sets it from its limit).
+DEFAULT_MAX_OPEN_FILES = 1024
+
+log = logging.getLogger("mc0.store")
 
 _SAFE_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 #: Every name directory_name() can produce (never one starting with "."). Anything else in the data
@@ -107,7 +127,8 @@ def spec_from_json(value: Any) -> TopicSpec:
     )
 
 
-def encode_meta(topic: bytes, spec: TopicSpec, topic_id: int | None = None) -> bytes:
+def encode_meta(topic: bytes, spec: TopicSpec, topic_id: int | None = None,
+                lost: list[tuple[int, int]] | None = None) -> bytes:
     meta: dict[str, Any] = {"format": META_FORMAT, "name_hex": topic.hex()}
     # name_hex alone is the truth; "name" is only there for people reading the file.
     with contextlib.suppress(UnicodeDecodeError):
@@ -115,7 +136,19 @@ def encode_meta(topic: bytes, spec: TopicSpec, topic_id: int | None = None) -> b
     if topic_id is not None:
         meta["topic_id"] = topic_id
     meta["spec"] = spec_to_json(spec)
+    if lost:
+        meta["lost"] = [list(ids) for ids in lost]
     return (json.dumps(meta, indent=2) + "\n").encode()
+
+
+def read_lost(directory: Path) -> list[tuple[int, int]]:
+    """The id ranges ``mc0 repair`` took out of a topic's log (``lost`` in its meta file; none if absent)."""
+    try:
+        meta = json.loads((directory / META_FILE).read_bytes())
+        ranges = meta.get("lost", []) if isinstance(meta, dict) else []
+        return [(int(first), int(last)) for first, last in ranges]
+    except (OSError, ValueError, TypeError):
+        return []
 
 
 def read_meta(directory: Path) -> StoredTopic:
@@ -164,16 +197,74 @@ def write_file_atomically(path: Path, data: bytes) -> None:
     fsync_directory(path.parent)
 
 
+class OpenFiles:
+    """The logs that hold files open, least recently used first, and the bound on their descriptors."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.logs: OrderedDict[SegmentLog, None] = OrderedDict()
+        self.released = 0  # times a log let go of its files to keep the bound (a figure for STATS)
+
+    @property
+    def held(self) -> int:
+        return sum(log.open_files for log in self.logs)
+
+    def use(self, used: SegmentLog) -> None:
+        """``used`` is about to touch its files: it becomes the most recent, and the least recently used
+        others let go of theirs while the store holds more than the bound (``used`` may then go a few
+        descriptors over it, for this call)."""
+        logs = self.logs
+        logs[used] = None
+        logs.move_to_end(used)
+        if len(logs) * 2 <= self.limit:
+            return  # cannot be over: a log holds about two descriptors between calls
+        held = self.held
+        while held >= self.limit and len(logs) > 1:
+            oldest = next(iter(logs))
+            held -= oldest.open_files
+            del logs[oldest]
+            oldest.release()
+            self.released += 1
+
+    def forget(self, closed: SegmentLog) -> None:
+        self.logs.pop(closed, None)
+
+
 class FileStore:
     """Persistent topics under ``root``, one :class:`SegmentLog` per topic, opened at most once each."""
 
-    def __init__(self, root: Path, *, index_interval: int = 4096) -> None:
+    def __init__(self, root: Path, *, index_interval: int = 4096,
+                 max_open_files: int = DEFAULT_MAX_OPEN_FILES) -> None:
         if index_interval < 1:
             raise ValueError("index_interval must be at least 1")
+        if max_open_files < 4:
+            raise ValueError("max_open_files must be at least 4")
         self.root = Path(root)
         self.index_interval = index_interval
+        self.files = OpenFiles(max_open_files)
         self._logs: dict[bytes, SegmentLog] = {}
+        self._failed: dict[bytes, tuple[float, StoreError]] = {}  # recent failures to open, by topic
         self._lock_fd: int | None = None
+
+    def check(self) -> None:
+        """Refuse, in one line, a data directory that cannot work: a path through a file, a folder this
+        process may not write in, or one another broker holds. Creates nothing."""
+        root = self.root
+        existing = root
+        while not existing.exists():
+            if existing.parent == existing:
+                break
+            existing = existing.parent
+        if existing.exists() and not existing.is_dir():
+            where = "is a file" if existing == root else f"cannot be created: {existing} is a file"
+            raise StoreError(f"data directory {root} {where}, not a directory")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            what = "" if existing == root else f"cannot be created: {existing} "
+            raise StoreError(f"data directory {root} {what}is not writable by this process "
+                             f"(user id {os.getuid()})")
+        if existing == root:
+            self._claim()
+            self._release_if_idle()
 
     def _claim(self) -> None:
         """Create the data directory if needed and lock it for this process (once)."""
@@ -215,14 +306,22 @@ class FileStore:
         except OSError as exc:
             raise StoreError(f"{self.root}: cannot list: {exc}") from exc
         for entry in entries:
-            # Leading-dot names are topic directories still being created (directory_name encodes a leading
-            # "."); names it cannot produce and plain files are not ours.
+            # Leading-dot names are topic directories still being created or deleted (directory_name encodes
+            # a leading "."); names it cannot produce and plain files are not ours.
+            if entry.name.startswith(DELETED_PREFIX):
+                self._remove_deleted(Path(entry.path))
+                continue
             if not _TOPIC_DIRECTORY.fullmatch(entry.name) or not entry.is_dir():
                 continue
-            stored = read_meta(Path(entry.path))
+            try:
+                stored = read_meta(Path(entry.path))
+            except StoreError as exc:
+                log.warning("%s: skipped, not a topic directory (%s)", entry.path, exc)
+                continue
             if directory_name(stored.name) != entry.name:
-                raise StoreError(f"{entry.path}: holds topic {stored.name!r}, belonging in "
-                                 f"{directory_name(stored.name)}")
+                log.warning("%s: skipped: it holds topic %r, whose directory is %s", entry.path, stored.name,
+                            directory_name(stored.name))
+                continue
             found.append(stored)
         found.sort(key=lambda item: item.name)
         return found
@@ -232,33 +331,54 @@ class FileStore:
 
         If the meta file records other settings than ``spec`` (the configuration changed), or another
         ``topic_id`` than a given one, it is rewritten: the configuration in force wins, and the engine owns
-        topic ids. Within one process the first open's spec stays.
+        topic ids. Within one process the first open's spec stays. StoreError if the log cannot be opened
+        (logged once; the same error again, without touching the files, for ``RETRY_OPEN`` seconds).
         """
         opened = self._logs.get(topic)
         if opened is not None:
             return opened
         if not spec.persistent:
             raise ValueError(f"topic {topic!r} is not persistent: it has no log")
+        failed = self._failed.get(topic)
+        if failed is not None:
+            if time.monotonic() - failed[0] < RETRY_OPEN:
+                raise failed[1]
+            del self._failed[topic]
         self._claim()
         try:
-            return self._open(topic, spec, topic_id)
+            opened = self._open(topic, spec, topic_id)
+        except SyncFailed:
+            self._release_if_idle()
+            raise
+        except StoreError as error:
+            self._release_if_idle()
+            if len(self._failed) >= 1024:  # bounded: the oldest failure is forgotten (and tried again)
+                del self._failed[next(iter(self._failed))]
+            self._failed[topic] = (time.monotonic(), error)
+            log.error("topic %r cannot be opened: %s", topic.decode("utf-8", "replace"), error)
+            raise
         except BaseException:
             self._release_if_idle()
             raise
+        self.files.use(opened)
+        return opened
 
     def _open(self, topic: bytes, spec: TopicSpec, topic_id: int | None) -> SegmentLog:
         directory = self.root / directory_name(topic)
+        lost: list[tuple[int, int]] = []
         if directory.is_dir():
             stored = read_meta(directory)
             if stored.name != topic:
                 raise StoreError(f"{directory}: holds topic {stored.name!r}, not {topic!r}")
             if topic_id is None:
                 topic_id = stored.topic_id
+            lost = read_lost(directory)
             if stored.spec != spec or stored.topic_id != topic_id:
-                write_file_atomically(directory / META_FILE, encode_meta(topic, spec, topic_id))
+                write_file_atomically(directory / META_FILE, encode_meta(topic, spec, topic_id, lost))
         else:
             self._create_directory(directory, topic, spec, topic_id)
-        log = SegmentLog(topic, directory, spec, index_interval=self.index_interval)
+        log = SegmentLog(topic, directory, spec, index_interval=self.index_interval, lost=lost,
+                         on_use=self.files.use)
         self._logs[topic] = log
         return log
 
@@ -284,15 +404,50 @@ class FileStore:
             raise StoreError(f"{directory}: cannot create the topic directory: {exc}") from exc
         fsync_directory(self.root)
 
+    def delete(self, topic: bytes) -> bool:
+        """Remove a topic's log and directory; False if it has none. The directory is first renamed to a
+        hidden name (durably), so a crash halfway leaves no half topic: the rest goes at the next start."""
+        log = self._logs.pop(topic, None)
+        self._failed.pop(topic, None)
+        if log is not None:
+            self.files.forget(log)
+            log.close()
+        directory = self.root / directory_name(topic)
+        if not directory.is_dir():
+            self._release_if_idle()
+            return log is not None
+        doomed = self.root / f"{DELETED_PREFIX}{directory.name}.{time.time_ns():x}"
+        try:
+            os.rename(directory, doomed)
+        except OSError as exc:
+            raise StoreError(f"{directory}: cannot delete: {exc}") from exc
+        fsync_directory(self.root)
+        self._remove_deleted(doomed)
+        self._release_if_idle()
+        return True
+
+    def _remove_deleted(self, doomed: Path) -> None:
+        try:
+            shutil.rmtree(doomed)
+        except OSError as exc:
+            log.warning("%s: could not remove a deleted topic's files: %s", doomed, exc)
+
     def close(self) -> None:
-        """Close every open log (write, fsync, close); the first failure is raised after trying them all."""
+        """Close every open log (write, fsync, close). Trying them all, failures are logged; a failed fsync is
+        raised after that (SyncFailed: data may be lost), any other failure raised last."""
         failure: StoreError | None = None
-        for log in self._logs.values():
+        for topic_log in self._logs.values():
             try:
-                log.close()
+                topic_log.close()
+            except SyncFailed as exc:
+                log.error("%s", exc)
+                if not isinstance(failure, SyncFailed):
+                    failure = exc
             except StoreError as exc:
+                log.error("%s", exc)
                 failure = failure or exc
         self._logs.clear()
+        self.files.logs.clear()
         self._release_if_idle()
         if failure is not None:
             raise failure

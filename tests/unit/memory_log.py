@@ -140,6 +140,10 @@ class MemoryLog:
         self.committed = max(0, self.committed - gone)
         self._first_id = min(max(self._first_id, message_id), self._next_id)
 
+    @property
+    def damaged(self) -> list:
+        return []
+
     def verify(self) -> None:
         ids = [message.id for message in self.messages]
         assert ids == list(range(self._first_id, self._next_id)), ids
