@@ -193,6 +193,10 @@ class AckJournal:
         self.unsynced = False
         self.created = False
 
+    @property
+    def open_files(self) -> int:
+        return self._fd is not None
+
     def close(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
