@@ -61,6 +61,11 @@ class BrokerConfig:
     lumberjack_tls_cert: str = ""  # PEM certificate (chain) and key: TLS on the Lumberjack port when set
     lumberjack_tls_key: str = ""
     lumberjack_tls_client_ca: str = ""  # PEM CA bundle: clients must present a certificate it signed
+    # Limits: what no client can take beyond (docs/configuration.md, "Limits").
+    handshake_timeout: float = 5.0  # seconds a new connection may take to say anything (CURVE: to finish)
+    max_open_files: int = 0  # descriptors the store keeps open at most; 0 = a quarter of the process limit
+    descriptor_reserve: int = 64  # descriptors kept free beyond the store's share; doors pause to keep them
+    input_budget: int = 256 << 20  # bytes of unfinished input all TCP gateway connections may hold together
 
     @property
     def allowlist_dir(self) -> Path:
@@ -86,7 +91,8 @@ _BROKER_KEYS = {
     "sexp": str, "sexp_ping_interval": (int, float), "msgq": str, "msgq_max_message": int,
     "rstreams": str, "rstreams_part_size": int, "lumberjack": str, "lumberjack_topic": str,
     "lumberjack_topic_field": str, "lumberjack_tls_cert": str, "lumberjack_tls_key": str,
-    "lumberjack_tls_client_ca": str,
+    "lumberjack_tls_client_ca": str, "handshake_timeout": (int, float), "max_open_files": int,
+    "descriptor_reserve": int, "input_budget": int,
 }
 #: Keys holding a gateway's HOST:PORT (or "off").
 GATEWAYS = ("sexp", "msgq", "rstreams", "lumberjack")
@@ -95,7 +101,9 @@ GATEWAYS = ("sexp", "msgq", "rstreams", "lumberjack")
 #: and a zero high-water mark means "unbounded" to ZeroMQ, which breaks the promise of bounded memory.
 _POSITIVE = frozenset({"heartbeat_tick", "pending_limit", "max_message_size", "send_hwm", "recv_hwm",
                        "weak_sync_interval", "retention_interval", "sexp_ping_interval",
-                       "msgq_max_message", "rstreams_part_size"})
+                       "msgq_max_message", "rstreams_part_size", "handshake_timeout", "input_budget"})
+#: Numbers where 0 means something ("decide for me", "none") and below it nothing does.
+_NON_NEGATIVE = frozenset({"max_open_files", "descriptor_reserve"})
 
 #: The level names the standard ``logging`` module knows (it refuses any other string).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -213,6 +221,8 @@ def load(path: Path | None, base: BrokerConfig = DEFAULTS) -> BrokerConfig:
             value = value.upper()
         if key in _POSITIVE and value <= 0:
             raise ConfigError(f"{path}: [broker].{key} must be greater than 0, not {value!r}")
+        if key in _NON_NEGATIVE and value < 0:
+            raise ConfigError(f"{path}: [broker].{key} must be 0 or more, not {value!r}")
         if key in GATEWAYS:
             listen_address(value, f"{path}: [broker].{key}")
         changes[key] = Path(value) if key in ("keys_dir", "data_dir") else value

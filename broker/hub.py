@@ -100,6 +100,8 @@ class Hub:
         self.closed = False
         self.failure: BaseException | None = None
         self._failed = asyncio.Event()
+        #: Figures of the broker's limits, by name, added to stats (descriptors, sessions, ...).
+        self.limits: dict[str, Callable[[], dict[str, Any]]] = {}
         self._scheduled = False
         self._retry_timer: asyncio.TimerHandle | None = None
 
@@ -235,9 +237,12 @@ class Hub:
     def stats(self) -> dict[str, Any]:
         """The broker's stats: uptime, connections and counters per door, and every topic."""
         doors = {door.name: door.stats() for door in self.doors}
-        return {
+        out = {
             "uptime_seconds": round(self.monotonic() - self.started, 3),
             "connections": {name: door["connections"] for name, door in doors.items()},
             "doors": doors,
             "topics": self.engine.stats(),
         }
+        if self.limits:
+            out["limits"] = {name: figures() for name, figures in self.limits.items()}
+        return out

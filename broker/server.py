@@ -2,9 +2,14 @@
 mc0 ROUTER and the TCP gateways.
 
 No locks anywhere, because one thread touches the state. Every long-lived task runs under one
-``asyncio.TaskGroup``, so a task that crashes stops the broker loudly instead of dying in silence; a store
-failure (a failed fsync, a corrupt sealed segment) is such a crash, on purpose. SIGINT/SIGTERM stop it
-gracefully: the logs are written and fsynced before the process exits. SIGHUP re-reads the CURVE allow-list.
+``asyncio.TaskGroup``, so a task that crashes stops the broker loudly instead of dying in silence; a failed
+fsync of data already promised is such a crash, on purpose. Anything else a request runs into (a file that
+will not open, a damaged record, a limit) fails that request only. SIGINT/SIGTERM stop it gracefully: the logs
+are written and fsynced before the process exits. SIGHUP re-reads the CURVE allow-list.
+
+At start the descriptor limit is raised to the hard limit and shared out (:mod:`broker.descriptors`): the
+store keeps at most its share open, and the doors stop accepting while the rest runs short. The data directory
+is checked before anything listens: one that cannot work is refused in one line.
 """
 
 from __future__ import annotations
@@ -21,16 +26,17 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from broker import auth
+from broker import auth, descriptors
 from broker.config import BrokerConfig, ConfigError
 from broker.engine import Engine
 from broker.gateways.lumberjack import LumberjackConnection, LumberjackOptions, field_path
 from broker.gateways.msgq import MsgqConnection, MsgqOptions
 from broker.gateways.rstreams import RStreamsConnection, RStreamsOptions
 from broker.gateways.sexp import SexpConnection, SexpOptions
-from broker.gateways.tcp import Gateway
+from broker.gateways.tcp import Gateway, InputBudget
 from broker.hub import Hub
 from broker.router import RouterShell
+from broker.store import StoreError, SyncFailed
 from broker.store.files import FileStore
 from connector import keys
 
@@ -55,6 +61,7 @@ class Broker:
     endpoint: str  # the resolved bind address, e.g. tcp://127.0.0.1:49152
     gateways: dict[str, Gateway] = field(default_factory=dict)  # the ones turned on, by name
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)
+    descriptors: descriptors.DescriptorWatch | None = None
 
     def gateway_address(self, name: str) -> tuple[str, int]:
         """Where gateway ``name`` really listens (a configured port 0 resolved)."""
@@ -67,31 +74,34 @@ class Broker:
 
 
 def _gateways(config: BrokerConfig, hub: Hub) -> dict[str, Gateway]:
-    """The TCP gateways the configuration turns on (not listening yet)."""
+    """The TCP gateways the configuration turns on (not listening yet), sharing one input budget."""
     gateways = {}
+    shared = {"pending_limit": config.pending_limit, "input_budget": InputBudget(config.input_budget),
+              "handshake_timeout": config.handshake_timeout}
     sexp = config.gateway_address("sexp")
     if sexp is not None:
         interval = config.sexp_ping_interval
         # Ticks a few times per ping interval so Pings and expiry keep close to their times, at most 1/s.
         gateways["sexp"] = Gateway(
             "sexp", hub, SexpConnection, host=sexp[0], port=sexp[1], tick=min(1.0, interval / 4),
-            pending_limit=config.pending_limit,
             options=SexpOptions(ping_interval=interval, max_line=4 * config.max_message_size + 1024),
+            **shared,
         )
     msgq = config.gateway_address("msgq")
     if msgq is not None:
-        # msgq has no liveness rule of its own (TCP tells us when a peer goes): the tick has nothing to do.
+        # msgq has no liveness rule of its own (TCP tells us when a peer goes): the tick runs the handshake
+        # timeout only.
         gateways["msgq"] = Gateway(
             "msgq", hub, MsgqConnection, host=msgq[0], port=msgq[1], tick=1.0,
-            pending_limit=config.pending_limit, options=MsgqOptions(max_message=config.msgq_max_message),
+            options=MsgqOptions(max_message=config.msgq_max_message), **shared,
         )
     rstreams = config.gateway_address("rstreams")
     if rstreams is not None:
         gateways["rstreams"] = Gateway(
             "rstreams", hub, RStreamsConnection, host=rstreams[0], port=rstreams[1], tick=1.0,
-            pending_limit=config.pending_limit,
             options=RStreamsOptions(max_message=config.max_message_size, part_size=config.rstreams_part_size,
                                     buffer=config.pending_limit),
+            **shared,
         )
     shipping = config.gateway_address("lumberjack")
     if shipping is not None:
@@ -100,12 +110,36 @@ def _gateways(config: BrokerConfig, hub: Hub) -> dict[str, Gateway]:
         # Ticks every second: v2 keepalives are due at most every 5 s while a batch waits.
         gateways["lumberjack"] = Gateway(
             "lumberjack", hub, LumberjackConnection, host=shipping[0], port=shipping[1], tick=1.0,
-            pending_limit=config.pending_limit, ssl_context=_lumberjack_tls(config),
+            ssl_context=_lumberjack_tls(config),
             options=LumberjackOptions(topic=config.lumberjack_topic.encode(),
                                       topic_field=field_path(config.lumberjack_topic_field),
                                       max_frame=config.max_message_size),
+            **shared,
         )
     return gateways
+
+
+class _RouterDoor:
+    """The mc0 port as a door the descriptor watch can pause: a ROUTER cannot stop accepting, so its endpoint
+    is unbound (clients retry, as ZeroMQ clients do) and bound again. Connections made stay."""
+
+    name = "mc0"
+
+    def __init__(self, socket: zmq.asyncio.Socket, endpoint: str) -> None:
+        self.socket = socket
+        self.endpoint = endpoint
+
+    def pause(self) -> None:
+        try:
+            self.socket.unbind(self.endpoint)
+        except zmq.ZMQError as error:
+            raise OSError(error.errno, f"unbind {self.endpoint}: {error}") from None
+
+    def resume(self) -> None:
+        try:
+            self.socket.bind(self.endpoint)
+        except zmq.ZMQError as error:
+            raise OSError(error.errno, f"bind {self.endpoint}: {error}") from None
 
 
 def _lumberjack_tls(config: BrokerConfig) -> ssl.SSLContext | None:
@@ -133,14 +167,24 @@ def _router_socket(context: zmq.asyncio.Context, config: BrokerConfig) -> zmq.as
     socket.rcvhwm = config.recv_hwm
     socket.maxmsgsize = config.max_message_size
     socket.linger = 0
+    # A connection that has not finished its handshake (a bare TCP connect to the CURVE port) is dropped after
+    # this, not libzmq's 30 s: each holds a descriptor meanwhile (docs/configuration.md, handshake_timeout).
+    socket.handshake_ivl = int(config.handshake_timeout * 1000)
     return socket
 
 
 async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None = None) -> None:
     """Run a broker until ``Broker.stop()`` (or a signal in :func:`run`)."""
+    before, limit = descriptors.raise_limit()
+    if limit != before:
+        log.info("descriptor limit raised from %d to %d", before, limit)
+    shares = descriptors.shares(limit, config.max_open_files, config.descriptor_reserve)
     # Opening the store recovers every persistent topic (torn tails cut, ids continued) before any client
-    # can connect; a corrupt sealed segment stops the start here, loudly.
-    engine = Engine(config.topic_rules(), FileStore(config.data_dir))
+    # can connect. A data directory that cannot work stops the start here, in one line; a damaged topic
+    # does not (its reads fail, or it is refused, and the log says which).
+    store = FileStore(config.data_dir, max_open_files=shares.store)
+    store.check()
+    engine = Engine(config.topic_rules(), store)
     hub = Hub(engine, weak_sync_interval=config.weak_sync_interval,
               retention_interval=config.retention_interval, max_retry=config.heartbeat_tick)
     hub.loop = asyncio.get_running_loop()
@@ -161,6 +205,10 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
             await gateway.start()
             hub.add(gateway)
         broker = Broker(config, engine, hub, router, endpoint, gateways)
+        watch = descriptors.DescriptorWatch(shares, [_RouterDoor(socket, endpoint), *gateways.values()],
+                                            lambda: store.files.held)
+        broker.descriptors = watch
+        hub.limits["descriptors"] = watch.stats
         log.info("mc0 broker listening on %s (CURVE %s)", endpoint, "on" if config.curve else "OFF")
         for name in gateways:
             log.info("%s gateway listening on %s:%d", name, *broker.gateway_address(name))
@@ -178,11 +226,13 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
         async with asyncio.TaskGroup() as group:
             tasks = {group.create_task(router.run(), name="mc0-router"),
                      group.create_task(hub.run(), name="hub")}
+            # Not among the tasks whose end stops the broker: with no descriptor listing it ends at once.
+            watching = group.create_task(watch.run(), name="descriptors")
             tasks |= {group.create_task(gateway.run(), name=f"{name}-gateway")
                       for name, gateway in gateways.items()}
             stopper = group.create_task(broker.stop_event.wait(), name="stop")
             await asyncio.wait({*tasks, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            for task in (*tasks, stopper):
+            for task in (*tasks, stopper, watching):
                 task.cancel()
         log.info("mc0 broker stopped")
     finally:
@@ -191,6 +241,10 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
             gateway.close()
         try:
             engine.close()  # every log written and fsynced, whatever its sync level
+        except SyncFailed:
+            raise
+        except StoreError as error:  # said in the log, topic by topic: the rest was closed all the same
+            log.error("some logs could not be closed cleanly: %s", error)
         finally:
             if authenticator is not None:
                 authenticator.stop()

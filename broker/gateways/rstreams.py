@@ -129,6 +129,9 @@ class RStreamsConnection(Connection):
     def subscribers(self) -> list[Subscriber]:
         return [stream.subscriber for stream in self.streams.values()]
 
+    def input_held(self) -> int:
+        return self.codec.buffered + self.reassembler.held
+
     def close(self, why: str) -> None:
         """Every close says goodbye first (the draft's orderly close); a protocol error says which."""
         if not self.closing and not self.said_goodbye:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import ssl
 from collections.abc import Callable
 from typing import Any, Protocol, cast
@@ -61,6 +63,8 @@ class Gateway:
         pending_limit: int = 100_000,
         ssl_context: ssl.SSLContext | None = None,
         options: Any = None,
+        input_budget: InputBudget | None = None,
+        handshake_timeout: float = 10.0,
     ) -> None:
         self.name = name
         self.hub = hub
@@ -73,38 +77,68 @@ class Gateway:
         self.options = options  # the dialect's own settings, read by its connections
         self.connections: set[Connection] = set()
         self.committing: set[Connection] = set()  # want committed() after the next commit
-        self.server: asyncio.Server | None = None
+        self.servers: list[asyncio.Server] = []  # accepting now (none while paused)
+        # The listening sockets, kept open by us while the servers come and go, so a pause keeps the port.
+        self.listening: list[socket.socket] = []
         self.address: tuple[str, int] | None = None  # where it really listens (port 0 resolved)
+        self.input_budget = input_budget if input_budget is not None else InputBudget(DEFAULT_INPUT_BUDGET)
+        self.handshake_timeout = handshake_timeout
         # paused: times a connection's transport was full (the peer reads slower than we write). A dialect
         # adds its own counters by naming them in its connection class's ``counters``.
-        self.counters = {"accepted": 0, "errors": 0, "closed": 0, "expired": 0, "paused": 0}
+        self.counters = {"accepted": 0, "errors": 0, "closed": 0, "expired": 0, "paused": 0,
+                         "over_budget": 0, "silent": 0}
         self.counters.update(dict.fromkeys(getattr(connection, "counters", ()), 0))
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            self.server = await loop.create_server(
+            server = await loop.create_server(
                 lambda: self.connection(self), self.host, self.port, ssl=self.ssl_context, reuse_address=True
             )
         except OSError as error:
             where = f"{self.name} gateway on {self.host}:{self.port}"
             raise OSError(error.errno, f"{where}: {error.strerror}") from None
-        host, port = self.server.sockets[0].getsockname()[:2]
+        self.servers = [server]
+        self.listening = [socket.socket(fileno=os.dup(listener.fileno())) for listener in server.sockets]
+        host, port = server.sockets[0].getsockname()[:2]
         self.address = (host, port)
 
+    def pause(self) -> None:
+        """Stop accepting: the servers close, our copy of each listening socket keeps the port (connections
+        that arrive meanwhile wait in the kernel's backlog). Connections already made are not touched."""
+        servers, self.servers = self.servers, []
+        for server in servers:
+            server.close()
+
+    async def resume(self) -> None:
+        if self.servers:
+            return
+        loop = asyncio.get_running_loop()
+        for listener in self.listening:
+            self.servers.append(await loop.create_server(lambda: self.connection(self), sock=listener.dup(),
+                                                         ssl=self.ssl_context))
+
     async def run(self) -> None:
-        """Tick every connection until cancelled (pings, expiry, whatever the dialect's liveness needs)."""
+        """Tick every connection until cancelled (pings, expiry, whatever the dialect's liveness needs, and
+        the handshake timeout: a peer that sends nothing at all is not kept)."""
         monotonic = self.hub.monotonic
         while True:
             await asyncio.sleep(self.tick_interval)
             now = monotonic()
+            cutoff = now - self.handshake_timeout
             for connection in list(self.connections):
+                if not connection.heard and connection.opened < cutoff:
+                    self.counters["silent"] += 1
+                    connection.close(f"nothing received within {self.handshake_timeout:g} s of connecting")
+                    continue
                 connection.tick(now)
             self.hub.schedule()
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        self.pause()
+        for listener in self.listening:
+            listener.close()
+        self.listening = []
         for connection in list(self.connections):
             connection.abort()
 
@@ -123,6 +157,37 @@ class Gateway:
     def stats(self) -> dict[str, Any]:
         where = f"{self.address[0]}:{self.address[1]}" if self.address else None
         return {"connections": len(self.connections), "address": where, **self.counters}
+
+
+#: Bytes of unfinished input all gateway connections may hold together when nothing else is said.
+DEFAULT_INPUT_BUDGET = 256 << 20
+
+
+class InputBudget:
+    """The input all connections of all gateways hold together (partial lines and frames, inflated payloads,
+    elements being reassembled), bounded: the connection holding the most is refused when the sum passes the
+    limit, so a few slow or malicious peers cannot take the broker's memory between them."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total = 0
+        self.held: dict[Connection, int] = {}
+
+    def update(self, connection: Connection, held: int) -> None:
+        before = self.held.pop(connection, 0)
+        if held:
+            self.held[connection] = held
+        self.total += held - before
+        while self.total > self.limit and self.held:
+            largest = max(self.held, key=self.held.__getitem__)
+            size = self.held[largest]
+            self.forget(largest)
+            largest.gateway.counters["over_budget"] += 1
+            largest.refuse(f"{size} bytes of unfinished input: all connections together may hold "
+                           f"{self.limit} (input_budget)")
+
+    def forget(self, connection: Connection) -> None:
+        self.total -= self.held.pop(connection, 0)
 
 
 class _Codec(Protocol):
@@ -153,7 +218,8 @@ class Connection(asyncio.Protocol):
         self.closing = False
         self.draining = False  # buffered input left for a later slice (reading the peer waits for it)
         self.reading = True  # the transport reads the peer (see _update_reading)
-        self.last_heard = self.hub.monotonic()
+        self.last_heard = self.opened = self.hub.monotonic()
+        self.heard = False  # anything at all received (see Gateway.handshake_timeout)
 
     # ------------------------------------------------------------------------------------ asyncio callbacks
 
@@ -170,6 +236,7 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         self.last_heard = self.hub.monotonic()
+        self.heard = True
         self._guarded(self.received, data)
 
     def _guarded(self, step: Callable[..., None], *args: Any) -> None:
@@ -184,12 +251,23 @@ class Connection(asyncio.Protocol):
             self.abort()
             self.hub.fail(error)
             return
+        if not self.closing:
+            self.gateway.input_budget.update(self, self.input_held())
         # Not a flush now: every readable connection of this loop iteration is read first, then one commit
         # covers them all.
         self.hub.schedule()
 
+    def input_held(self) -> int:
+        """Bytes of input this connection holds unfinished (what the input budget counts)."""
+        return getattr(getattr(self, "codec", None), "buffered", 0)
+
+    def refuse(self, why: str) -> None:
+        """Close for a reason of the broker's (a limit reached), saying so the dialect's way if it can."""
+        self.close(why)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self.gateway.input_budget.forget(self)
         self.gateway.connections.discard(self)
         self.gateway.counters["closed"] += 1
         self.gateway.committing.discard(self)
@@ -267,6 +345,7 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         self.closing = True
+        self.gateway.input_budget.forget(self)
         log.info("%s client %s closed: %s", self.gateway.name, self.peer, why)
         if self.transport is not None:
             self.transport.close()
