@@ -17,6 +17,7 @@ little before the limit keeps both from happening; a store open that fails all t
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import resource
@@ -53,12 +54,19 @@ def raise_limit() -> tuple[int, int]:
     return soft, wanted
 
 
+#: What :func:`count_open` says when listing needs a descriptor and none is left: as many as the limit.
+NONE_LEFT = -1
+
+
 def count_open() -> int | None:
-    """Descriptors open in this process, or None where the system does not list them."""
+    """Descriptors open in this process; NONE_LEFT if not one is left to list them with; None where the system
+    does not list them."""
     for directory in _FD_DIRECTORIES:
         try:
             return len(os.listdir(directory)) - 1  # the listing's own descriptor
-        except OSError:
+        except OSError as error:
+            if error.errno in (errno.EMFILE, errno.ENFILE):
+                return NONE_LEFT
             continue
     return None
 
@@ -96,7 +104,7 @@ class Door(Protocol):
 
     name: str
 
-    def pause(self) -> Awaitable[None] | None: ...
+    def pause(self) -> None: ...
 
     def resume(self) -> Awaitable[None] | None: ...
 
@@ -131,22 +139,37 @@ class DescriptorWatch:
         cost = time.perf_counter() - started
         if used is None:
             return SLOWEST
+        if used == NONE_LEFT:
+            used = self.shares.limit
         self.in_use = used
         others = used - self.store_open()  # the store's own are within its bound
         shares = self.shares
         if not self.paused and others >= shares.pause_at:
-            self.paused = True
-            self.pauses += 1
-            log.warning("%d of %d descriptors in use: new connections wait until some are free (the store "
-                        "keeps %d and %d stay in reserve)", used, shares.limit, shares.store, shares.reserve)
-            await self._each("pause")
+            self._pause(f"{used} of {shares.limit} descriptors in use")
         elif self.paused and others < shares.resume_at:
             log.warning("%d of %d descriptors in use: taking new connections again", used, shares.limit)
             self.paused = not await self._each("resume")
-        headroom = shares.pause_at - others
-        if self.paused or headroom < shares.pause_at // 4:
+        if self.paused or others > shares.pause_at // 2:
             return FASTEST
         return min(SLOWEST, max(FASTEST, cost * COST_FACTOR))
+
+    def out_of_descriptors(self) -> None:
+        """A file could not be opened for want of descriptors: stop accepting at once. Unbinding the mc0 port
+        also drops its connections still in their handshake, so the store's retry finds descriptors free."""
+        if not self.paused:
+            self._pause("no descriptor left for a file")
+
+    def _pause(self, why: str) -> None:
+        self.paused = True
+        self.pauses += 1
+        shares = self.shares
+        log.warning("%s: new connections wait until some are free (the store keeps %d and %d stay in "
+                    "reserve)", why, shares.store, shares.reserve)
+        for door in self.doors:
+            try:
+                door.pause()
+            except OSError as error:
+                log.error("%s door: cannot stop accepting: %s", door.name, error)
 
     async def _each(self, action: str) -> bool:
         """``action`` on every door; False if one of them failed (a resume is then tried again)."""

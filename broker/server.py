@@ -36,7 +36,7 @@ from broker.gateways.sexp import SexpConnection, SexpOptions
 from broker.gateways.tcp import Gateway, InputBudget
 from broker.hub import Hub
 from broker.router import RouterShell
-from broker.store import StoreError, SyncFailed
+from broker.store import StoreError, SyncFailed, segment
 from broker.store.files import FileStore
 from connector import keys
 
@@ -209,6 +209,7 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
                                             lambda: store.files.held)
         broker.descriptors = watch
         hub.limits["descriptors"] = watch.stats
+        segment.when_out_of_descriptors = watch.out_of_descriptors
         log.info("mc0 broker listening on %s (CURVE %s)", endpoint, "on" if config.curve else "OFF")
         for name in gateways:
             log.info("%s gateway listening on %s:%d", name, *broker.gateway_address(name))
@@ -236,6 +237,7 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
                 task.cancel()
         log.info("mc0 broker stopped")
     finally:
+        segment.when_out_of_descriptors = None
         hub.close()
         for gateway in gateways.values():
             gateway.close()

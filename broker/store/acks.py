@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from broker.store import StoreError
-from broker.store.segment import fsync, fsync_directory, pread_exact, write_all
+from broker.store.segment import fsync, fsync_directory, open_file, pread_exact, write_all
 
 log = logging.getLogger("mc0.store")
 
@@ -108,7 +108,7 @@ class AckJournal:
         ids will be given to new messages, so those acks must go, durably: the journal is rewritten.
         """
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+            fd = open_file(self.path, os.O_RDWR | os.O_APPEND)
         except FileNotFoundError:
             fd = None
         except OSError as exc:
@@ -158,7 +158,7 @@ class AckJournal:
         self.pending = []
         if self._fd is None:
             try:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+                self._fd = open_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
             except OSError as exc:
                 raise StoreError(f"{self.path}: cannot create: {exc}") from exc
             self.created = True
@@ -180,7 +180,7 @@ class AckJournal:
         data = encode_ranges(ranges)
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+            fd = open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
             write_all(fd, data, tmp)
             fsync(fd, tmp)
             os.replace(tmp, self.path)

@@ -36,7 +36,7 @@ from typing import Any
 
 from broker.store import StoredTopic, StoreError, SyncFailed
 from broker.store.log import SegmentLog
-from broker.store.segment import fsync_directory, write_all
+from broker.store.segment import fsync_directory, open_file, write_all
 from broker.topics import MAX_TOPIC_ID, Delivery, Persistence, Sync, TopicSpec
 
 META_FILE = "topic.json"
@@ -185,7 +185,7 @@ def write_file_atomically(path: Path, data: bytes) -> None:
     """tmp + fsync + rename + fsync of the directory: after a crash, the old content or the new."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             write_all(fd, data, tmp)
             os.fsync(fd)
@@ -272,7 +272,7 @@ class FileStore:
             return
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_file(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise StoreError(f"{self.root}: cannot create the data directory: {exc}") from exc
         try:
@@ -389,7 +389,7 @@ class FileStore:
             if new.exists():
                 shutil.rmtree(new)  # left by a crash during an earlier creation
             new.mkdir()
-            fd = os.open(new / META_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = open_file(new / META_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             try:
                 write_all(fd, encode_meta(topic, spec, topic_id), new / META_FILE)
                 os.fsync(fd)

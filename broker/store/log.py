@@ -53,6 +53,7 @@ from broker.store.segment import (
     encode_segment_header,
     fsync,
     fsync_directory,
+    list_directory,
     parse_segment_file_name,
     pread_exact,
     write_all,
@@ -143,7 +144,7 @@ class SegmentLog:
         bases = []
         index_files = set()
         try:
-            names = os.listdir(self.directory)
+            names = list_directory(self.directory)
         except OSError as exc:
             raise StoreError(f"{self.directory}: cannot list: {exc}") from exc
         for name in names:

@@ -9,12 +9,14 @@ same bytes for other programs.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
 import sys
 import zlib
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import lt
 from pathlib import Path
@@ -80,6 +82,33 @@ def decode_payload(payload: bytes | memoryview) -> tuple[int, dict[bytes, bytes]
     return timestamp, headers, body
 
 
+#: Called when a file cannot be opened for want of descriptors (EMFILE, ENFILE), before the one retry: the
+#: broker sets it to stop its doors accepting, which frees descriptors (broker.descriptors). None: no retry.
+when_out_of_descriptors: Callable[[], None] | None = None
+
+
+def open_file(path: Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open``, tried once more after :data:`when_out_of_descriptors` when no descriptor was left."""
+    try:
+        return os.open(path, flags, mode)
+    except OSError as error:
+        if error.errno not in (errno.EMFILE, errno.ENFILE) or when_out_of_descriptors is None:
+            raise
+        when_out_of_descriptors()
+        return os.open(path, flags, mode)
+
+
+def list_directory(path: Path) -> list[str]:
+    """``os.listdir`` (which needs a descriptor too), with the same one retry as :func:`open_file`."""
+    try:
+        return os.listdir(path)
+    except OSError as error:
+        if error.errno not in (errno.EMFILE, errno.ENFILE) or when_out_of_descriptors is None:
+            raise
+        when_out_of_descriptors()
+        return os.listdir(path)
+
+
 def pread_exact(fd: int, size: int, offset: int, path: Path) -> bytes:
     """``size`` bytes at ``offset`` (fewer only at the end of the file); OSError becomes StoreError."""
     try:
@@ -117,7 +146,7 @@ def fsync_directory(path: Path) -> None:
     """Make file creations, renames and deletions inside ``path`` durable. Not getting a descriptor for the
     directory is a StoreError (this request fails); a failed fsync is SyncFailed."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        fd = open_file(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError as exc:
         raise StoreError(f"{path}: cannot open the directory to fsync it: {exc}") from exc
     try:
@@ -219,8 +248,8 @@ class Segment:
     def create(self) -> None:
         """Create the files of a new segment (the header is the first bytes the log writes into it)."""
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-            self.index_fd = os.open(
+            self.fd = open_file(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND)
+            self.index_fd = open_file(
                 self.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644
             )
         except OSError as exc:
@@ -237,7 +266,7 @@ class Segment:
     def open_for_reading(self) -> None:
         if self.fd is None:
             try:
-                self.fd = os.open(self.path, os.O_RDONLY)
+                self.fd = open_file(self.path, os.O_RDONLY)
             except OSError as exc:
                 raise StoreError(f"{self.path}: cannot open segment: {exc}") from exc
 
@@ -245,9 +274,9 @@ class Segment:
         """Open again the files of the active segment after the log let them go (to keep few files open)."""
         try:
             if self.fd is None:
-                self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+                self.fd = open_file(self.path, os.O_RDWR | os.O_APPEND)
             if self.index_fd is None:
-                self.index_fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                self.index_fd = open_file(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot open segment: {exc}") from exc
 
@@ -414,7 +443,7 @@ class Segment:
         assert self.ids is not None
         assert self.positions is not None
         try:
-            fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = open_file(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             try:
                 write_all(fd, encode_index(self.ids, self.positions), self.index_path)
             finally:
@@ -541,7 +570,7 @@ class Segment:
         creating the segment, and so is a file of nothing but zero bytes: the file is reset to a fresh header.
         """
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+            self.fd = open_file(self.path, os.O_RDWR | os.O_APPEND)
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot open segment: {exc}") from exc
         size = self.file_size()
@@ -624,6 +653,6 @@ class Segment:
 
     def _open_index_for_append(self) -> None:
         try:
-            self.index_fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self.index_fd = open_file(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         except OSError as exc:
             raise StoreError(f"{self.index_path}: cannot open: {exc}") from exc
