@@ -66,6 +66,10 @@ class BrokerConfig:
     max_open_files: int = 0  # descriptors the store keeps open at most; 0 = a quarter of the process limit
     descriptor_reserve: int = 64  # descriptors kept free beyond the store's share; doors pause to keep them
     input_budget: int = 256 << 20  # bytes of unfinished input all TCP gateway connections may hold together
+    session_idle: float = 60.0  # seconds of silence after which an mc0 client without TTL is probed
+    max_sessions: int = 100_000  # mc0 sessions at most; past it, those heard from longest ago are dropped
+    max_topics: int = 1_000_000  # topics at once; another is refused
+    topic_idle: float = 60.0  # seconds a transient topic with no subscriber and nothing waiting is kept
 
     @property
     def allowlist_dir(self) -> Path:
@@ -92,7 +96,8 @@ _BROKER_KEYS = {
     "rstreams": str, "rstreams_part_size": int, "lumberjack": str, "lumberjack_topic": str,
     "lumberjack_topic_field": str, "lumberjack_tls_cert": str, "lumberjack_tls_key": str,
     "lumberjack_tls_client_ca": str, "handshake_timeout": (int, float), "max_open_files": int,
-    "descriptor_reserve": int, "input_budget": int,
+    "descriptor_reserve": int, "input_budget": int, "session_idle": (int, float), "max_sessions": int,
+    "max_topics": int, "topic_idle": (int, float),
 }
 #: Keys holding a gateway's HOST:PORT (or "off").
 GATEWAYS = ("sexp", "msgq", "rstreams", "lumberjack")
@@ -101,7 +106,8 @@ GATEWAYS = ("sexp", "msgq", "rstreams", "lumberjack")
 #: and a zero high-water mark means "unbounded" to ZeroMQ, which breaks the promise of bounded memory.
 _POSITIVE = frozenset({"heartbeat_tick", "pending_limit", "max_message_size", "send_hwm", "recv_hwm",
                        "weak_sync_interval", "retention_interval", "sexp_ping_interval",
-                       "msgq_max_message", "rstreams_part_size", "handshake_timeout", "input_budget"})
+                       "msgq_max_message", "rstreams_part_size", "handshake_timeout", "input_budget",
+                       "session_idle", "max_sessions", "max_topics", "topic_idle"})
 #: Numbers where 0 means something ("decide for me", "none") and below it nothing does.
 _NON_NEGATIVE = frozenset({"max_open_files", "descriptor_reserve"})
 

@@ -29,6 +29,12 @@ A subscription with explicit acks keeps each message in flight until :meth:`Engi
 subscription counts a message as delivered once the shell wrote it out (auto-ack). ``credit`` bounds a
 subscription's messages in flight.
 
+Topics are bounded: at most ``max_topics`` exist at once (creating another is refused), a transient topic
+with nobody subscribed and nothing waiting is reclaimed by :meth:`Engine.sweep` once it has stayed so between
+two sweeps (a topic created by DECLARE stays: its settings are worth keeping), and :meth:`Engine.delete`
+removes a topic, its log and its files. Their names are kept in order (:mod:`broker.names`), so STATS can page
+through a great many of them a bounded slice at a time (:meth:`Engine.topic_page`).
+
 When the store fails one topic (a file that will not open or be written: StoreError), the request that needed
 it fails with EngineError and the rest goes on. A commit that could not write a topic's messages takes them
 back (:meth:`Engine.commit` rewinds the topic to what its log holds and withdraws their deliveries) and names
@@ -40,11 +46,13 @@ counting them as dropped. Only :class:`~broker.store.SyncFailed` goes through: t
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.names import SortedNames
 from broker.store import DamagedRange, Store, StoreError, SyncFailed, TopicLog
 from broker.topics import MAX_TOPIC_ID, Delivery, Sync, TopicRules, TopicSpec
 
@@ -66,6 +74,11 @@ FETCH_MAX_BYTES = 16 << 20
 
 REPLAY_BEGINNING = "beginning"
 REPLAY_CURRENT = "current"
+
+#: Topics that may exist at once unless the broker says otherwise (about a kilobyte each, with no subscriber).
+DEFAULT_MAX_TOPICS = 1_000_000
+#: Idle transient topics looked at per sweep: a sweep is a bounded slice of the loop, however many there are.
+SWEEP_BUDGET = 10_000
 
 #: What an acknowledgement can promise, by sync level: the DURABILITY an OK reports.
 DURABILITY = {None: b"memory", Sync.STRONG: b"fsync", Sync.WEAK: b"written", Sync.ASYNC: b"written"}
@@ -148,7 +161,11 @@ class Subscription:
     def lag(self) -> int:
         """Messages published but not yet written to this subscriber (log distance plus what it holds)."""
         name = self.topic.name
-        held = sum(1 for message in self.subscriber.pending if message.topic == name)
+        subscriber = self.subscriber
+        if len(subscriber.topics) == 1:
+            held = len(subscriber.pending)  # all of them are this topic's: no need to look
+        else:
+            held = sum(1 for message in subscriber.pending if message.topic == name)
         behind = 0 if self.position is None else max(0, self.topic.next_id - self.position)
         return behind + held
 
@@ -177,6 +194,7 @@ class Topic:
     next_dispatch: int = FIRST_MESSAGE_ID
     redeliver: list[int] = field(default_factory=list)
     dirty: bool = False  # appended or acked since the last commit
+    declared: bool = False  # created by DECLARE: kept when idle (its settings are not the rules')
     messages_in: int = 0
     messages_out: int = 0
     dropped: int = 0
@@ -231,10 +249,16 @@ class Topic:
 class Engine:
     """One instance per broker, driven by the single loop thread."""
 
-    def __init__(self, rules: TopicRules | None = None, store: Store | None = None) -> None:
+    def __init__(self, rules: TopicRules | None = None, store: Store | None = None, *,
+                 max_topics: int = DEFAULT_MAX_TOPICS) -> None:
         self.rules = rules or TopicRules()
         self.store = store
+        self.max_topics = max_topics
         self.topics: dict[bytes, Topic] = {}
+        self.names = SortedNames()
+        # Transient topics that may be idle, with their messages_in at the last sweep (None: not swept yet).
+        self._idle: dict[Topic, int | None] = {}
+        self.reclaimed = 0  # idle transient topics reclaimed so far
         self._ready: list[Subscriber] = []
         self._dirty: list[Topic] = []
         # Ordered sets (dicts): catch-up and dispatch go round in a stable order.
@@ -283,11 +307,18 @@ class Engine:
         if current is not None and current != spec:
             raise EngineError(f"topic {name.decode('utf-8', 'replace')!r} exists with other settings "
                               f"({_settings(current)}); declared {_settings(spec)}")
-        return topic if topic is not None else self._create(name, spec)
+        if topic is None:
+            topic = self._create(name, spec)
+            topic.declared = True
+            self._idle.pop(topic, None)
+        return topic
 
     def _create(self, name: bytes, spec: TopicSpec, topic_id: int | None = None) -> Topic:
         if not name:
             raise EngineError("topic names must not be empty")
+        if len(self.topics) >= self.max_topics:
+            raise EngineError(f"topic {_shown(name)} refused: {len(self.topics)} topics exist, as many as "
+                              "max_topics allows; idle transient ones are reclaimed, or DELETE some")
         if topic_id is None:
             if self._next_topic_id > MAX_TOPIC_ID:
                 raise EngineError(f"no topic ids left (the largest is {MAX_TOPIC_ID})")
@@ -309,7 +340,10 @@ class Engine:
         if log is not None:
             topic.next_id = log.next_id
             topic.next_dispatch = max(log.acked_watermark + 1, log.first_id)
+        else:
+            self._idle[topic] = None  # nobody subscribed yet: reclaimed if it stays so
         self.topics[name] = topic
+        self.names.add(name)
         return topic
 
     # ------------------------------------------------------------------------------------------ subscriptions
@@ -457,6 +491,8 @@ class Engine:
             # the unwritten ones are still the queue's.
             self._requeue(topic, list(subscription.unacked.values()) if subscription.explicit else withdrawn)
         subscription.unacked = {}
+        if not subscriptions and topic.log is None and not topic.declared:
+            self._idle[topic] = None
 
     def _requeue(self, topic: Topic, messages: list[Message]) -> None:
         if not messages:
@@ -975,6 +1011,67 @@ class Engine:
             if topic.round_robin and topic.next_dispatch < topic.log.first_id:
                 self._dispatch[topic] = None  # it counts what retention took from the queue
         return removed
+
+    def sweep(self, budget: int = SWEEP_BUDGET) -> int:
+        """Reclaim transient topics that nobody subscribes to, that hold nothing and took no message since the
+        previous sweep; at most ``budget`` of them looked at. Returns how many went. A topic's id is never
+        given again: used again, it is a new topic."""
+        idle = self._idle
+        reclaimed = 0
+        for topic in list(itertools.islice(idle, budget)):
+            seen = idle.pop(topic)
+            if topic.subscriptions or topic.backlog or self.topics.get(topic.name) is not topic:
+                continue  # in use (it comes back here when its last subscriber leaves), or gone already
+            if seen == topic.messages_in:
+                del self.topics[topic.name]
+                self.names.discard(topic.name)
+                reclaimed += 1
+            else:
+                idle[topic] = topic.messages_in  # at the back: looked at again next sweep
+        self.reclaimed += reclaimed
+        return reclaimed
+
+    def delete(self, name: bytes) -> bool:
+        """Remove topic ``name`` with its log and files; False if there is no such topic anywhere.
+
+        Refused (EngineError) while anybody subscribes to it: subscribers would go on waiting on nothing.
+        Used again later, the name is a new topic (new id, message ids from 1)."""
+        topic = self.topics.get(name)
+        if topic is not None and topic.subscriptions:
+            count = len(topic.subscriptions)
+            raise EngineError(f"topic {_shown(name)} has {count} subscriber{'s' * (count > 1)}: it can be "
+                              "deleted once nobody subscribes to it")
+        on_disk = False
+        if self.store is not None and (topic is None or topic.log is not None):
+            try:
+                on_disk = self.store.delete(name)
+            except SyncFailed:
+                raise
+            except StoreError as error:
+                raise EngineError(f"topic {_shown(name)} cannot be deleted: {error}") from None
+        self.unavailable.pop(name, None)
+        if topic is None:
+            return on_disk
+        del self.topics[name]
+        self.names.discard(name)
+        self._idle.pop(topic, None)
+        self._dispatch.pop(topic, None)
+        if topic.dirty:
+            topic.dirty = False
+            self._dirty.remove(topic)
+        return True
+
+    def topic_page(self, prefix: bytes = b"", after: bytes | None = None,
+                   limit: int = 1000) -> tuple[list[Topic], bytes | None]:
+        """Up to ``limit`` topics whose names start with ``prefix``, after ``after``, in name order; and the
+        name to ask after for the next page (None: this is the last)."""
+        page: list[Topic] = []
+        topics = self.topics
+        for name in self.names.after(after, prefix):
+            if len(page) == limit:
+                return page, page[-1].name
+            page.append(topics[name])
+        return page, None
 
     def close(self) -> None:
         """Commit and close every log (the shutdown path: written and fsynced)."""

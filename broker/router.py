@@ -85,6 +85,8 @@ class RouterShell:
         recv_budget: int = 8192,
         pending_limit: int = 100_000,
         tick: float = 0.1,
+        session_idle: float = 60.0,
+        max_sessions: int = 100_000,
     ) -> None:
         self.hub = hub
         self.engine = hub.engine
@@ -94,6 +96,9 @@ class RouterShell:
         self.sessions = Sessions(self)
         self.recv_budget = recv_budget
         self.pending_limit = pending_limit
+        self.session_idle = session_idle  # sessions without TTL silent this long are probed (sessions.py)
+        self.max_sessions = max_sessions
+        self.next_probe = hub.monotonic() + session_idle / 8
         self.base_tick = tick
         self.tick = tick
         self.monotonic = hub.monotonic
@@ -110,7 +115,7 @@ class RouterShell:
         # becomes an ERROR if the commit could not store a topic they went to (Engine.failed).
         self.confirming: list[tuple[int, mc0.Put | mc0.Puts]] = []
         self.counters = {"commands": 0, "errors": 0, "expired": 0, "unreachable": 0, "blocked": 0,
-                         "fetches": 0}
+                         "fetches": 0, "probed": 0, "evicted": 0}
 
     # ----------------------------------------------------------------------------------------------- the loop
 
@@ -157,6 +162,8 @@ class RouterShell:
         """One command from one peer (``frames[0]`` is the ROUTER identity); returns its message count."""
         identity = frames[0]
         session = self.sessions.get_or_create(identity, now, self.pending_limit)
+        if len(self.sessions) > self.max_sessions:
+            self._make_room(session)
         session.last_heard = now
         session.commands += 1
         self.counters["commands"] += 1
@@ -251,11 +258,18 @@ class RouterShell:
                     raise ProtocolError("FETCH needs an ID to answer to")
                 # Answered after the commit (answer()), in this reply's place: see _FetchReply.
                 self.replies.append((session, _FetchReply(event, session.delimiter)))
-            case mc0.Stats(command_id):
+            case mc0.Stats(command_id, _, prefix, after, limit):
                 if command_id is None:
                     raise ProtocolError("STATS needs an ID to answer to")
-                body = json.dumps(self.hub.stats(), sort_keys=True).encode()
+                limit = mc0.STATS_DEFAULT_TOPICS if limit is None else min(limit, mc0.STATS_MAX_TOPICS)
+                stats = self.hub.stats_page(prefix, after, limit)
+                body = json.dumps(stats, sort_keys=True).encode()
                 self.reply(session, mc0.Ok(command_id, {b"CONTENT-TYPE": b"application/json"}, body))
+            case mc0.Delete(topic, command_id):
+                if not engine.delete(topic):
+                    raise EngineError(f"no topic {topic.decode('utf-8', 'replace')!r} to delete")
+                if command_id is not None:
+                    self.ok(session, command_id)
             case mc0.Message() | mc0.Messages() | mc0.Ok() | mc0.Error():
                 verb = type(event).__name__.upper()
                 raise ProtocolError(f"{verb} is sent by the broker, not by clients",
@@ -450,15 +464,35 @@ class RouterShell:
             self.drop(session, "expired (no traffic for 1.05 x TTL)")
         for session in noop:
             self.send(session, mc0.encode(mc0.Noop(), delimiter=session.delimiter), now)
+        if now >= self.next_probe:
+            # Sessions without TTL: a NOOP to each that has been silent for session_idle. A peer that has gone
+            # makes the send fail at once (ROUTER_MANDATORY), and send() drops its session.
+            self.next_probe = now + self.session_idle / 8
+            for session in self.sessions.silent(now, self.session_idle):
+                session.last_probe = now
+                self.counters["probed"] += 1
+                self.send(session, mc0.encode(mc0.Noop(), delimiter=session.delimiter), now)
         # Re-derive the tick from the clients still here: one short-TTL client must not keep it fast forever.
         ttls = [s.ttl for s in self.sessions.by_identity.values() if s.ttl is not None]
         self.tick = heartbeat_tick(self.base_tick, ttls)
 
-    def drop(self, session: Session, why: str) -> None:
+    def _make_room(self, newcomer: Session) -> None:
+        """Over max_sessions: the sessions heard from longest ago go (a sixteenth of the cap at once, so that
+        a crowd of new clients does not pay for a search each)."""
+        evicted = [session for session in self.sessions.oldest(max(1, self.max_sessions // 16))
+                   if session is not newcomer]
+        for session in evicted:
+            self.drop(session, "evicted", quiet=True)
+        self.counters["evicted"] += len(evicted)
+        log.warning("%d clients dropped, those heard from longest ago: more than %d sessions (max_sessions)",
+                    len(evicted), self.max_sessions)
+
+    def drop(self, session: Session, why: str, *, quiet: bool = False) -> None:
         if self.sessions.by_identity.get(session.identity) is not session:
             return  # already gone, or the identity came back as a new session that must not be dropped
         self.sessions.remove(session.identity)
-        log.info("client %s dropped: %s", session.identity.hex(), why)
+        if not quiet:
+            log.info("client %s dropped: %s", session.identity.hex(), why)
         self.engine.detach(session.subscriber)
 
     # -------------------------------------------------------------------------------------------------- stats

@@ -73,10 +73,10 @@ class Broker:
         self.stop_event.set()
 
 
-def _gateways(config: BrokerConfig, hub: Hub) -> dict[str, Gateway]:
+def _gateways(config: BrokerConfig, hub: Hub, budget: InputBudget) -> dict[str, Gateway]:
     """The TCP gateways the configuration turns on (not listening yet), sharing one input budget."""
     gateways = {}
-    shared = {"pending_limit": config.pending_limit, "input_budget": InputBudget(config.input_budget),
+    shared = {"pending_limit": config.pending_limit, "input_budget": budget,
               "handshake_timeout": config.handshake_timeout}
     sexp = config.gateway_address("sexp")
     if sexp is not None:
@@ -184,11 +184,13 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
     # does not (its reads fail, or it is refused, and the log says which).
     store = FileStore(config.data_dir, max_open_files=shares.store)
     store.check()
-    engine = Engine(config.topic_rules(), store)
+    engine = Engine(config.topic_rules(), store, max_topics=config.max_topics)
     hub = Hub(engine, weak_sync_interval=config.weak_sync_interval,
-              retention_interval=config.retention_interval, max_retry=config.heartbeat_tick)
+              retention_interval=config.retention_interval, topic_idle=config.topic_idle,
+              max_retry=config.heartbeat_tick)
     hub.loop = asyncio.get_running_loop()
-    gateways = _gateways(config, hub)
+    budget = InputBudget(config.input_budget)
+    gateways = _gateways(config, hub, budget)
     context = zmq.asyncio.Context()
     socket = _router_socket(context, config)
     authenticator = None
@@ -199,7 +201,8 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
             log.warning("CURVE is OFF: traffic on %s is plaintext and any client is admitted", config.bind)
         socket.bind(config.bind)
         endpoint = socket.last_endpoint.decode()
-        router = RouterShell(hub, socket, pending_limit=config.pending_limit, tick=config.heartbeat_tick)
+        router = RouterShell(hub, socket, pending_limit=config.pending_limit, tick=config.heartbeat_tick,
+                             session_idle=config.session_idle, max_sessions=config.max_sessions)
         hub.add(router)
         for gateway in gateways.values():
             await gateway.start()
@@ -209,6 +212,9 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
                                             lambda: store.files.held)
         broker.descriptors = watch
         hub.limits["descriptors"] = watch.stats
+        hub.limits["topics"] = lambda: {"topics": len(engine.topics), "max_topics": engine.max_topics,
+                                        "reclaimed": engine.reclaimed, "unavailable": len(engine.unavailable)}
+        hub.limits["input"] = lambda: {"held": budget.total, "input_budget": budget.limit}
         segment.when_out_of_descriptors = watch.out_of_descriptors
         log.info("mc0 broker listening on %s (CURVE %s)", endpoint, "on" if config.curve else "OFF")
         for name in gateways:

@@ -8,19 +8,20 @@
 
 Durable topics: ``subscribe(topic, replay="beginning")`` reads a persistent topic's log first,
 ``subscribe(topic, explicit_acks=True)`` with ``ack(message)`` consumes a queue without losing what a crashed
-consumer held, ``declare(topic, persistence="persistent")`` creates one, ``topics()`` shows them all. A
-reconnect resumes every topic right after the last message received (:attr:`Client.last_ids`).
+consumer held, ``declare(topic, persistence="persistent")`` creates one, ``delete(topic)`` removes one with
+its files, ``topics()`` shows them a page at a time (``prefix``, ``after``, ``limit``). A reconnect resumes
+every topic right after the last message received (:attr:`Client.last_ids`).
 ``fetch(topic, start)`` reads a persistent topic's stored messages by id range without subscribing (the
 Spark data source's reads), ``offsets(topic)`` gives its oldest and next id.
 """
 
 from connector.aio import AsyncClient
-from connector.base import TopicSettings
+from connector.base import TopicPage, TopicSettings
 from connector.client import DEFAULT_ENDPOINT, Client
 from connector.core import ConnectorError, FetchResult, Message
 from connector.keys import Credentials
 
 __all__ = [
     "DEFAULT_ENDPOINT", "AsyncClient", "Client", "ConnectorError", "Credentials", "FetchResult", "Message",
-    "TopicSettings",
+    "TopicPage", "TopicSettings",
 ]

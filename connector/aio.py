@@ -23,9 +23,11 @@ from connector.base import (
     DEFAULT_ENDPOINT,
     ClientBase,
     ClientOptions,
+    TopicPage,
     TopicSettings,
     make_socket,
     reply_or_raise,
+    stats_event,
     topics_of,
 )
 from connector.core import (
@@ -182,13 +184,20 @@ class AsyncClient(ClientBase):
         """Return once the broker has taken every message published before this call."""
         await self._call(mc0.Noop(), timeout, "NOOP")
 
-    async def stats(self, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
-        reply = await self._call(mc0.Stats(), timeout, "STATS")
+    async def delete(self, topic: str | bytes, *, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        """Remove ``topic`` and its stored messages (see :meth:`connector.Client.delete`)."""
+        await self._call(mc0.Delete(to_bytes(topic)), timeout, "DELETE")
+
+    async def stats(self, timeout: float | None = None,  # noqa: ASYNC109
+                    **page: Unpack[TopicPage]) -> dict[str, Any]:
+        """The broker's counters, with one page of topics (see :class:`connector.base.TopicPage`)."""
+        reply = await self._call(stats_event(page), timeout, "STATS")
         return json.loads(reply.body or b"{}")
 
-    async def topics(self, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
-        """Topic name -> settings and counters (the ``topics`` part of :meth:`stats`)."""
-        return topics_of(await self.stats(timeout))
+    async def topics(self, timeout: float | None = None,  # noqa: ASYNC109
+                     **page: Unpack[TopicPage]) -> dict[str, Any]:
+        """Topic name -> settings and counters (the ``topics`` part of :meth:`stats`), one page of them."""
+        return topics_of(await self.stats(timeout, **page))
 
     async def fetch(
         self,

@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypedDict
 
 import zmq
 
-from connector.core import ClientCore, ConnectorError, Message
+from connector.core import ClientCore, ConnectorError, Message, to_bytes
 from connector.keys import Credentials
 from protocol import mc0
 
@@ -89,6 +89,25 @@ class TopicSettings(TypedDict, total=False):
     retention_seconds: float | None  # persistent: delete segments older than this
     segment_bytes: int | None  # persistent: seal a segment file once it reaches this size
     element_size: int | None  # every message exactly this many bytes (reactive streams pack them)
+
+
+class TopicPage(TypedDict, total=False):
+    """Which topics a STATS answer lists, a page at a time (the broker lists at most 1,000 at once)."""
+
+    prefix: str | bytes  # only names starting with this
+    after: str | bytes | None  # only names after this one: the previous answer's "topics_next"
+    limit: int | None  # at most this many (None: the broker's default page, 1,000)
+
+
+def stats_event(page: Mapping[str, Any]) -> mc0.Stats:
+    after = page.get("after")
+    return mc0.Stats(prefix=to_bytes(page.get("prefix") or b""),
+                     after=None if after is None else _name_bytes(after), limit=page.get("limit"))
+
+
+def _name_bytes(name: str | bytes) -> bytes:
+    """A topic name as the broker sent it: names that are not UTF-8 come as surrogate escapes."""
+    return name if isinstance(name, bytes) else name.encode("utf-8", "surrogateescape")
 
 
 def topics_of(stats: Mapping[str, Any]) -> dict[str, Any]:

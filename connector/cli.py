@@ -1,5 +1,5 @@
-"""The ``mc0`` command: run the broker, publish, subscribe (with replay, credit and acks), declare topics,
-manage keys, show stats and the topics table.
+"""The ``mc0`` command: run the broker, publish, subscribe (with replay, credit and acks), declare and delete
+topics, manage keys, show stats and the topics table, and check or mend a data directory offline.
 
 Errors are one clear line and a non-zero exit, never a traceback: every failure the library reports by
 exception (:class:`ConnectorError`, key files, configuration, sockets) becomes a ``click.ClickException``.
@@ -633,21 +633,59 @@ def _table(rows: list[list[str]]) -> Iterator[str]:
         yield "  ".join(cells).rstrip()
 
 
+def _page_options(func: Any) -> Any:
+    """Which topics: the broker answers a page at a time (at most 1,000 topics)."""
+    func = click.option("--after", metavar="TOPIC", help="Only topics after this one (the next page).")(func)
+    func = click.option("--limit", type=click.IntRange(min=1), metavar="N",
+                        help="At most N topics [default: the broker's page, 1,000].")(func)
+    func = click.option("--prefix", default="", metavar="TEXT",
+                        help="Only topics whose names start so.")(func)
+    return func
+
+
+def _more(stats: dict[str, Any], shown: int) -> None:
+    """On stderr, when the broker has more topics than this page: how many, and how to see the next."""
+    following = stats.get("topics_next")
+    if following is not None:
+        total = stats.get("topics_total", "?")
+        click.echo(f"({shown} topics shown of {total}; the next page: --after {following!r})", err=True)
+
+
 @main.command()
 @_client_options
+@_page_options
+@click.option("--all", "every", is_flag=True, help="Every topic, asking page after page.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw per-topic JSON.")
-def topics(endpoint: str, keys_dir: Path, no_curve: bool, as_json: bool) -> None:
+def topics(endpoint: str, keys_dir: Path, no_curve: bool, prefix: str, limit: int | None, after: str | None,
+           every: bool, as_json: bool) -> None:
     """One row per topic: settings, stored messages and their ids, bytes on disk, subscribers, lag, drops."""
+    data: dict[str, Any] = {}
     with _connect(endpoint, keys_dir, no_curve, ttl=None) as client:
-        data = client.topics()
+        while True:
+            stats = client.stats(prefix=prefix, after=after, limit=limit)
+            data.update(stats.get("topics") or {})
+            after = stats.get("topics_next")
+            if not every or after is None:
+                break
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
-        return
-    if not data:
+    elif not data:
         click.echo("(no topics)")
-        return
-    for line in _table([_topic_row(name, topic) for name, topic in sorted(data.items())]):
-        click.echo(line)
+    else:
+        for line in _table([_topic_row(name, topic) for name, topic in sorted(data.items())]):
+            click.echo(line)
+    if not every:
+        _more(stats, len(data))
+
+
+@main.command()
+@click.argument("topic")
+@_client_options
+def delete(topic: str, endpoint: str, keys_dir: Path, no_curve: bool) -> None:
+    """Remove TOPIC, its stored messages and their files (refused while anybody subscribes to it)."""
+    with _connect(endpoint, keys_dir, no_curve, ttl=None) as client:
+        client.delete(topic)
+    click.echo(f"deleted {topic}")
 
 
 # ----------------------------------------------------------------------------------------------- keys, stats
@@ -678,14 +716,17 @@ def keys_generate(keys_dir: Path, clients: tuple[str, ...], force: bool) -> None
 
 @main.command()
 @_client_options
+@_page_options
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
-def stats(endpoint: str, keys_dir: Path, no_curve: bool, as_json: bool) -> None:
-    """Show the broker's uptime, connections and per-topic counters."""
+def stats(endpoint: str, keys_dir: Path, no_curve: bool, prefix: str, limit: int | None, after: str | None,
+          as_json: bool) -> None:
+    """Show the broker's uptime, connections and per-topic counters (a page of topics)."""
     with _connect(endpoint, keys_dir, no_curve, ttl=None) as client:
-        data = client.stats()
+        data = client.stats(prefix=prefix, after=after, limit=limit)
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
         return
+    _more(data, len(data["topics"]))
     click.echo(f"uptime       {data['uptime_seconds']:.0f}s")
     click.echo("connections  " + ", ".join(f"{k} {v}" for k, v in data["connections"].items()))
     topics = data["topics"]

@@ -29,9 +29,11 @@ from connector.base import (
     DEFAULT_ENDPOINT,
     ClientBase,
     ClientOptions,
+    TopicPage,
     TopicSettings,
     make_socket,
     reply_or_raise,
+    stats_event,
     topics_of,
 )
 from connector.core import (
@@ -201,17 +203,24 @@ class Client(ClientBase):
         OK. Declaring the settings a topic already has is fine; other settings raise ConnectorError."""
         self._call(declare_event(topic, settings), timeout, "DECLARE")
 
+    def delete(self, topic: str | bytes, *, timeout: float | None = None) -> None:
+        """Remove ``topic``, its stored messages and their files. Refused (ConnectorError) while anybody
+        subscribes to it, or if there is no such topic."""
+        self._call(mc0.Delete(to_bytes(topic)), timeout, "DELETE")
+
     def flush(self, timeout: float | None = None) -> None:
         """Return once the broker has taken every message published before this call (a NOOP round trip)."""
         self._call(mc0.Noop(), timeout, "NOOP")
 
-    def stats(self, timeout: float | None = None) -> dict[str, Any]:
-        reply = self._call(mc0.Stats(), timeout, "STATS")
+    def stats(self, timeout: float | None = None, **page: Unpack[TopicPage]) -> dict[str, Any]:
+        """The broker's counters, with one page of topics (see :class:`connector.base.TopicPage`)."""
+        reply = self._call(stats_event(page), timeout, "STATS")
         return json.loads(reply.body or b"{}")
 
-    def topics(self, timeout: float | None = None) -> dict[str, Any]:
-        """Topic name -> settings and counters (the ``topics`` part of :meth:`stats`): ids, backlog, lag..."""
-        return topics_of(self.stats(timeout))
+    def topics(self, timeout: float | None = None, **page: Unpack[TopicPage]) -> dict[str, Any]:
+        """Topic name -> settings and counters (the ``topics`` part of :meth:`stats`): ids, backlog, lag...
+        One page of them (1,000 by default): ``prefix``, ``after`` and ``limit`` choose which."""
+        return topics_of(self.stats(timeout, **page))
 
     def fetch(
         self,

@@ -177,6 +177,11 @@ class MemoryStore:
             self.topic_ids[topic] = topic_id
         return log
 
+    def delete(self, topic: bytes) -> bool:
+        self.specs.pop(topic, None)
+        self.topic_ids.pop(topic, None)
+        return self.logs.pop(topic, None) is not None
+
     def close(self) -> None:
         self.closed = True
         for log in self.logs.values():
