@@ -688,6 +688,70 @@ def delete(topic: str, endpoint: str, keys_dir: Path, no_curve: bool) -> None:
     click.echo(f"deleted {topic}")
 
 
+# ---------------------------------------------------------------------------------------- verify and repair
+
+
+def _data_dir(config_file: Path | None, data_dir: Path | None) -> Path:
+    from broker import config as broker_config
+
+    return data_dir if data_dir is not None else broker_config.load(config_file).data_dir
+
+
+_offline_options = [
+    click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False),
+                 help="The broker's TOML configuration (for its data_dir)."),
+    click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False),
+                 help="The data directory [default: the configuration's, mc0-data]."),
+]
+
+
+def _offline(func: Any) -> Any:
+    for option in reversed(_offline_options):
+        func = option(func)
+    return func
+
+
+def _summary(summary: Any) -> None:
+    for line in summary.notes:
+        click.echo(f"note: {line}")
+    for line in summary.problems:
+        click.echo(line)
+    problems = f"{len(summary.problems)} damaged" if summary.problems else "no damage"
+    click.echo(f"{summary.topics} topics, {summary.segments} segments, {summary.records} records read: "
+               f"{problems}")
+
+
+@main.command()
+@_offline
+def verify(config_file: Path | None, data_dir: Path | None) -> None:
+    """Read every stored record of a data directory and say what is damaged (the broker must be stopped).
+    Exits 1 when something is."""
+    from broker.store import check
+
+    summary = check.verify(_data_dir(config_file, data_dir))
+    _summary(summary)
+    if summary.problems:
+        click.echo("`mc0 repair` quarantines the damaged segments and keeps every record that reads.",
+                   err=True)
+        sys.exit(1)
+
+
+@main.command()
+@_offline
+def repair(config_file: Path | None, data_dir: Path | None) -> None:
+    """Quarantine damaged segments, write back every record that reads, record the ids lost (the broker must
+    be stopped)."""
+    from broker.store import check
+
+    root = _data_dir(config_file, data_dir)
+    summary = check.repair(root)
+    _summary(summary)
+    for line in summary.repaired:
+        click.echo(f"repaired: {line}")
+    if not summary.repaired:
+        click.echo("nothing to repair")
+
+
 # ----------------------------------------------------------------------------------------------- keys, stats
 
 

@@ -266,6 +266,13 @@ class FileStore:
             self._claim()
             self._release_if_idle()
 
+    def lock(self) -> None:
+        """Hold the data directory's lock (StoreError if a broker holds it); the offline tools' way in."""
+        self._claim()
+
+    def unlock(self) -> None:
+        self._release_if_idle()
+
     def _claim(self) -> None:
         """Create the data directory if needed and lock it for this process (once)."""
         if self._lock_fd is not None:
