@@ -15,6 +15,9 @@ gateway, against the same publisher with mc0 subscribers, same run (see ``bench/
 
 ``python -m bench spark [options]``: a topic of 1,000,000 messages counted by Spark through the ``mc0`` data
 source, next to the connector reading it in one process, same run (see ``bench/spark.py``).
+
+``python -m bench faults [--soak N]``: what clients can do to a broker, and that it still answers afterwards
+(see ``bench/faults.py``; ``tests/faults/`` runs the same scenarios in CI).
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import spark
 
         return spark.main(argv[1:])
+    if argv[:1] == ["faults"]:
+        from bench import faults
+
+        return faults.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      epilog="python -m bench durability --help: the durability benchmark")
     parser.add_argument("--messages", type=int, default=200_000, help="messages per throughput run")

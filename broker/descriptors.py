@@ -38,6 +38,12 @@ SLOWEST = 2.0
 #: Counting costs about a microsecond and a half per descriptor: far from the threshold, the watcher waits
 #: this many times what its last count cost, so that counting stays a small share of the loop.
 COST_FACTOR = 50
+#: The doors stay paused at least this long: a flood that is still coming would only fill them again.
+MIN_PAUSE = 1.0
+#: Descriptors held in spare (on /dev/null) and let go just before a door starts accepting again: binding a
+#: port needs descriptors, and libzmq aborts the whole process if a bind finds none (an assertion, not an
+#: error), so it must never be tried without.
+SPARES = 4
 
 
 def raise_limit() -> tuple[int, int]:
@@ -119,8 +125,11 @@ class DescriptorWatch:
         self.store_open = store_open
         self.count = count
         self.paused = False
+        self.paused_at = 0.0
         self.in_use = 0  # at the last count
         self.pauses = 0  # times the doors stopped accepting (a figure for STATS)
+        self.spares: list[int] = []
+        self._take_spares()
 
     async def run(self) -> None:
         """Until cancelled. Returns at once where descriptors cannot be counted (nothing to watch)."""
@@ -146,7 +155,7 @@ class DescriptorWatch:
         shares = self.shares
         if not self.paused and others >= shares.pause_at:
             self._pause(f"{used} of {shares.limit} descriptors in use")
-        elif self.paused and others < shares.resume_at:
+        elif self.paused and others < shares.resume_at and time.monotonic() - self.paused_at >= MIN_PAUSE:
             log.warning("%d of %d descriptors in use: taking new connections again", used, shares.limit)
             self.paused = not await self._each("resume")
         if self.paused or others > shares.pause_at // 2:
@@ -161,6 +170,7 @@ class DescriptorWatch:
 
     def _pause(self, why: str) -> None:
         self.paused = True
+        self.paused_at = time.monotonic()
         self.pauses += 1
         shares = self.shares
         log.warning("%s: new connections wait until some are free (the store keeps %d and %d stay in "
@@ -172,9 +182,11 @@ class DescriptorWatch:
                 log.error("%s door: cannot stop accepting: %s", door.name, error)
 
     async def _each(self, action: str) -> bool:
-        """``action`` on every door; False if one of them failed (a resume is then tried again)."""
+        """``action`` on every door, with the spare descriptors let go meanwhile; False if one of them failed
+        (a resume is then tried again)."""
         done = True
         for door in self.doors:
+            self._let_spares_go()
             try:
                 result = getattr(door, action)()
                 if result is not None:
@@ -182,7 +194,26 @@ class DescriptorWatch:
             except OSError as error:  # e.g. the port was taken while we did not listen: tried again later
                 log.error("%s door: cannot %s: %s", door.name, action, error)
                 done = False
+            finally:
+                self._take_spares()
+        if not done:
+            self.paused_at = time.monotonic()  # tried again after MIN_PAUSE
         return done
+
+    def _take_spares(self) -> None:
+        while len(self.spares) < SPARES:
+            try:
+                self.spares.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                return  # none free now: taken at the next resume
+
+    def _let_spares_go(self) -> None:
+        for spare in self.spares:
+            os.close(spare)
+        self.spares = []
+
+    def close(self) -> None:
+        self._let_spares_go()
 
     def stats(self) -> dict[str, int | bool]:
         return {"descriptors": self.in_use, "descriptor_limit": self.shares.limit, "paused": self.paused,

@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
+import errno
 import logging
 import signal
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -41,6 +45,46 @@ from broker.store.files import FileStore
 from connector import keys
 
 log = logging.getLogger("mc0.broker")
+
+
+#: glibc's mallopt() parameter M_MMAP_THRESHOLD, and the size from which allocations get pages of their own.
+_M_MMAP_THRESHOLD = -3
+_MMAP_FROM = 1 << 20
+
+
+def return_large_frees() -> bool:
+    """Have large allocations (a client's long line, a big message) given back to the system when freed.
+
+    glibc raises its mmap threshold each time a large block is freed, so the next ones come from the heap,
+    and a heap does not shrink past what is still in use above: a few clients sending 20 MiB lines leave the
+    broker 100 MB larger for good. A fixed threshold keeps every block of a megabyte or more in pages of its
+    own, unmapped when freed. True if it was set (glibc only: elsewhere nothing changes)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_FROM))
+    except (OSError, AttributeError):
+        return False
+
+
+_accept_failures = [float("-inf")]  # when the last was logged
+
+
+def _loop_exceptions(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's error reports, less two that a descriptor shortage makes and that need no traceback: an
+    accept without a descriptor (asyncio retries a second later, and our doors pause), and that retry on a
+    server the pause closed meanwhile."""
+    error = context.get("exception")
+    if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):
+        now = loop.time()
+        if now - _accept_failures[0] >= 5.0:  # said once in a while, not once per connection
+            _accept_failures[0] = now
+            log.warning("a door could not accept a connection: %s (the doors pause while descriptors are "
+                        "short)", error.strerror)
+        return
+    handle = context.get("handle")
+    if isinstance(error, ValueError) and "_start_serving" in repr(handle):
+        return
+    loop.default_exception_handler(context)
 
 
 def ensure_keys(config: BrokerConfig) -> list[Path]:
@@ -128,18 +172,25 @@ class _RouterDoor:
     def __init__(self, socket: zmq.asyncio.Socket, endpoint: str) -> None:
         self.socket = socket
         self.endpoint = endpoint
+        self.bound = True
 
     def pause(self) -> None:
+        if not self.bound:
+            return
         try:
             self.socket.unbind(self.endpoint)
         except zmq.ZMQError as error:
             raise OSError(error.errno, f"unbind {self.endpoint}: {error}") from None
+        self.bound = False
 
     def resume(self) -> None:
+        if self.bound:
+            return
         try:
             self.socket.bind(self.endpoint)
         except zmq.ZMQError as error:
             raise OSError(error.errno, f"bind {self.endpoint}: {error}") from None
+        self.bound = True
 
 
 def _lumberjack_tls(config: BrokerConfig) -> ssl.SSLContext | None:
@@ -175,6 +226,8 @@ def _router_socket(context: zmq.asyncio.Context, config: BrokerConfig) -> zmq.as
 
 async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None = None) -> None:
     """Run a broker until ``Broker.stop()`` (or a signal in :func:`run`)."""
+    return_large_frees()
+    asyncio.get_running_loop().set_exception_handler(_loop_exceptions)
     before, limit = descriptors.raise_limit()
     if limit != before:
         log.info("descriptor limit raised from %d to %d", before, limit)
@@ -194,6 +247,7 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
     context = zmq.asyncio.Context()
     socket = _router_socket(context, config)
     authenticator = None
+    watch: descriptors.DescriptorWatch | None = None
     try:
         if config.curve:
             authenticator = auth.secure(context, socket, config.keys_dir, config.allow_any_client)
@@ -244,6 +298,8 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
         log.info("mc0 broker stopped")
     finally:
         segment.when_out_of_descriptors = None
+        if watch is not None:
+            watch.close()
         hub.close()
         for gateway in gateways.values():
             gateway.close()

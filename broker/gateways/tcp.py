@@ -190,6 +190,25 @@ class InputBudget:
         self.total -= self.held.pop(connection, 0)
 
 
+class _Gone:
+    """The codec of a connection that has ended: it holds nothing and reads nothing."""
+
+    buffered = 0
+    busy = False
+
+    def receive_data(self, data: bytes) -> None:
+        pass
+
+    def next_event(self) -> None:
+        return None
+
+    def send(self, event: Any) -> bytes:
+        return b""
+
+
+_GONE: Any = _Gone()
+
+
 class _Codec(Protocol):
     """The byte-stream codec shape every dialect module in ``protocol/`` has. A codec whose work on buffered
     input comes in steps also has ``busy``: True when ``next_event`` returned None with work left to do."""
@@ -268,6 +287,9 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self.gateway.input_budget.forget(self)
+        # What the peer sent and we had not read goes now, not whenever the garbage collector breaks this
+        # connection's reference cycles (its subscribers point back at it): megabytes, for a long line.
+        self.codec = _GONE
         self.gateway.connections.discard(self)
         self.gateway.counters["closed"] += 1
         self.gateway.committing.discard(self)

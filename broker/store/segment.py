@@ -14,12 +14,14 @@ import logging
 import os
 import struct
 import sys
+import time
 import zlib
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import lt
 from pathlib import Path
+from typing import TypeVar
 
 import msgpack
 
@@ -44,6 +46,8 @@ _SWAP = sys.byteorder == "little"
 
 _unpack_head = RECORD_HEAD.unpack_from
 _crc32 = zlib.crc32
+
+T = TypeVar("T")
 
 
 def segment_file_name(base: int) -> str:
@@ -82,31 +86,43 @@ def decode_payload(payload: bytes | memoryview) -> tuple[int, dict[bytes, bytes]
     return timestamp, headers, body
 
 
-#: Called when a file cannot be opened for want of descriptors (EMFILE, ENFILE), before the one retry: the
+#: Called when a file cannot be opened for want of descriptors (EMFILE, ENFILE), before the retries: the
 #: broker sets it to stop its doors accepting, which frees descriptors (broker.descriptors). None: no retry.
 when_out_of_descriptors: Callable[[], None] | None = None
+#: Retries after that, and the pause before each: the descriptors freed are closed by other threads
+#: (libzmq's), a few milliseconds later. At most 50 ms of the loop, only when the process is out of them.
+RETRIES = 5
+RETRY_PAUSE = 0.01
+
+
+def _with_descriptors(call: Callable[[], T]) -> T:
+    """``call()`` (a system call that needs a descriptor), tried again after :data:`when_out_of_descriptors`
+    when none was left."""
+    try:
+        return call()
+    except OSError as error:
+        if error.errno not in (errno.EMFILE, errno.ENFILE) or when_out_of_descriptors is None:
+            raise
+        when_out_of_descriptors()
+        for _ in range(RETRIES - 1):
+            time.sleep(RETRY_PAUSE)
+            try:
+                return call()
+            except OSError as again:
+                if again.errno not in (errno.EMFILE, errno.ENFILE):
+                    raise
+        time.sleep(RETRY_PAUSE)
+        return call()
 
 
 def open_file(path: Path, flags: int, mode: int = 0o644) -> int:
-    """``os.open``, tried once more after :data:`when_out_of_descriptors` when no descriptor was left."""
-    try:
-        return os.open(path, flags, mode)
-    except OSError as error:
-        if error.errno not in (errno.EMFILE, errno.ENFILE) or when_out_of_descriptors is None:
-            raise
-        when_out_of_descriptors()
-        return os.open(path, flags, mode)
+    """``os.open``, tried again when no descriptor was left (see :func:`_with_descriptors`)."""
+    return _with_descriptors(lambda: os.open(path, flags, mode))
 
 
 def list_directory(path: Path) -> list[str]:
-    """``os.listdir`` (which needs a descriptor too), with the same one retry as :func:`open_file`."""
-    try:
-        return os.listdir(path)
-    except OSError as error:
-        if error.errno not in (errno.EMFILE, errno.ENFILE) or when_out_of_descriptors is None:
-            raise
-        when_out_of_descriptors()
-        return os.listdir(path)
+    """``os.listdir`` (which needs a descriptor too), tried again like :func:`open_file`."""
+    return _with_descriptors(lambda: os.listdir(path))
 
 
 def pread_exact(fd: int, size: int, offset: int, path: Path) -> bytes:
