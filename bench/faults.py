@@ -66,6 +66,7 @@ class BrokerProcess:
 
     process: subprocess.Popen[str]
     data_dir: Path
+    keys: Path | None = None  # CURVE on: the keys folder the broker made
     endpoint: str = ""
     gateways: dict[str, tuple[str, int]] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
@@ -89,6 +90,8 @@ class BrokerProcess:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
     def client(self, **options: Any) -> Client:
+        if self.keys is not None:
+            return Client(self.endpoint, keys=self.keys, timeout=PATIENCE, **options)
         return Client(self.endpoint, curve=False, timeout=PATIENCE, **options)
 
     def stop(self) -> int:
@@ -114,9 +117,9 @@ def _limit(descriptors: int | None) -> Callable[[], None] | None:
 
 @contextlib.contextmanager
 def broker(settings: str = "", *, descriptors: int | None = None, data_dir: Path | None = None,
-           topics: str = "") -> Iterator[BrokerProcess]:
-    """A broker on loopback, plaintext, every door on an ephemeral port; ``settings`` are more ``[broker]``
-    lines, ``topics`` more TOML after them; ``descriptors`` its RLIMIT_NOFILE (soft and hard)."""
+           topics: str = "", curve: bool = False) -> Iterator[BrokerProcess]:
+    """A broker on loopback, every door on an ephemeral port, plaintext unless ``curve``; ``settings`` are
+    more ``[broker]`` lines, ``topics`` more TOML after them; ``descriptors`` its RLIMIT_NOFILE."""
     with tempfile.TemporaryDirectory(prefix="mc0-faults-") as scratch:
         root = Path(scratch)
         data = data_dir if data_dir is not None else root / "data"
@@ -133,10 +136,10 @@ def broker(settings: str = "", *, descriptors: int | None = None, data_dir: Path
         )
         # The broker of this checkout, whatever mc0 is installed: the same interpreter and import path.
         command = [sys.executable, "-c", "from connector.cli import main; main()", "broker", "--config",
-                   str(config), "--no-curve"]
+                   str(config), *(("--keys", str(root / "keys")) if curve else ("--no-curve",))]
         process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=scratch,
                                    preexec_fn=_limit(descriptors), env=dict(os.environ))
-        running = BrokerProcess(process, data)
+        running = BrokerProcess(process, data, root / "keys" if curve else None)
         try:
             _read_addresses(running)
             yield running
@@ -397,6 +400,27 @@ def fuzz(running: BrokerProcess, door: str, inputs: int, seed: int = 14) -> dict
 # ---------------------------------------------------------------------------------------------- descriptors
 
 
+def curve_handshakes(running: BrokerProcess, clients: int) -> dict[str, float]:
+    """``clients`` CURVE clients connecting at once: how long from connect to the OK of their CONNECT (what
+    handshake_timeout must leave room for)."""
+    times: list[float] = []
+
+    def one() -> None:
+        started = time.perf_counter()
+        with running.client(ttl=None) as client:
+            client.flush()
+        times.append(time.perf_counter() - started)
+
+    threads = [threading.Thread(target=one) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(PATIENCE)
+    times.sort()
+    return {"clients": clients, "p50": times[len(times) // 2], "p99": times[int(len(times) * 0.99) - 1],
+            "max": times[-1]}
+
+
 def flood(running: BrokerProcess, per_door: int) -> dict[str, float]:
     """Bare TCP connections to every door, held; meanwhile a client connected before creates a persistent
     topic (the store's reserve must serve it). Then they close, and a new client must get in."""
@@ -411,7 +435,8 @@ def flood(running: BrokerProcess, per_door: int) -> dict[str, float]:
                 try:
                     held.append(socket.create_connection((host, int(port)), timeout=0.5))
                 except OSError:
-                    refused += 1
+                    refused += 1  # the door stopped accepting and its backlog is full: on to the next
+                    break
         time.sleep(0.3)
         confirmed = before.publish("p.during-the-flood", "made while descriptors ran short", confirm=True)
         in_use = before.stats(limit=1)["limits"]["descriptors"]
@@ -557,9 +582,9 @@ def input_budget(running: BrokerProcess, connections: int, line: int) -> dict[st
             "rss_peak": peak, "rss_after": running.rss()}
 
 
-def _nested_bomb(levels: int = 3) -> bytes:
-    """A compressed frame holding a compressed frame ... holding 8 MiB of zeros (about 8 KiB on the wire)."""
-    payload = zlib.compress(bytes(8 << 20), 9)
+def _nested_bomb(inner: bytes, levels: int = 3) -> bytes:
+    """A compressed frame holding a compressed frame ... holding ``inner``: a few kilobytes on the wire."""
+    payload = zlib.compress(inner, 9)
     frame = b"2C" + struct.pack(">I", len(payload)) + payload
     for _ in range(levels - 1):
         payload = zlib.compress(frame, 9)
@@ -567,18 +592,27 @@ def _nested_bomb(levels: int = 3) -> bytes:
     return frame
 
 
+#: Two kinds: 60 MiB of zeros (no frame at all), and windows, well-formed frames up to the frame cap and past.
+BOMBS = {"zeros": bytes(60 << 20), "windows": b"2W\x00\x00\x00\x01" * 200_000}
+
+
 def zip_bombs(running: BrokerProcess, count: int) -> dict[str, float]:
-    """``count`` nested zip bombs on the Lumberjack door, one connection each; the loop's longest stall."""
-    bomb = _nested_bomb()
-    closed = 0
+    """``count`` nested zip bombs of each kind on the Lumberjack door, one connection each; the loop's
+    longest stall meanwhile."""
+    closed = sent = 0
+    size = 0
     with LoopProbe(running) as probe:
-        for _ in range(count):
-            with _connect(running.gateways["lumberjack"]) as sock:
-                sock.sendall(b"2W" + struct.pack(">I", 1) + bomb)
-                sock.settimeout(PATIENCE)
-                with contextlib.suppress(OSError):
-                    closed += sock.recv(16) == b""
-    return {"bombs": count, "bomb_bytes": len(bomb), "closed": closed, "longest_stall": probe.longest}
+        for inner in BOMBS.values():
+            bomb = _nested_bomb(inner)
+            size = max(size, len(bomb))
+            for _ in range(count):
+                with _connect(running.gateways["lumberjack"]) as sock:
+                    sock.sendall(b"2W" + struct.pack(">I", 1) + bomb)
+                    sent += 1
+                    sock.settimeout(PATIENCE)
+                    with contextlib.suppress(OSError):
+                        closed += sock.recv(16) == b""
+    return {"bombs": sent, "largest_bomb": size, "closed": closed, "longest_stall": probe.longest}
 
 
 # ------------------------------------------------------------------------------------------------ the run
@@ -610,8 +644,10 @@ def main(argv: list[str] | None = None) -> int:
     with broker("input_budget = 33554432\n") as running:
         _show("input budget", input_budget(running, 3, 24 << 20))
         _show("still answering", {"seconds": answers(running)})
+    with broker(curve=True) as running:
+        _show("curve handshakes", curve_handshakes(running, 200))
     persistent = '[[topics]]\npattern = "p.*"\npersistence = "persistent"\nsync = "async"\n'
-    with broker(descriptors=256, topics=persistent) as running:
+    with broker(descriptors=256, topics=persistent, curve=True) as running:
         _show("persistent topics", persistent_topics(running, 400 * soak))
         _show("flood", flood(running, 300))
         _show("still answering", {"seconds": answers(running)})
