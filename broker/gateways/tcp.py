@@ -127,6 +127,8 @@ class Gateway:
             now = monotonic()
             cutoff = now - self.handshake_timeout
             for connection in list(self.connections):
+                if connection.closing:
+                    continue  # gone as soon as the transport says so
                 if not connection.heard and connection.opened < cutoff:
                     self.counters["silent"] += 1
                     connection.close(f"nothing received within {self.handshake_timeout:g} s of connecting")
