@@ -722,6 +722,8 @@ class Engine:
             raise EngineError("topic names must not be empty")
         topic = self.topics.get(name)
         if topic is None:
+            if name in self.unavailable:
+                raise EngineError(self.unavailable[name])
             if not self.rules.spec_for(name).persistent:
                 raise EngineError(f"topic {_shown(name)} does not exist and would be transient: there is no "
                                   "log to fetch from")

@@ -254,6 +254,9 @@ class Hub:
         page, following = self.engine.topic_page(prefix, after, limit)
         out = self._stats({topic.name.decode("utf-8", "replace"): topic.stats() for topic in page})
         out["topics_total"] = len(self.engine.topics)
+        if self.engine.unavailable:  # found on disk, but their logs cannot be opened: said with why
+            out["unavailable"] = {name.decode("utf-8", "replace"): why
+                                  for name, why in self.engine.unavailable.items()}
         # surrogateescape: a name that is not UTF-8 still comes back exactly (JSON escapes the surrogates).
         out["topics_next"] = None if following is None else following.decode("utf-8", "surrogateescape")
         return out
