@@ -571,7 +571,9 @@ class Engine:
             except SyncFailed:
                 raise
             except StoreError as error:  # a broken log that cannot be opened again: refused, nothing changed
-                raise EngineError(f"topic {_shown(name)} is unavailable: {error}") from None
+                if log.next_id <= message.id:
+                    raise EngineError(f"topic {_shown(name)} is unavailable: {error}") from None
+                message = self._realign(topic, message)
             if not topic.dirty:
                 topic.dirty = True
                 self._dirty.append(topic)
@@ -776,6 +778,23 @@ class Engine:
             except StoreError as error:
                 self._take_back(topic, error)
         return len(dirty)
+
+    def _realign(self, topic: Topic, message: Message) -> Message:
+        """A broken log came back from its files holding more than the engine thought stored (a commit that
+        failed after its records were written): its ids go on from there, and ``message`` takes the next one.
+        Those records were refused to their publishers but are in the log: readers of the log see them."""
+        log = topic.log
+        assert log is not None
+        topic.messages_in += log.next_id - topic.next_id
+        topic.next_id = log.next_id
+        message.id = topic.next_id
+        try:
+            log.append(message)
+        except SyncFailed:
+            raise
+        except StoreError as error:
+            raise EngineError(f"topic {_shown(topic.name)} is unavailable: {error}") from None
+        return message
 
     def _take_back(self, topic: Topic, error: StoreError) -> None:
         """A commit of ``topic`` failed: its log is back to what its files hold. Messages past that were never

@@ -108,6 +108,7 @@ class SegmentLog:
         self._pack = msgpack.Packer(use_bin_type=True).pack
         self._closed = False
         self._failure: StoreError | None = None  # why the log could not be opened again after a failure
+        self._known_first = 1  # first_id while the log has no segments in hand (see _reopen)
         self._reset()
         self._open()
 
@@ -203,7 +204,8 @@ class SegmentLog:
 
     @property
     def first_id(self) -> int:
-        return self._segments[0].base
+        # A log that could not be opened again has no segments in hand: what it held last is still the answer.
+        return self._segments[0].base if self._segments else self._known_first
 
     @property
     def next_id(self) -> int:
@@ -313,7 +315,11 @@ class SegmentLog:
             log.warning("%s", exc)
 
     def _reopen(self) -> None:
-        """Read the log's state back from its files (recovery); the log stays broken if that fails."""
+        """Read the log's state back from its files (recovery). If that fails, the log stays broken, with
+        what it had written as its ids: nothing past them was ever stored, and nothing below them is given
+        again."""
+        first = self._segments[0].base if self._segments else self._known_first
+        written, timestamp = self._written_next_id, self._last_timestamp
         self._reset()
         try:
             self._open()
@@ -321,6 +327,10 @@ class SegmentLog:
             raise
         except StoreError as error:
             self._close_all()
+            self._reset()
+            self._known_first = first
+            self._next_id = self._written_next_id = written
+            self._last_timestamp = timestamp
             self._failure = error
             raise StoreError(f"{self.directory}: the log cannot be opened again: {error}") from None
         self._failure = None

@@ -8,6 +8,7 @@ still create a persistent topic meanwhile (the reserve), and afterwards a new cl
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +59,17 @@ def test_bare_connections_held_on_every_door_do_not_stop_the_broker(
     assert figures["pauses"] >= 1, "the doors never stopped accepting"
     assert running.alive()
     faults.answers(running)  # a new client, once the flood is gone
+
+
+@pytest.mark.timeout(120)
+def test_a_restart_under_the_same_limit_opens_every_topic_and_answers(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    with faults.broker(descriptors=LIMIT, topics=PERSISTENT, data_dir=data_dir) as running:
+        faults.persistent_topics(running, 3 * LIMIT // 2)
+    with faults.broker(descriptors=LIMIT, topics=PERSISTENT, data_dir=data_dir) as running:
+        faults.answers(running)
+        with running.client() as client:
+            for number in range(0, 3 * LIMIT // 2, 37):
+                stored = client.fetch(f"p.topic-{number}", 1).messages
+                assert [message.body for message in stored] == [f"message {number}".encode()]
+            assert client.stats(limit=1)["limits"]["topics"]["unavailable"] == 0

@@ -302,3 +302,26 @@ def test_sync_failure_of_a_periodic_flush_goes_through(tmp_path: Path,
     monkeypatch.setattr(os, "fsync", broken)
     with pytest.raises(SyncFailed):
         engine.sync(Sync.WEAK)
+
+
+def test_a_log_that_comes_back_holding_more_than_the_engine_thought_goes_on_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = Engine(RULES, FileStore(tmp_path, index_interval=1))  # an index entry per record
+    engine.publish(b"s.r", b"one", {}, NOW)
+    engine.commit()
+    engine.publish(b"s.r", b"two", {}, NOW)
+    # The record is written, its index entry is not, and the log cannot be opened again afterwards.
+    with failing_writes(monkeypatch, ".index"), failing_opens(monkeypatch, directory_name(b"s.r")):
+        engine.commit()
+    assert b"s.r" in engine.failed
+    topic = engine.topics[b"s.r"]
+    assert topic.next_id == 2, "the engine takes back what the broken log does not hold for sure"
+    assert topic.log is not None
+    assert topic.log.first_id == 1
+    assert topic.stats()["last_id"] == 1
+    # Back: the files hold "two" after all (refused to its publisher, but stored); ids go on after it.
+    assert engine.publish(b"s.r", b"three", {}, NOW).id == 3
+    engine.commit()
+    assert [m.body for m in engine.fetch(b"s.r", 1, 10, 1 << 20)[2]] == [b"one", b"two", b"three"]
+    engine.close()
