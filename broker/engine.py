@@ -864,33 +864,26 @@ class Engine:
             return 0
         try:
             messages = log.read(position, room, READ_CHUNK_BYTES)
+            # Retention may have removed what it was about to read (or repair): the reader skips ahead.
+            going_on = messages[0].id if messages else log.first_id
         except DamagedRange as damage:
-            # Unreadable ids: skipped and counted as dropped, as retention's are; the log said where, once.
-            skipped = min(damage.resume_id, topic.next_id) - position
-            subscription.subscriber.dropped += skipped
-            topic.dropped += skipped
-            position = damage.resume_id
-            if position >= topic.next_id:
-                subscription.position = None
-                del self._catching_up[subscription]
-            else:
-                subscription.position = position
-            return 0
+            messages = []
+            going_on = min(damage.resume_id, topic.next_id)  # unreadable ids: skipped the same way
         except SyncFailed:
             raise
         except StoreError:
             return 0  # the log cannot be read now (a file that will not open): tried again next turn
         for message in messages:
             self._give(subscription, message)
-        # Retention may have removed what it was about to read: the reader skips ahead, and says so.
-        skipped = (messages[0].id if messages else log.first_id) - position
+        # What was skipped counts as dropped, and the log said why, once.
+        skipped = going_on - position
         if skipped > 0:
             subscription.subscriber.dropped += skipped
             topic.dropped += skipped
         if messages:
             position = messages[-1].id + 1
         elif skipped > 0:
-            position = log.first_id
+            position = going_on
         if position >= topic.next_id:
             # Caught up: every message so far came from the log, the next one arrives live. The switch happens
             # between two publishes on the one loop thread, so there is no gap and no duplicate at the seam.

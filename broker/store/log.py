@@ -453,27 +453,31 @@ class SegmentLog:
             self._strong and (self._unsynced or self._acks.unsynced or self._dir_dirty or self._acks.created)
         ):
             return
-        self._use()
-        try:
-            if self._buf or self._sealing or self._acks.pending:
-                self._write()
-            acks = self._acks
-            if self._strong and (self._unsynced or acks.unsynced or self._dir_dirty or acks.created):
-                self._fsync_written()
-        except SyncFailed:
-            raise
-        except StoreError as error:
-            self._recover(error)
-            raise
+        self._mending(self._commit)
+
+    def _commit(self) -> None:
+        if self._buf or self._sealing or self._acks.pending:
+            self._write()
+        acks = self._acks
+        if self._strong and (self._unsynced or acks.unsynced or self._dir_dirty or acks.created):
+            self._fsync_written()
 
     def sync(self) -> None:
         """Write anything buffered, then fsync everything written since the last fsync; no-op when clean."""
         if not self.dirty:
             return
+        self._mending(self._sync)
+
+    def _sync(self) -> None:
+        self._write()
+        self._fsync_written()
+
+    def _mending(self, step: Callable[[], None]) -> None:
+        """Run a step that writes: if it fails (a fsync apart), the log reads itself back from its files and
+        the failure goes to the caller (see the module docstring)."""
         self._use()
         try:
-            self._write()
-            self._fsync_written()
+            step()
         except SyncFailed:
             raise
         except StoreError as error:
