@@ -297,8 +297,9 @@ async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None 
                 task.cancel()
         log.info("mc0 broker stopped")
     finally:
-        segment.when_out_of_descriptors = None
         if watch is not None:
+            if segment.when_out_of_descriptors == watch.out_of_descriptors:
+                segment.when_out_of_descriptors = None  # one broker per process; tests run several
             watch.close()
         hub.close()
         for gateway in gateways.values():

@@ -64,7 +64,7 @@ class Gateway:
         ssl_context: ssl.SSLContext | None = None,
         options: Any = None,
         input_budget: InputBudget | None = None,
-        handshake_timeout: float = 10.0,
+        handshake_timeout: float = 5.0,
     ) -> None:
         self.name = name
         self.hub = hub
