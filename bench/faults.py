@@ -169,6 +169,15 @@ def _read_addresses(running: BrokerProcess) -> None:
     threading.Thread(target=keep, daemon=True, name="broker-log").start()
 
 
+def stopped_cleanly(running: BrokerProcess) -> None:
+    """SIGTERM, then exit code 0 and no traceback in the log: whatever was done to the broker, its shutdown
+    writes its logs and asserts nothing."""
+    code = running.stop()
+    tail = "".join(running.log[-30:])
+    assert code == 0, f"the broker exited {code}: {tail}"
+    assert not any("Traceback" in line for line in running.log), tail
+
+
 def answers(running: BrokerProcess) -> float:
     """A normal client publishes and receives through the broker; seconds it took. Raises if it cannot."""
     started = time.perf_counter()

@@ -81,6 +81,7 @@ def test_a_damaged_sealed_segment_fails_its_range_only_and_repair_mends_it(data_
         refused = mc0("verify", "--data-dir", str(data_dir))
         assert refused.returncode == 1
         assert "a broker is using this data directory" in refused.stderr
+        faults.stopped_cleanly(running)
     checked = mc0("verify", "--data-dir", str(data_dir))
     assert checked.returncode == 1
     assert f"{first_bad:020d}.log: ids {first_bad}..{first_bad} unreadable" in checked.stdout

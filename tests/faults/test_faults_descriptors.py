@@ -22,6 +22,7 @@ PERSISTENT = '[[topics]]\npattern = "p.*"\npersistence = "persistent"\nsync = "a
 def running() -> Iterator[faults.BrokerProcess]:
     with faults.broker(descriptors=LIMIT, topics=PERSISTENT, curve=True) as broker:
         yield broker
+        faults.stopped_cleanly(broker)
 
 
 @pytest.mark.timeout(60)
@@ -66,6 +67,7 @@ def test_a_restart_under_the_same_limit_opens_every_topic_and_answers(tmp_path: 
     data_dir = tmp_path / "data"
     with faults.broker(descriptors=LIMIT, topics=PERSISTENT, data_dir=data_dir) as running:
         faults.persistent_topics(running, 3 * LIMIT // 2)
+        faults.stopped_cleanly(running)
     with faults.broker(descriptors=LIMIT, topics=PERSISTENT, data_dir=data_dir) as running:
         faults.answers(running)
         with running.client() as client:
@@ -73,3 +75,4 @@ def test_a_restart_under_the_same_limit_opens_every_topic_and_answers(tmp_path: 
                 stored = client.fetch(f"p.topic-{number}", 1).messages
                 assert [message.body for message in stored] == [f"message {number}".encode()]
             assert client.stats(limit=1)["limits"]["topics"]["unavailable"] == 0
+        faults.stopped_cleanly(running)

@@ -25,6 +25,7 @@ def running() -> Iterator[faults.BrokerProcess]:
     # Sessions without TTL are probed after a second of silence: the churned ones go within seconds.
     with faults.broker("session_idle = 1.0\n") as broker:
         yield broker
+        faults.stopped_cleanly(broker)
 
 
 @pytest.mark.timeout(120)

@@ -26,6 +26,7 @@ def record(record_property: pytest.RecordProperty, figures: dict[str, float]) ->
 def running() -> Iterator[faults.BrokerProcess]:
     with faults.broker("input_budget = 33554432\n") as broker:  # 32 MiB
         yield broker
+        faults.stopped_cleanly(broker)
 
 
 @pytest.mark.timeout(60)

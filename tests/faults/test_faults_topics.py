@@ -21,3 +21,4 @@ def test_stats_stays_fast_with_100k_topics(record_property: pytest.RecordPropert
         assert figures["page_max"] < 2.0
         assert figures["longest_stall"] < 2.0
         faults.answers(running)
+        faults.stopped_cleanly(running)
