@@ -76,6 +76,15 @@ class BrokerConfig:
     http: str | None = None
     http_topic_labels: int = DEFAULT_HTTP_TOPIC_LABELS  # topics labelled in /metrics; 0: no topic labels
     max_waiting_fetches: int = 10_000  # FETCHes with WAIT held at once (beyond it they are answered at once)
+    # Limits: what no client can take beyond (docs/configuration.md, "Limits").
+    handshake_timeout: float = 5.0  # seconds a new connection may take to say anything (CURVE: to finish)
+    max_open_files: int = 0  # descriptors the store keeps open at most; 0 = a quarter of the process limit
+    descriptor_reserve: int = 64  # descriptors kept free beyond the store's share; doors pause to keep them
+    input_budget: int = 256 << 20  # bytes of unfinished input all TCP gateway connections may hold together
+    session_idle: float = 60.0  # seconds of silence after which an mc0 client without TTL is probed
+    max_sessions: int = 100_000  # mc0 sessions at most; past it, those heard from longest ago are dropped
+    max_topics: int = 1_000_000  # topics at once; another is refused
+    topic_idle: float = 60.0  # seconds a transient topic with no subscriber and nothing waiting is kept
 
     @property
     def allowlist_dir(self) -> Path:
@@ -119,6 +128,9 @@ _BROKER_KEYS = {
     "lumberjack_topic_field": str, "lumberjack_tls_cert": str, "lumberjack_tls_key": str,
     "lumberjack_tls_client_ca": str, "event_loop": str, "http": str, "http_topic_labels": int,
     "max_waiting_fetches": int,
+    "handshake_timeout": (int, float), "max_open_files": int,
+    "descriptor_reserve": int, "input_budget": int, "session_idle": (int, float), "max_sessions": int,
+    "max_topics": int, "topic_idle": (int, float),
 }
 #: Keys holding a gateway's HOST:PORT (or "off").
 GATEWAYS = ("sexp", "msgq", "rstreams", "lumberjack")
@@ -127,7 +139,10 @@ GATEWAYS = ("sexp", "msgq", "rstreams", "lumberjack")
 #: and a zero high-water mark means "unbounded" to ZeroMQ, which breaks the promise of bounded memory.
 _POSITIVE = frozenset({"heartbeat_tick", "pending_limit", "max_message_size", "send_hwm", "recv_hwm",
                        "weak_sync_interval", "retention_interval", "sexp_ping_interval",
-                       "msgq_max_message", "rstreams_part_size", "max_waiting_fetches"})
+                       "msgq_max_message", "rstreams_part_size", "max_waiting_fetches", "handshake_timeout",
+                       "input_budget", "session_idle", "max_sessions", "max_topics", "topic_idle"})
+#: Numbers where 0 means something ("decide for me", "none") and below it nothing does.
+_NON_NEGATIVE = frozenset({"max_open_files", "descriptor_reserve"})
 
 #: The event loops a broker runs on (``event_loop``): auto takes uvloop where it is installed.
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
@@ -260,6 +275,8 @@ def load(path: Path | None, base: BrokerConfig = DEFAULTS) -> BrokerConfig:
             raise ConfigError(f"{path}: [broker].event_loop: {value!r} is not one of {choices}")
         if key in _POSITIVE and value <= 0:
             raise ConfigError(f"{path}: [broker].{key} must be greater than 0, not {value!r}")
+        if key in _NON_NEGATIVE and value < 0:
+            raise ConfigError(f"{path}: [broker].{key} must be 0 or more, not {value!r}")
         if key in GATEWAYS or key == "http":
             listen_address(value, f"{path}: [broker].{key}")
         if key == "bind":

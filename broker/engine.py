@@ -28,18 +28,33 @@ Delivery rules:
 A subscription with explicit acks keeps each message in flight until :meth:`Engine.ack`; any other
 subscription counts a message as delivered once the shell wrote it out (auto-ack). ``credit`` bounds a
 subscription's messages in flight.
+
+Topics are bounded: at most ``max_topics`` exist at once (creating another is refused), a transient topic
+with nobody subscribed and nothing waiting is reclaimed by :meth:`Engine.sweep` once it has stayed so between
+two sweeps (a topic created by DECLARE stays: its settings are worth keeping), and :meth:`Engine.delete`
+removes a topic, its log and its files. Their names are kept in order (:mod:`broker.names`), so STATS can page
+through a great many of them a bounded slice at a time (:meth:`Engine.topic_page`).
+
+When the store fails one topic (a file that will not open or be written: StoreError), the request that needed
+it fails with EngineError and the rest goes on. A commit that could not write a topic's messages takes them
+back (:meth:`Engine.commit` rewinds the topic to what its log holds and withdraws their deliveries) and names
+the topic in :attr:`Engine.failed`, so the shells answer ERROR instead of OK. Damaged stored messages fail
+FETCH with an error naming them, and readers catching up or queues dispatching from the log skip them,
+counting them as dropped. Only :class:`~broker.store.SyncFailed` goes through: the broker must stop.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from broker.names import SortedNames
 from broker.producers import ProducerWindow
-from broker.store import Store, TopicLog
+from broker.store import DamagedRange, Store, StoreError, SyncFailed, TopicLog
 from broker.topics import MAX_TOPIC_ID, Delivery, Sync, TopicRules, TopicSpec
 
 #: Message ids start at 1 so that 0 can mean "nothing seen yet" in offsets and resume points.
@@ -60,6 +75,11 @@ FETCH_MAX_BYTES = 16 << 20
 
 REPLAY_BEGINNING = "beginning"
 REPLAY_CURRENT = "current"
+
+#: Topics that may exist at once unless the broker says otherwise (about a kilobyte each, with no subscriber).
+DEFAULT_MAX_TOPICS = 1_000_000
+#: Idle transient topics looked at per sweep: a sweep is a bounded slice of the loop, however many there are.
+SWEEP_BUDGET = 10_000
 
 #: What an acknowledgement can promise, by sync level: the DURABILITY an OK reports.
 DURABILITY = {None: b"memory", Sync.STRONG: b"fsync", Sync.WEAK: b"written", Sync.ASYNC: b"written"}
@@ -157,7 +177,11 @@ class Subscription:
     def lag(self) -> int:
         """Messages published but not yet written to this subscriber (log distance plus what it holds)."""
         name = self.topic.name
-        held = sum(1 for message in self.subscriber.pending if message.topic == name)
+        subscriber = self.subscriber
+        if len(subscriber.topics) == 1:
+            held = len(subscriber.pending)  # all of them are this topic's: no need to look
+        else:
+            held = sum(1 for message in subscriber.pending if message.topic == name)
         behind = 0 if self.position is None else max(0, self.topic.next_id - self.position)
         return behind + held
 
@@ -188,6 +212,7 @@ class Topic:
     dirty: bool = False  # appended or acked since the last commit
     committed_id: int = FIRST_MESSAGE_ID  # persistent: next_id at the last commit (a commit's size: the gap)
     producers: ProducerWindow | None = None  # idempotent publishers, transient topics (a log keeps its own)
+    declared: bool = False  # created by DECLARE: kept when idle (its settings are not the rules')
     messages_in: int = 0
     messages_out: int = 0
     dropped: int = 0
@@ -235,16 +260,25 @@ class Topic:
         if self.log is not None:
             out.update(stored=self.next_id - self.log.first_id, bytes=self.log.bytes_on_disk,
                        segments=self.log.segment_count, fsyncs=self.log.fsyncs)
+            damaged = self.log.damaged
+            if damaged:
+                out["damaged"] = [damage.describe() for damage in damaged]
         return out
 
 
 class Engine:
     """One instance per broker, driven by the single loop thread."""
 
-    def __init__(self, rules: TopicRules | None = None, store: Store | None = None) -> None:
+    def __init__(self, rules: TopicRules | None = None, store: Store | None = None, *,
+                 max_topics: int = DEFAULT_MAX_TOPICS) -> None:
         self.rules = rules or TopicRules()
         self.store = store
+        self.max_topics = max_topics
         self.topics: dict[bytes, Topic] = {}
+        self.names = SortedNames()
+        # Transient topics that may be idle, with their messages_in at the last sweep (None: not swept yet).
+        self._idle: dict[Topic, int | None] = {}
+        self.reclaimed = 0  # idle transient topics reclaimed so far
         self._ready: list[Subscriber] = []
         self._dirty: list[Topic] = []
         #: Names of the topics the last :meth:`commit` wrote: what became readable (waiting reads watch it).
@@ -256,6 +290,11 @@ class Engine:
         self._next_topic_id = 1
         #: Messages the last :meth:`commit` wrote (the group commit's size, for the monitoring).
         self.last_commit_messages = 0
+        #: Topics whose commit failed in the last :meth:`commit`, with why: their messages of that turn are
+        #: not stored, and the shells must not confirm them.
+        self.failed: dict[bytes, str] = {}
+        #: Topics found in the store whose log could not be opened at start, with why (refused until then).
+        self.unavailable: dict[bytes, str] = {}
         if store is not None:
             # Persistent topics exist from the start: a queue holds its messages for consumers yet to come,
             # and ids continue where the log ends. Their topic ids are recorded with them, so they are stable
@@ -265,7 +304,10 @@ class Engine:
             for name, stored_spec, topic_id in found:
                 rule = self.rules.rule_for(name)
                 spec = rule.spec if rule is not None and rule.spec.persistent else stored_spec
-                self._create(name, spec, topic_id)
+                try:
+                    self._create(name, spec, topic_id)
+                except EngineError as error:
+                    self.unavailable[name] = str(error)
 
     # ------------------------------------------------------------------------------------------------ topics
 
@@ -289,11 +331,18 @@ class Engine:
         if current is not None and current != spec:
             raise EngineError(f"topic {name.decode('utf-8', 'replace')!r} exists with other settings "
                               f"({_settings(current)}); declared {_settings(spec)}")
-        return topic if topic is not None else self._create(name, spec)
+        if topic is None:
+            topic = self._create(name, spec)
+            topic.declared = True
+            self._idle.pop(topic, None)
+        return topic
 
     def _create(self, name: bytes, spec: TopicSpec, topic_id: int | None = None) -> Topic:
         if not name:
             raise EngineError("topic names must not be empty")
+        if len(self.topics) >= self.max_topics:
+            raise EngineError(f"topic {_shown(name)} refused: {len(self.topics)} topics exist, as many as "
+                              "max_topics allows; idle transient ones are reclaimed, or DELETE some")
         if topic_id is None:
             if self._next_topic_id > MAX_TOPIC_ID:
                 raise EngineError(f"no topic ids left (the largest is {MAX_TOPIC_ID})")
@@ -303,12 +352,22 @@ class Engine:
         if spec.persistent:
             if self.store is None:
                 raise EngineError(f"topic {name!r} is configured persistent but the broker has no store")
-            log = self.store.open(name, spec, topic_id)
+            try:
+                log = self.store.open(name, spec, topic_id)
+            except SyncFailed:
+                raise
+            except StoreError as error:
+                raise EngineError(f"topic {_shown(name)} is unavailable: its log cannot be opened: "
+                                  f"{error}") from None
+            self.unavailable.pop(name, None)
         topic = Topic(name, topic_id, spec, log=log)
         if log is not None:
             topic.next_id = topic.committed_id = log.next_id
             topic.next_dispatch = max(log.acked_watermark + 1, log.first_id)
+        else:
+            self._idle[topic] = None  # nobody subscribed yet: reclaimed if it stays so
         self.topics[name] = topic
+        self.names.add(name)
         return topic
 
     # ------------------------------------------------------------------------------------------ subscriptions
@@ -456,6 +515,8 @@ class Engine:
             # the unwritten ones are still the queue's.
             self._requeue(topic, list(subscription.unacked.values()) if subscription.explicit else withdrawn)
         subscription.unacked = {}
+        if not subscriptions and topic.log is None and not topic.declared:
+            self._idle[topic] = None
 
     def _requeue(self, topic: Topic, messages: list[Message]) -> None:
         if not messages:
@@ -527,14 +588,21 @@ class Engine:
         if topic.element_size and len(body) != topic.element_size:
             raise EngineError(_wrong_size(topic, body))
         message = Message(name, topic.next_id, body, headers, timestamp)
-        topic.next_id += 1
-        topic.messages_in += 1
         log = topic.log
         if log is not None:
-            log.append(message)
+            try:
+                log.append(message)
+            except SyncFailed:
+                raise
+            except StoreError as error:  # a broken log that cannot be opened again: refused, nothing changed
+                if log.next_id <= message.id:
+                    raise EngineError(f"topic {_shown(name)} is unavailable: {error}") from None
+                message = self._realign(topic, message)
             if not topic.dirty:
                 topic.dirty = True
                 self._dirty.append(topic)
+        topic.next_id += 1
+        topic.messages_in += 1
         if topic.round_robin:
             if log is not None:
                 # The log is the queue: hand the message on directly only when nothing older is waiting.
@@ -734,6 +802,8 @@ class Engine:
             raise EngineError("topic names must not be empty")
         topic = self.topics.get(name)
         if topic is None:
+            if name in self.unavailable:
+                raise EngineError(self.unavailable[name])
             if not self.rules.spec_for(name).persistent:
                 raise EngineError(f"topic {_shown(name)} does not exist and would be transient: there is no "
                                   "log to fetch from")
@@ -752,7 +822,7 @@ class Engine:
         first_id = log.first_id
         next_id = topic.next_id
         if at_time is not None:
-            start = log.find_time(at_time)
+            start = _reading(log.find_time, at_time)
         identity = log.identity
         if known_incarnation is not None and known_incarnation != identity.incarnation:
             point = identity.resume_point(known_incarnation, first_id if start is None else start)
@@ -765,9 +835,10 @@ class Engine:
             return read
         max_bytes = max(0, min(max_bytes, FETCH_MAX_BYTES))
         if records:
-            read.start_id, read.count, read.records = log.read_records(start, max_messages, max_bytes)
+            read.start_id, read.count, read.records = _reading(
+                log.read_records, start, max_messages, max_bytes)
         else:
-            read.messages = log.read(start, max_messages, max_bytes)
+            read.messages = _reading(log.read, start, max_messages, max_bytes)
             read.count = len(read.messages)
         return read
 
@@ -797,6 +868,8 @@ class Engine:
 
         One write per dirty topic, and one fsync per strong topic, however many messages the turn took.
         Returns the number of topics committed; :attr:`last_commit_messages` says how many messages."""
+        if self.failed:
+            self.failed = {}
         dirty = self._dirty
         if not dirty:
             if self.committed:
@@ -807,11 +880,70 @@ class Engine:
         self.committed = [topic.name for topic in dirty]
         for topic in dirty:
             topic.dirty = False
-            topic.log.commit()  # type: ignore[union-attr] - only topics with a log are marked dirty
+            try:
+                topic.log.commit()  # type: ignore[union-attr] - only topics with a log are marked dirty
+            except SyncFailed:
+                raise
+            except StoreError as error:
+                self._take_back(topic, error)
+                topic.committed_id = topic.next_id  # taken back: nothing of the turn was stored
+                continue
             messages += topic.next_id - topic.committed_id
             topic.committed_id = topic.next_id
         self.last_commit_messages = messages
         return len(dirty)
+
+    def _realign(self, topic: Topic, message: Message) -> Message:
+        """A broken log came back from its files holding more than the engine thought stored (a commit that
+        failed after its records were written): its ids go on from there, and ``message`` takes the next one.
+        Those records were refused to their publishers but are in the log: readers of the log see them."""
+        log = topic.log
+        assert log is not None
+        topic.messages_in += log.next_id - topic.next_id
+        topic.next_id = log.next_id
+        message.id = topic.next_id
+        try:
+            log.append(message)
+        except SyncFailed:
+            raise
+        except StoreError as error:
+            raise EngineError(f"topic {_shown(topic.name)} is unavailable: {error}") from None
+        return message
+
+    def _take_back(self, topic: Topic, error: StoreError) -> None:
+        """A commit of ``topic`` failed: its log is back to what its files hold. Messages past that were never
+        stored (nor confirmed, nor delivered: deliveries leave after the commit): forget them."""
+        self.failed[topic.name] = str(error)
+        log = topic.log
+        assert log is not None
+        stored = log.next_id
+        lost = topic.next_id - stored
+        if lost <= 0:
+            return
+        topic.next_id = stored
+        topic.messages_in -= lost
+        name = topic.name
+        for subscription in topic.subscriptions:
+            subscriber = subscription.subscriber
+            pending = subscriber.pending
+            if pending:
+                kept = [message for message in pending if message.topic != name or message.id < stored]
+                withdrawn = len(pending) - len(kept)
+                if withdrawn:
+                    subscriber.pending = kept
+                    topic.messages_out -= withdrawn
+                    if subscription.tracked:
+                        subscription.outstanding -= withdrawn
+                    for message_id in [key for key in subscription.unacked if key >= stored]:
+                        del subscription.unacked[message_id]
+            if subscription.position is not None and subscription.position >= stored:
+                subscription.position = None  # caught up: the next message arrives live
+                self._catching_up.pop(subscription, None)
+        if topic.round_robin:
+            topic.next_dispatch = min(topic.next_dispatch, stored)
+            if any(message_id >= stored for message_id in topic.redeliver):
+                topic.redeliver = [message_id for message_id in topic.redeliver if message_id < stored]
+                heapq.heapify(topic.redeliver)
 
     def _mark_dirty(self, topic: Topic) -> None:
         if not topic.dirty:
@@ -844,18 +976,28 @@ class Engine:
         room = min(subscription.room, budget, READ_CHUNK)
         if room <= 0:
             return 0
-        messages = log.read(position, room, READ_CHUNK_BYTES)
+        try:
+            messages = log.read(position, room, READ_CHUNK_BYTES)
+            # Retention may have removed what it was about to read (or repair): the reader skips ahead.
+            going_on = messages[0].id if messages else log.first_id
+        except DamagedRange as damage:
+            messages = []
+            going_on = min(damage.resume_id, topic.next_id)  # unreadable ids: skipped the same way
+        except SyncFailed:
+            raise
+        except StoreError:
+            return 0  # the log cannot be read now (a file that will not open): tried again next turn
         for message in messages:
             self._give(subscription, message)
-        # Retention may have removed what it was about to read: the reader skips ahead, and says so.
-        skipped = (messages[0].id if messages else log.first_id) - position
+        # What was skipped counts as dropped, and the log said why, once.
+        skipped = going_on - position
         if skipped > 0:
             subscription.subscriber.dropped += skipped
             topic.dropped += skipped
         if messages:
             position = messages[-1].id + 1
         elif skipped > 0:
-            position = log.first_id
+            position = going_on
         if position >= topic.next_id:
             # Caught up: every message so far came from the log, the next one arrives live. The switch happens
             # between two publishes on the one loop thread, so there is no gap and no duplicate at the seam.
@@ -884,17 +1026,39 @@ class Engine:
                     heapq.heappop(topic.redeliver)
                     topic.dropped += 1  # retention removed it before anyone acked it
                     continue
-                messages = log.read(message_id, 1, 1)
-                if not messages or not self._hand_to_next(topic, messages[0]):
+                try:
+                    messages = log.read(message_id, 1, 1)
+                except DamagedRange:
+                    heapq.heappop(topic.redeliver)
+                    topic.dropped += 1  # unreadable: it cannot be handed to anyone
+                    continue
+                except SyncFailed:
+                    raise
+                except StoreError:
+                    break  # cannot be read now: tried again next turn
+                if not messages or messages[0].id != message_id or not self._hand_to_next(topic, messages[0]):
                     break
                 heapq.heappop(topic.redeliver)
             else:
                 if topic.next_dispatch >= topic.next_id:
                     break
-                messages = log.read(topic.next_dispatch, min(room, budget - moved, READ_CHUNK),
-                                    READ_CHUNK_BYTES)
+                try:
+                    messages = log.read(topic.next_dispatch, min(room, budget - moved, READ_CHUNK),
+                                        READ_CHUNK_BYTES)
+                except DamagedRange as damage:
+                    resume = min(damage.resume_id, topic.next_id)
+                    topic.dropped += resume - topic.next_dispatch  # unreadable, as retention's: dropped
+                    topic.next_dispatch = resume
+                    continue
+                except SyncFailed:
+                    raise
+                except StoreError:
+                    break  # cannot be read now: tried again next turn
                 if not messages:
                     break
+                if messages[0].id > topic.next_dispatch:  # ids repaired out of the log: gone, as retention's
+                    topic.dropped += messages[0].id - topic.next_dispatch
+                    topic.next_dispatch = messages[0].id
                 acked = log.acked_above
                 handed = 0
                 for message in messages:
@@ -949,7 +1113,13 @@ class Engine:
         count = 0
         for topic in self.topics.values():
             if topic.log is not None and (level is None or topic.spec.sync is level):
-                topic.log.sync()
+                try:
+                    topic.log.sync()
+                except SyncFailed:
+                    raise
+                except StoreError as error:  # buffered messages that could not be written: taken back
+                    self._take_back(topic, error)
+                    continue
                 count += 1
         return count
 
@@ -960,10 +1130,76 @@ class Engine:
             spec = topic.spec
             if topic.log is None or (spec.retention_bytes is None and spec.retention_seconds is None):
                 continue
-            removed += topic.log.enforce_retention(now_ms)
+            try:
+                removed += topic.log.enforce_retention(now_ms)
+            except SyncFailed:
+                raise
+            except StoreError:
+                continue  # the store said why; retention tries again next time
             if topic.round_robin and topic.next_dispatch < topic.log.first_id:
                 self._dispatch[topic] = None  # it counts what retention took from the queue
         return removed
+
+    def sweep(self, budget: int = SWEEP_BUDGET) -> int:
+        """Reclaim transient topics that nobody subscribes to, that hold nothing and took no message since the
+        previous sweep; at most ``budget`` of them looked at. Returns how many went. A topic's id is never
+        given again: used again, it is a new topic."""
+        idle = self._idle
+        reclaimed = 0
+        for topic in list(itertools.islice(idle, budget)):
+            seen = idle.pop(topic)
+            if topic.subscriptions or topic.backlog or self.topics.get(topic.name) is not topic:
+                continue  # in use (it comes back here when its last subscriber leaves), or gone already
+            if seen == topic.messages_in:
+                del self.topics[topic.name]
+                self.names.discard(topic.name)
+                reclaimed += 1
+            else:
+                idle[topic] = topic.messages_in  # at the back: looked at again next sweep
+        self.reclaimed += reclaimed
+        return reclaimed
+
+    def delete(self, name: bytes) -> bool:
+        """Remove topic ``name`` with its log and files; False if there is no such topic anywhere.
+
+        Refused (EngineError) while anybody subscribes to it: subscribers would go on waiting on nothing.
+        Used again later, the name is a new topic (new id, message ids from 1)."""
+        topic = self.topics.get(name)
+        if topic is not None and topic.subscriptions:
+            count = len(topic.subscriptions)
+            raise EngineError(f"topic {_shown(name)} has {count} subscriber{'s' * (count > 1)}: it can be "
+                              "deleted once nobody subscribes to it")
+        on_disk = False
+        if self.store is not None and (topic is None or topic.log is not None):
+            try:
+                on_disk = self.store.delete(name)
+            except SyncFailed:
+                raise
+            except StoreError as error:
+                raise EngineError(f"topic {_shown(name)} cannot be deleted: {error}") from None
+        self.unavailable.pop(name, None)
+        if topic is None:
+            return on_disk
+        del self.topics[name]
+        self.names.discard(name)
+        self._idle.pop(topic, None)
+        self._dispatch.pop(topic, None)
+        if topic.dirty:
+            topic.dirty = False
+            self._dirty.remove(topic)
+        return True
+
+    def topic_page(self, prefix: bytes = b"", after: bytes | None = None,
+                   limit: int = 1000) -> tuple[list[Topic], bytes | None]:
+        """Up to ``limit`` topics whose names start with ``prefix``, after ``after``, in name order; and the
+        name to ask after for the next page (None: this is the last)."""
+        page: list[Topic] = []
+        topics = self.topics
+        for name in self.names.after(after, prefix):
+            if len(page) == limit:
+                return page, page[-1].name
+            page.append(topics[name])
+        return page, None
 
     def close(self) -> None:
         """Commit and close every log (the shutdown path: written and fsynced)."""
@@ -975,6 +1211,20 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         return {name.decode("utf-8", "replace"): topic.stats() for name, topic in self.topics.items()}
+
+
+T = TypeVar("T")
+
+
+def _reading(read: Callable[..., T], *arguments: Any) -> T:
+    """A read of one topic's log for a reader: a damaged range (named) or a file that will not open now fails
+    that read with the reason (EngineError); only a failed fsync (SyncFailed) is the broker's failure."""
+    try:
+        return read(*arguments)
+    except SyncFailed:
+        raise
+    except StoreError as error:
+        raise EngineError(str(error)) from None
 
 
 def _check_replay(name: bytes, spec: TopicSpec, replay: str | int | None) -> None:

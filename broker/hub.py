@@ -19,7 +19,8 @@ one peer, so a *polled* outlet is retried on a timer that backs off while nothin
 transport says when it drained (``resume_writing``); such an outlet calls :meth:`Hub.wake` then and is left
 alone until it does.
 
-The hub also runs the periodic store work (fsync of weak topics, retention) and gathers the broker's stats.
+The hub also runs the periodic work (fsync of weak topics, retention, reclaiming idle transient topics) and
+gathers the broker's stats.
 
 A scheduled flush runs as a plain loop callback, and a gateway's ``data_received`` too: an exception there
 would only be logged by asyncio, and the broker would go on with, say, a store that failed to fsync. So such
@@ -84,6 +85,7 @@ class Hub:
         *,
         weak_sync_interval: float = 2.0,
         retention_interval: float = 1.0,
+        topic_idle: float = 60.0,
         max_retry: float = 0.1,
         monotonic: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
@@ -98,12 +100,16 @@ class Hub:
         self.retry = 0.0  # seconds until the next attempt while some polled outlet is full; 0 = none
         self.weak_sync_interval = weak_sync_interval
         self.retention_interval = retention_interval
+        # An idle transient topic goes after two sweeps without use: between topic_idle / 2 and topic_idle.
+        self.sweep_interval = topic_idle / 2
         self.started = monotonic()
         # The loop that owns the engine. Without one (tests driving flush() by hand) nothing is scheduled.
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
         self.failure: BaseException | None = None
         self._failed = asyncio.Event()
+        #: Figures of the broker's limits, by name, added to stats (descriptors, sessions, ...).
+        self.limits: dict[str, Callable[[], dict[str, Any]]] = {}
         self._scheduled = False
         self._retry_timer: asyncio.TimerHandle | None = None
         # For the monitoring: how long each turn took (a door's read and this flush, or a scheduled flush
@@ -218,9 +224,10 @@ class Hub:
         engine = self.engine
         next_weak_sync = self.monotonic() + self.weak_sync_interval
         next_retention = self.monotonic() + self.retention_interval
+        next_sweep = self.monotonic() + self.sweep_interval
         try:
             while True:
-                delay = max(0.0, min(next_weak_sync, next_retention) - self.monotonic())
+                delay = max(0.0, min(next_weak_sync, next_retention, next_sweep) - self.monotonic())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._failed.wait(), delay)
                 if self.failure is not None:
@@ -233,6 +240,9 @@ class Hub:
                     engine.enforce_retention(self.wall_ms())
                     next_retention = now + self.retention_interval
                     self.schedule()  # retention can move a queue's position: let it deliver
+                if now >= next_sweep:
+                    engine.sweep()
+                    next_sweep = now + self.sweep_interval
         finally:
             self.close()
 
@@ -248,10 +258,31 @@ class Hub:
 
     def stats(self) -> dict[str, Any]:
         """The broker's stats: uptime, connections and counters per door, and every topic."""
+        return self._stats(self.engine.stats())
+
+    def stats_page(self, prefix: bytes = b"", after: bytes | None = None,
+                   limit: int = 1000) -> dict[str, Any]:
+        """:meth:`stats` with one page of topics (Engine.topic_page): a bounded slice of the loop whatever the
+        number of topics. ``topics_next`` names the topic to ask after for the next page (None: no more);
+        ``topics_total`` counts every topic."""
+        page, following = self.engine.topic_page(prefix, after, limit)
+        out = self._stats({topic.name.decode("utf-8", "replace"): topic.stats() for topic in page})
+        out["topics_total"] = len(self.engine.topics)
+        if self.engine.unavailable:  # found on disk, but their logs cannot be opened: said with why
+            out["unavailable"] = {name.decode("utf-8", "replace"): why
+                                  for name, why in self.engine.unavailable.items()}
+        # surrogateescape: a name that is not UTF-8 still comes back exactly (JSON escapes the surrogates).
+        out["topics_next"] = None if following is None else following.decode("utf-8", "surrogateescape")
+        return out
+
+    def _stats(self, topics: dict[str, Any]) -> dict[str, Any]:
         doors = {door.name: door.stats() for door in self.doors}
-        return {
+        out = {
             "uptime_seconds": round(self.monotonic() - self.started, 3),
             "connections": {name: door["connections"] for name, door in doors.items()},
             "doors": doors,
-            "topics": self.engine.stats(),
+            "topics": topics,
         }
+        if self.limits:
+            out["limits"] = {name: figures() for name, figures in self.limits.items()}
+        return out

@@ -105,6 +105,8 @@ class RouterShell:
         pending_limit: int = 100_000,
         tick: float = 0.1,
         max_waiting_fetches: int = DEFAULT_LIMIT,
+        session_idle: float = 60.0,
+        max_sessions: int = 100_000,
     ) -> None:
         self.hub = hub
         self.engine = hub.engine
@@ -114,6 +116,9 @@ class RouterShell:
         self.sessions = Sessions(self)
         self.recv_budget = recv_budget
         self.pending_limit = pending_limit
+        self.session_idle = session_idle  # sessions without TTL silent this long are probed (sessions.py)
+        self.max_sessions = max_sessions
+        self.next_probe = hub.monotonic() + session_idle / 8
         self.base_tick = tick
         self.tick = tick
         self.monotonic = hub.monotonic
@@ -136,11 +141,16 @@ class RouterShell:
         self.woken: deque[Wait] = deque()
         self._wait_timer: asyncio.TimerHandle | None = None
         self._wait_timer_at: float | None = None
+        # Confirmed publishes of this turn (the place of their OK in ``replies``, the command, and for a PUTS
+        # CONFIRM each its results): their OK becomes an ERROR (an entry's result an error) if the commit
+        # could not store a topic they went to (Engine.failed).
+        self.confirming: list[tuple[int, mc0.Put | mc0.Puts, list[mc0.Confirmation] | None]] = []
         # messages_*: published through this door, and deliveries written to its clients; bytes_*: the last
         # frame of each frame set read from and sent to them, the payload (a body, a batch), which is nearly
         # all of the bytes; the verb and header frames are not counted (what the monitoring shows per door).
         self.counters = {"commands": 0, "errors": 0, "expired": 0, "unreachable": 0, "blocked": 0,
-                         "fetches": 0, "messages_in": 0, "messages_out": 0, "bytes_in": 0, "bytes_out": 0}
+                         "fetches": 0, "probed": 0, "evicted": 0, "messages_in": 0, "messages_out": 0,
+                         "bytes_in": 0, "bytes_out": 0}
 
     # ----------------------------------------------------------------------------------------------- the loop
 
@@ -234,6 +244,8 @@ class RouterShell:
         """One command from one peer (``frames[0]`` is the ROUTER identity); returns its message count."""
         identity = frames[0]
         session = self.sessions.get_or_create(identity, now, self.pending_limit)
+        if len(self.sessions) > self.max_sessions:
+            self._make_room(session)
         session.last_heard = now
         session.commands += 1
         self.counters["commands"] += 1
@@ -263,18 +275,23 @@ class RouterShell:
                 self.counters["messages_in"] += 1
                 if command_id is not None:
                     self.ok(session, command_id, self._published(session, message, (topic,)))
+                    self.confirming.append((len(self.replies) - 1, event, None))
             case mc0.Puts(items=items, id=command_id, confirm_each=True):
                 assert command_id is not None  # the codec refuses CONFIRM each without an ID
-                self.reply(session, mc0.confirms_ok(command_id, self._publish_each(items, wall)))
+                results = self._publish_each(items, wall)
+                self.reply(session, mc0.confirms_ok(command_id, results))
+                self.confirming.append((len(self.replies) - 1, event, results))
             case mc0.Puts(items, command_id, _, producer, sequence) if producer is not None and items:
                 # Idempotent: entries this producer already stored in the topic are skipped (a prefix).
                 topic = items[0][0]
                 last, duplicates = engine.publish_idempotent(topic, items, producer, sequence or 0, wall)
+                self.counters["messages_in"] += len(items) - duplicates
                 if command_id is not None:
                     extra = {b"COUNT": b"%d" % (len(items) - duplicates), mc0.DUPLICATES: b"%d" % duplicates}
                     if last is not None:
                         extra.update(self._published(session, last, (topic,)))
                     self.ok(session, command_id, extra)
+                    self.confirming.append((len(self.replies) - 1, event, None))
             case mc0.Puts(items, command_id):
                 # The codec checked every entry before this line: a batch is refused whole or published whole.
                 last = engine.publish_batch(items, wall)
@@ -284,6 +301,7 @@ class RouterShell:
                     if last is not None:
                         extra.update(self._published(session, last, {item[0] for item in items}))
                     self.ok(session, command_id, extra)
+                    self.confirming.append((len(self.replies) - 1, event, None))
             case mc0.Noop(command_id):
                 if command_id is not None:
                     self.ok(session, command_id)
@@ -351,11 +369,18 @@ class RouterShell:
                     raise ProtocolError("FETCH needs an ID to answer to")
                 # Answered after the commit (answer()), in this reply's place: see _FetchReply.
                 self.replies.append((session, _FetchReply(event, session.delimiter)))
-            case mc0.Stats(command_id):
+            case mc0.Stats(command_id, _, prefix, after, limit):
                 if command_id is None:
                     raise ProtocolError("STATS needs an ID to answer to")
-                body = json.dumps(self.hub.stats(), sort_keys=True).encode()
+                limit = mc0.STATS_DEFAULT_TOPICS if limit is None else min(limit, mc0.STATS_MAX_TOPICS)
+                stats = self.hub.stats_page(prefix, after, limit)
+                body = json.dumps(stats, sort_keys=True).encode()
                 self.reply(session, mc0.Ok(command_id, {b"CONTENT-TYPE": b"application/json"}, body))
+            case mc0.Delete(topic, command_id):
+                if not engine.delete(topic):
+                    raise EngineError(f"no topic {topic.decode('utf-8', 'replace')!r} to delete")
+                if command_id is not None:
+                    self.ok(session, command_id)
             case mc0.Message() | mc0.Messages() | mc0.Ok() | mc0.Error():
                 verb = type(event).__name__.upper()
                 raise ProtocolError(f"{verb} is sent by the broker, not by clients",
@@ -416,6 +441,10 @@ class RouterShell:
         self.fetch_bytes = FETCH_TURN_BYTES
         self.fetch_messages = FETCH_TURN_MESSAGES
         self.fetch_deferred = False
+        if self.confirming:
+            if self.engine.failed:
+                self._unconfirm()
+            self.confirming.clear()
         if self.waits.count or self.woken:
             self._answer_waits(now)  # before this turn's FETCHes park: those have seen the commit already
         self._send_replies(now)
@@ -473,6 +502,29 @@ class RouterShell:
             self.stalled.add(session)
             if len(session.stalled) > MAX_STALLED_REPLIES:
                 self.drop(session, f"{MAX_STALLED_REPLIES} replies unread")
+
+    def _unconfirm(self) -> None:
+        """The commit could not store some topics: the OKs of this turn's publishes to them become ERRORs
+        (their messages are not stored; a client that retries publishes them again)."""
+        failed = self.engine.failed
+        for index, event, results in self.confirming:
+            topics = (event.topic,) if type(event) is mc0.Put else {item[0] for item in event.items}
+            why = next((failed[topic] for topic in topics if topic in failed), None)
+            if why is None:
+                continue
+            session = self.replies[index][0]
+            reply: mc0.Ok | mc0.Error
+            if type(event) is mc0.Puts and results is not None:
+                # A PUTS CONFIRM each: only the entries of the topics not stored become errors.
+                assert event.id is not None  # the codec refuses CONFIRM each without an ID
+                reply = mc0.confirms_ok(event.id, [
+                    (None, f"not stored: {failed[item[0]]}") if item[0] in failed else result
+                    for item, result in zip(event.items, results, strict=True)
+                ])
+            else:
+                self.counters["errors"] += 1
+                reply = mc0.Error(f"not stored: {why}".encode(), event.id)
+            self.replies[index] = (session, mc0.encode(reply, delimiter=session.delimiter))
 
     def _build(
         self, reply: _FetchReply, session: Session, now: float, deadline: float | None = None
@@ -636,17 +688,37 @@ class RouterShell:
             self.drop(session, "expired (no traffic for 1.05 x TTL)")
         for session in noop:
             self.send(session, mc0.encode(mc0.Noop(), delimiter=session.delimiter), now)
+        if now >= self.next_probe:
+            # Sessions without TTL: a NOOP to each that has been silent for session_idle. A peer that has gone
+            # makes the send fail at once (ROUTER_MANDATORY), and send() drops its session.
+            self.next_probe = now + self.session_idle / 8
+            for session in self.sessions.silent(now, self.session_idle):
+                session.last_probe = now
+                self.counters["probed"] += 1
+                self.send(session, mc0.encode(mc0.Noop(), delimiter=session.delimiter), now)
         # Re-derive the tick from the clients still here: one short-TTL client must not keep it fast forever.
         ttls = [s.ttl for s in self.sessions.by_identity.values() if s.ttl is not None]
         self.tick = heartbeat_tick(self.base_tick, ttls)
 
-    def drop(self, session: Session, why: str) -> None:
+    def _make_room(self, newcomer: Session) -> None:
+        """Over max_sessions: the sessions heard from longest ago go (a sixteenth of the cap at once, so that
+        a crowd of new clients does not pay for a search each)."""
+        evicted = [session for session in self.sessions.oldest(max(1, self.max_sessions // 16))
+                   if session is not newcomer]
+        for session in evicted:
+            self.drop(session, "evicted", quiet=True)
+        self.counters["evicted"] += len(evicted)
+        log.warning("%d clients dropped, those heard from longest ago: more than %d sessions (max_sessions)",
+                    len(evicted), self.max_sessions)
+
+    def drop(self, session: Session, why: str, *, quiet: bool = False) -> None:
         if self.sessions.by_identity.get(session.identity) is not session:
             return  # already gone, or the identity came back as a new session that must not be dropped
         self.sessions.remove(session.identity)
-        # A client that said DISCONNECT left as it should: only an operator debugging wants a line for it.
-        level = logging.DEBUG if why == DISCONNECTED else logging.INFO
-        log.log(level, "client %s dropped: %s", session.identity.hex(), why)
+        if not quiet:
+            # A client that said DISCONNECT left as it should: only an operator debugging wants a line for it.
+            level = logging.DEBUG if why == DISCONNECTED else logging.INFO
+            log.log(level, "client %s dropped: %s", session.identity.hex(), why)
         self.engine.detach(session.subscriber)
         self.waits.forget(session)
 

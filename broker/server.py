@@ -2,40 +2,90 @@
 mc0 ROUTER and the TCP gateways.
 
 No locks anywhere, because one thread touches the state. Every long-lived task runs under one
-``asyncio.TaskGroup``, so a task that crashes stops the broker loudly instead of dying in silence; a store
-failure (a failed fsync, a corrupt sealed segment) is such a crash, on purpose. SIGINT/SIGTERM stop it
-gracefully: the logs are written and fsynced before the process exits. SIGHUP re-reads the CURVE allow-list.
+``asyncio.TaskGroup``, so a task that crashes stops the broker loudly instead of dying in silence; a failed
+fsync of data already promised is such a crash, on purpose. Anything else a request runs into (a file that
+will not open, a damaged record, a limit) fails that request only. SIGINT/SIGTERM stop it gracefully: the logs
+are written and fsynced before the process exits. SIGHUP re-reads the CURVE allow-list.
+
+At start the descriptor limit is raised to the hard limit and shared out (:mod:`broker.descriptors`): the
+store keeps at most its share open, and the doors stop accepting while the rest runs short. The data directory
+is checked before anything listens: one that cannot work is refused in one line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
+import errno
 import logging
 import signal
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from broker import auth
+from broker import auth, descriptors
 from broker.config import BrokerConfig, ConfigError
 from broker.engine import Engine
 from broker.gateways.lumberjack import LumberjackConnection, LumberjackOptions, field_path
 from broker.gateways.msgq import MsgqConnection, MsgqOptions
 from broker.gateways.rstreams import RStreamsConnection, RStreamsOptions
 from broker.gateways.sexp import SexpConnection, SexpOptions
-from broker.gateways.tcp import Gateway
+from broker.gateways.tcp import Gateway, InputBudget
 from broker.hub import Hub
 from broker.monitoring import Monitor
 from broker.router import RouterShell
+from broker.store import StoreError, SyncFailed, segment
 from broker.store.files import FileStore
 from connector import keys
 
 log = logging.getLogger("mc0.broker")
+
+
+#: glibc's mallopt() parameter M_MMAP_THRESHOLD, and the size from which allocations get pages of their own.
+_M_MMAP_THRESHOLD = -3
+_MMAP_FROM = 1 << 20
+
+
+def return_large_frees() -> bool:
+    """Have large allocations (a client's long line, a big message) given back to the system when freed.
+
+    glibc raises its mmap threshold each time a large block is freed, so the next ones come from the heap,
+    and a heap does not shrink past what is still in use above: a few clients sending 20 MiB lines leave the
+    broker 100 MB larger for good. A fixed threshold keeps every block of a megabyte or more in pages of its
+    own, unmapped when freed. True if it was set (glibc only: elsewhere nothing changes)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_FROM))
+    except (OSError, AttributeError):
+        return False
+
+
+_accept_failures = [float("-inf")]  # when the last was logged
+
+
+def _loop_exceptions(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's error reports, less two that a descriptor shortage makes and that need no traceback: an
+    accept without a descriptor (asyncio retries a second later, and our doors pause), and that retry on a
+    server the pause closed meanwhile."""
+    error = context.get("exception")
+    if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):
+        now = loop.time()
+        if now - _accept_failures[0] >= 5.0:  # said once in a while, not once per connection
+            _accept_failures[0] = now
+            log.warning("a door could not accept a connection: %s (the doors pause while descriptors are "
+                        "short)", error.strerror)
+        return
+    handle = context.get("handle")
+    if isinstance(error, ValueError) and "_start_serving" in repr(handle):
+        return
+    loop.default_exception_handler(context)
 
 
 def ensure_keys(config: BrokerConfig) -> list[Path]:
@@ -63,6 +113,7 @@ class Broker:
     def http_address(self) -> tuple[str, int] | None:
         """Where the monitoring endpoint listens (None: off, or its default port was taken)."""
         return None if self.monitor is None else self.monitor.address
+    descriptors: descriptors.DescriptorWatch | None = None
 
     def gateway_address(self, name: str) -> tuple[str, int]:
         """Where gateway ``name`` really listens (a configured port 0 resolved)."""
@@ -74,32 +125,35 @@ class Broker:
         self.stop_event.set()
 
 
-def _gateways(config: BrokerConfig, hub: Hub) -> dict[str, Gateway]:
-    """The TCP gateways the configuration turns on (not listening yet)."""
+def _gateways(config: BrokerConfig, hub: Hub, budget: InputBudget) -> dict[str, Gateway]:
+    """The TCP gateways the configuration turns on (not listening yet), sharing one input budget."""
     gateways = {}
+    shared = {"pending_limit": config.pending_limit, "input_budget": budget,
+              "handshake_timeout": config.handshake_timeout}
     sexp = config.gateway_address("sexp")
     if sexp is not None:
         interval = config.sexp_ping_interval
         # Ticks a few times per ping interval so Pings and expiry keep close to their times, at most 1/s.
         gateways["sexp"] = Gateway(
             "sexp", hub, SexpConnection, host=sexp[0], port=sexp[1], tick=min(1.0, interval / 4),
-            pending_limit=config.pending_limit,
             options=SexpOptions(ping_interval=interval, max_line=4 * config.max_message_size + 1024),
+            **shared,
         )
     msgq = config.gateway_address("msgq")
     if msgq is not None:
-        # msgq has no liveness rule of its own (TCP tells us when a peer goes): the tick has nothing to do.
+        # msgq has no liveness rule of its own (TCP tells us when a peer goes): the tick runs the handshake
+        # timeout only.
         gateways["msgq"] = Gateway(
             "msgq", hub, MsgqConnection, host=msgq[0], port=msgq[1], tick=1.0,
-            pending_limit=config.pending_limit, options=MsgqOptions(max_message=config.msgq_max_message),
+            options=MsgqOptions(max_message=config.msgq_max_message), **shared,
         )
     rstreams = config.gateway_address("rstreams")
     if rstreams is not None:
         gateways["rstreams"] = Gateway(
             "rstreams", hub, RStreamsConnection, host=rstreams[0], port=rstreams[1], tick=1.0,
-            pending_limit=config.pending_limit,
             options=RStreamsOptions(max_message=config.max_message_size, part_size=config.rstreams_part_size,
                                     buffer=config.pending_limit),
+            **shared,
         )
     shipping = config.gateway_address("lumberjack")
     if shipping is not None:
@@ -108,12 +162,45 @@ def _gateways(config: BrokerConfig, hub: Hub) -> dict[str, Gateway]:
         # Ticks every second: v2 keepalives are due at most every 5 s while a batch waits.
         gateways["lumberjack"] = Gateway(
             "lumberjack", hub, LumberjackConnection, host=shipping[0], port=shipping[1], tick=1.0,
-            pending_limit=config.pending_limit, ssl_context=_lumberjack_tls(config),
+            ssl_context=_lumberjack_tls(config),
             options=LumberjackOptions(topic=config.lumberjack_topic.encode(),
                                       topic_field=field_path(config.lumberjack_topic_field),
                                       max_frame=config.max_message_size),
+            **shared,
         )
     return gateways
+
+
+class _RouterDoor:
+    """The mc0 port as a door the descriptor watch can pause: a ROUTER cannot stop accepting, so its endpoint
+    is unbound and bound again. Unbinding also closes every connection accepted through the endpoint (libzmq
+    has no other way to stop a listener): mc0 clients reconnect once it is bound again, as ZeroMQ clients
+    do."""
+
+    name = "mc0"
+
+    def __init__(self, socket: zmq.asyncio.Socket, endpoint: str) -> None:
+        self.socket = socket
+        self.endpoint = endpoint
+        self.bound = True
+
+    def pause(self) -> None:
+        if not self.bound:
+            return
+        try:
+            self.socket.unbind(self.endpoint)
+        except zmq.ZMQError as error:
+            raise OSError(error.errno, f"unbind {self.endpoint}: {error}") from None
+        self.bound = False
+
+    def resume(self) -> None:
+        if self.bound:
+            return
+        try:
+            self.socket.bind(self.endpoint)
+        except zmq.ZMQError as error:
+            raise OSError(error.errno, f"bind {self.endpoint}: {error}") from None
+        self.bound = True
 
 
 def _lumberjack_tls(config: BrokerConfig) -> ssl.SSLContext | None:
@@ -141,35 +228,52 @@ def _router_socket(context: zmq.asyncio.Context, config: BrokerConfig) -> zmq.as
     socket.rcvhwm = config.recv_hwm
     socket.maxmsgsize = config.max_message_size
     socket.linger = 0
+    # A connection that has not finished its handshake (a bare TCP connect to the CURVE port) is dropped after
+    # this, not libzmq's 30 s: each holds a descriptor meanwhile (docs/configuration.md, handshake_timeout).
+    socket.handshake_ivl = int(config.handshake_timeout * 1000)
     return socket
 
 
 async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None = None) -> None:
     """Run a broker until ``Broker.stop()`` (or a signal in :func:`run`)."""
-    # The monitoring endpoint first: /healthz answers (and /readyz says "starting") while the store recovers,
+    return_large_frees()
+    asyncio.get_running_loop().set_exception_handler(_loop_exceptions)
+    before, limit = descriptors.raise_limit()
+    if limit != before:
+        log.info("descriptor limit raised from %d to %d", before, limit)
+    shares = descriptors.shares(limit, config.max_open_files, config.descriptor_reserve)
+    # A data directory that cannot work stops the start here, in one line, before anything listens.
+    store = FileStore(config.data_dir, max_open_files=shares.store)
+    store.check()
+    # Then the monitoring endpoint: /healthz answers (and /readyz says "starting") while the store recovers,
     # and a monitoring port asked for that is taken stops the start before any work.
     monitor = Monitor.start(config)
     try:
-        await _serve(config, monitor, on_ready)
+        await _serve(config, store, shares, monitor, on_ready)
     finally:
         if monitor is not None:
             monitor.close()
 
 
 async def _serve(
-    config: BrokerConfig, monitor: Monitor | None, on_ready: Callable[[Broker], None] | None
+    config: BrokerConfig, store: FileStore, shares: descriptors.Shares, monitor: Monitor | None,
+    on_ready: Callable[[Broker], None] | None,
 ) -> None:
     # Opening the store recovers every persistent topic (torn tails cut, ids continued) before any client
-    # can connect; a corrupt sealed segment stops the start here, loudly.
-    engine = Engine(config.topic_rules(), FileStore(config.data_dir))
+    # can connect. A damaged topic does not stop the start (its reads fail, or it is refused, and the log
+    # says which).
+    engine = Engine(config.topic_rules(), store, max_topics=config.max_topics)
     hub = Hub(engine, weak_sync_interval=config.weak_sync_interval,
-              retention_interval=config.retention_interval, max_retry=config.heartbeat_tick)
+              retention_interval=config.retention_interval, topic_idle=config.topic_idle,
+              max_retry=config.heartbeat_tick)
     hub.loop = asyncio.get_running_loop()
-    gateways = _gateways(config, hub)
+    budget = InputBudget(config.input_budget)
+    gateways = _gateways(config, hub, budget)
     context = zmq.asyncio.Context()
     socket = _router_socket(context, config)
     authenticator = None
     handshakes = auth.HandshakeWatch(socket)
+    watch: descriptors.DescriptorWatch | None = None
     try:
         if config.curve:
             authenticator = auth.secure(context, socket, config.keys_dir, config.allow_any_client)
@@ -178,13 +282,22 @@ async def _serve(
         socket.bind(config.bind)
         endpoint = socket.last_endpoint.decode()
         router = RouterShell(hub, socket, pending_limit=config.pending_limit, tick=config.heartbeat_tick,
-                             max_waiting_fetches=config.max_waiting_fetches)
+                             max_waiting_fetches=config.max_waiting_fetches, session_idle=config.session_idle,
+                             max_sessions=config.max_sessions)
         hub.add(router)
         for gateway in gateways.values():
             await gateway.start()
             hub.add(gateway)
         broker = Broker(config, engine, hub, router, endpoint, gateways, handshakes=handshakes,
                         monitor=monitor)
+        watch = descriptors.DescriptorWatch(shares, [_RouterDoor(socket, endpoint), *gateways.values()],
+                                            lambda: store.files.held)
+        broker.descriptors = watch
+        hub.limits["descriptors"] = watch.stats
+        hub.limits["topics"] = lambda: {"topics": len(engine.topics), "max_topics": engine.max_topics,
+                                        "reclaimed": engine.reclaimed, "unavailable": len(engine.unavailable)}
+        hub.limits["input"] = lambda: {"held": budget.total, "input_budget": budget.limit}
+        segment.when_out_of_descriptors = watch.out_of_descriptors
         log.info("mc0 broker listening on %s (CURVE %s)", endpoint, "on" if config.curve else "OFF")
         for name in gateways:
             log.info("%s gateway listening on %s:%d", name, *broker.gateway_address(name))
@@ -205,21 +318,31 @@ async def _serve(
             tasks = {group.create_task(router.run(), name="mc0-router"),
                      group.create_task(hub.run(), name="hub"),
                      group.create_task(handshakes.run(), name="mc0-handshakes")}
+            # Not among the tasks whose end stops the broker: with no descriptor listing it ends at once.
+            watching = group.create_task(watch.run(), name="descriptors")
             tasks |= {group.create_task(gateway.run(), name=f"{name}-gateway")
                       for name, gateway in gateways.items()}
             stopper = group.create_task(broker.stop_event.wait(), name="stop")
             await asyncio.wait({*tasks, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            for task in (*tasks, stopper):
+            for task in (*tasks, stopper, watching):
                 task.cancel()
         log.info("mc0 broker stopped")
     finally:
         if monitor is not None:
             monitor.detach()  # before the logs close: nothing reads them any more
+        if watch is not None:
+            if segment.when_out_of_descriptors == watch.out_of_descriptors:
+                segment.when_out_of_descriptors = None  # one broker per process; tests run several
+            watch.close()
         hub.close()
         for gateway in gateways.values():
             gateway.close()
         try:
             engine.close()  # every log written and fsynced, whatever its sync level
+        except SyncFailed:
+            raise
+        except StoreError as error:  # said in the log, topic by topic: the rest was closed all the same
+            log.error("some logs could not be closed cleanly: %s", error)
         finally:
             if authenticator is not None:
                 authenticator.stop()

@@ -5,12 +5,18 @@ the first command may be any verb). The rules come from the reference brokers: t
 client it has sent nothing to for 0.95 x TTL, and forgets a client it has heard nothing from for 1.05 x TTL.
 A client that gave no TTL never expires.
 
+A client that gave no TTL is not expired by these rules, but it is not kept forever either (our rule, see
+``docs/mc0.md``): once nothing has been heard from it for ``session_idle`` seconds it is probed with a NOOP,
+and a peer that is gone makes the send fail at once (``ROUTER_MANDATORY``), which drops its session. And the
+number of sessions is capped: past ``max_sessions``, the ones heard from longest ago make room.
+
 A session is also the :class:`~broker.hub.Outlet` of its engine subscriber: the hub asks it to deliver, and it
 hands the writing to the router shell that owns it.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
@@ -50,6 +56,7 @@ class Session:
     ids: bool = False  # extension "ids": MESSAGE carries MESSAGE-ID and TIMESTAMP
     version: bytes | None = None
     commands: int = 0
+    last_probe: float = float("-inf")  # when a session without TTL was last probed (see the module docstring)
     # Replies waiting for room in the client's pipe.
     stalled: deque[list[bytes]] = field(default_factory=deque)
 
@@ -93,6 +100,15 @@ class Sessions:
 
     def remove(self, identity: bytes) -> Session | None:
         return self.by_identity.pop(identity, None)
+
+    def silent(self, now: float, after: float) -> list[Session]:
+        """Sessions without TTL heard from, and probed, no sooner than ``after`` seconds ago."""
+        return [session for session in self.by_identity.values() if session.ttl is None
+                and now - session.last_heard >= after and now - session.last_probe >= after]
+
+    def oldest(self, count: int) -> list[Session]:
+        """The ``count`` sessions heard from longest ago."""
+        return heapq.nsmallest(count, self.by_identity.values(), key=lambda session: session.last_heard)
 
     def due(self, now: float) -> tuple[list[Session], list[Session]]:
         """Sessions that need a NOOP now, and sessions silent for too long (to be dropped)."""

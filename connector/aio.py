@@ -25,12 +25,14 @@ from connector.base import (
     ClientOptions,
     Confirms,
     QueuedConfirm,
+    TopicPage,
     TopicSettings,
     broker_mechanism,
     close_socket,
     group_outbox,
     make_socket,
     reply_or_raise,
+    stats_event,
     topics_of,
 )
 from connector.connection import CHECK_EVERY
@@ -48,6 +50,14 @@ from connector.core import (
     to_bytes,
 )
 from protocol import mc0
+
+
+def _fail(waiting: asyncio.Future[Any] | Confirms, why: str) -> None:
+    """Fail a command waiting for its answer: its future, or the publishes it confirms."""
+    if type(waiting) is Confirms:
+        waiting.fail(why)
+    elif not waiting.done():  # type: ignore[union-attr]
+        waiting.set_exception(ConnectorError(why))  # type: ignore[union-attr]
 
 
 class AsyncClient(ClientBase):
@@ -234,13 +244,20 @@ class AsyncClient(ClientBase):
         confirmation asked for before it has resolved (the broker answers in order)."""
         await self._call(mc0.Noop(), timeout, "NOOP")
 
-    async def stats(self, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
-        reply = await self._call(mc0.Stats(), timeout, "STATS")
+    async def delete(self, topic: str | bytes, *, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        """Remove ``topic`` and its stored messages (see :meth:`connector.Client.delete`)."""
+        await self._call(mc0.Delete(to_bytes(topic)), timeout, "DELETE")
+
+    async def stats(self, timeout: float | None = None,  # noqa: ASYNC109
+                    **page: Unpack[TopicPage]) -> dict[str, Any]:
+        """The broker's counters, with one page of topics (see :class:`connector.base.TopicPage`)."""
+        reply = await self._call(stats_event(page), timeout, "STATS")
         return json.loads(reply.body or b"{}")
 
-    async def topics(self, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
-        """Topic name -> settings and counters (the ``topics`` part of :meth:`stats`)."""
-        return topics_of(await self.stats(timeout))
+    async def topics(self, timeout: float | None = None,  # noqa: ASYNC109
+                     **page: Unpack[TopicPage]) -> dict[str, Any]:
+        """Topic name -> settings and counters (the ``topics`` part of :meth:`stats`), one page of them."""
+        return topics_of(await self.stats(timeout, **page))
 
     async def fetch(
         self,
@@ -346,6 +363,7 @@ class AsyncClient(ClientBase):
     def _open(self) -> asyncio.Future[mc0.Ok | mc0.Error]:
         """A new DEALER, CONNECT, and SUB for everything subscribed before; returns the CONNECT's reply."""
         self._close_socket()
+        self._fail_waiting("connection to the broker was lost")  # nothing answers on the old socket any more
         socket, monitor = make_socket(self._context, self.endpoint, self._credentials)  # type: ignore[arg-type]
         self._socket = socket  # type: ignore[assignment] - an asyncio socket, made by the asyncio context
         self._raw = zmq.Socket.shadow(socket.underlying)
@@ -365,10 +383,11 @@ class AsyncClient(ClientBase):
         return self._connecting
 
     def _handshake(self, now: float) -> None:
-        self._fail_waiting("connection to the broker was lost")
+        orphans = list(self._waiting)
         loop = asyncio.get_running_loop()
         command_id, frames = self._core.connect(now)
         connected: asyncio.Future[mc0.Ok | mc0.Error] = loop.create_future()
+        connected.add_done_callback(lambda _: self._orphaned(orphans, _fail))
         if self._ready:
             connected.add_done_callback(self._reconnected)
         self._connecting = connected
@@ -413,10 +432,7 @@ class AsyncClient(ClientBase):
 
     def _fail_waiting(self, why: str) -> None:
         for waiting in self._waiting.values():
-            if type(waiting) is Confirms:
-                waiting.fail(why)
-            elif not waiting.done():  # type: ignore[union-attr]
-                waiting.set_exception(ConnectorError(why))  # type: ignore[union-attr]
+            _fail(waiting, why)
         self._waiting.clear()
 
     def _schedule_flush(self) -> None:
@@ -513,6 +529,8 @@ class AsyncClient(ClientBase):
                 self._send(mc0.encode(mc0.Noop()), now)
             if not self._watch.connected:
                 self._verdict(self._watch.check(now), now)
+            if not self._watch.connected:
+                core.last_heard = now  # silence counts on a live connection only: ZeroMQ is reconnecting
             alive = paused and bool(raw.get(zmq.EVENTS) & zmq.POLLIN)
             if core.broker_silent(now) and not alive:
                 self.reconnects += 1

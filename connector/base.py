@@ -19,7 +19,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from connector import addresses, connection
-from connector.core import ClientCore, ConnectorError, Message, Publish, confirm_results
+from connector.core import ClientCore, ConnectorError, Message, Publish, confirm_results, to_bytes
 from connector.keys import Credentials
 from connector.zsock import readable, recv_frames
 from protocol import mc0
@@ -222,6 +222,25 @@ class TopicSettings(TypedDict, total=False):
     element_size: int | None  # every message exactly this many bytes (reactive streams pack them)
 
 
+class TopicPage(TypedDict, total=False):
+    """Which topics a STATS answer lists, a page at a time (the broker lists at most 1,000 at once)."""
+
+    prefix: str | bytes  # only names starting with this
+    after: str | bytes | None  # only names after this one: the previous answer's "topics_next"
+    limit: int | None  # at most this many (None: the broker's default page, 1,000)
+
+
+def stats_event(page: Mapping[str, Any]) -> mc0.Stats:
+    after = page.get("after")
+    return mc0.Stats(prefix=to_bytes(page.get("prefix") or b""),
+                     after=None if after is None else _name_bytes(after), limit=page.get("limit"))
+
+
+def _name_bytes(name: str | bytes) -> bytes:
+    """A topic name as the broker sent it: names that are not UTF-8 come as surrogate escapes."""
+    return name if isinstance(name, bytes) else name.encode("utf-8", "surrogateescape")
+
+
 def topics_of(stats: Mapping[str, Any]) -> dict[str, Any]:
     """The per-topic part of a STATS answer (topic name -> counters and settings)."""
     return dict(stats.get("topics") or {})
@@ -237,6 +256,7 @@ class ClientBase:
     """
 
     _arrived: _Signal  # set when deliveries reach the inbox (a threading or an asyncio Event)
+    _waiting: dict[int, Any]  # commands waiting for the broker's answer, by command id
 
     def __init__(
         self,
@@ -348,9 +368,21 @@ class ClientBase:
 
     def _handshake(self, now: float) -> None:
         """The connection came back (the broker restarted, or dropped us): CONNECT and subscribe again on this
-        socket at once, resuming each topic after its last id. Commands in flight were lost with the old
-        connection and fail."""
+        socket at once, resuming each topic after its last id.
+
+        Commands waiting for an answer are not failed yet: those the socket queued while the connection was
+        down go out on the new one ahead of the CONNECT, and the broker answers a client in order, so their
+        answers come before the CONNECT's. Whatever is still unanswered once the CONNECT's answer is in went
+        with the old connection, and fails then (:meth:`_orphaned`)."""
         raise NotImplementedError
+
+    def _orphaned(self, orphans: Iterable[int], fail: Callable[[Any, str], None]) -> None:
+        """The CONNECT after a reconnection was answered: the commands of ``orphans`` still waiting were lost
+        with the old connection (their answer, or they themselves): ``fail`` each."""
+        for command_id in orphans:
+            waiting = self._waiting.pop(command_id, None)
+            if waiting is not None:
+                fail(waiting, "connection to the broker was lost")
 
     def _unreachable(self, reason: str) -> None:
         """The broker cannot be reached, before the first CONNECT was answered: the constructor (or

@@ -1,5 +1,5 @@
-"""The ``mc0`` command: run the broker, publish, subscribe (with replay, credit and acks), declare topics,
-manage keys, show stats and the topics table.
+"""The ``mc0`` command: run the broker, publish, subscribe (with replay, credit and acks), declare and delete
+topics, manage keys, show stats and the topics table, and check or mend a data directory offline.
 
 Errors are one clear line and a non-zero exit, never a traceback: every failure the library reports by
 exception (:class:`ConnectorError`, key files, configuration, sockets) becomes a ``click.ClickException``.
@@ -849,21 +849,123 @@ def _table(rows: list[list[str]]) -> Iterator[str]:
         yield "  ".join(cells).rstrip()
 
 
+def _page_options(func: Any) -> Any:
+    """Which topics: the broker answers a page at a time (at most 1,000 topics)."""
+    func = click.option("--after", metavar="TOPIC", help="Only topics after this one (the next page).")(func)
+    func = click.option("--limit", type=click.IntRange(min=1), metavar="N",
+                        help="At most N topics [default: the broker's page, 1,000].")(func)
+    func = click.option("--prefix", default="", metavar="TEXT",
+                        help="Only topics whose names start so.")(func)
+    return func
+
+
+def _more(stats: dict[str, Any], shown: int) -> None:
+    """On stderr, when the broker has more topics than this page: how many, and how to see the next."""
+    following = stats.get("topics_next")
+    if following is not None:
+        total = stats.get("topics_total", "?")
+        click.echo(f"({shown} topics shown of {total}; the next page: --after {following!r})", err=True)
+
+
 @main.command()
 @_client_options
+@_page_options
+@click.option("--all", "every", is_flag=True, help="Every topic, asking page after page.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw per-topic JSON.")
-def topics(endpoint: str, keys_dir: Path, no_curve: bool, as_json: bool) -> None:
+def topics(endpoint: str, keys_dir: Path, no_curve: bool, prefix: str, limit: int | None, after: str | None,
+           every: bool, as_json: bool) -> None:
     """One row per topic: settings, stored messages and their ids, bytes on disk, subscribers, lag, drops."""
+    data: dict[str, Any] = {}
     with _connect(endpoint, keys_dir, no_curve, ttl=None) as client:
-        data = client.topics()
+        while True:
+            stats = client.stats(prefix=prefix, after=after, limit=limit)
+            data.update(stats.get("topics") or {})
+            after = stats.get("topics_next")
+            if not every or after is None:
+                break
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
-        return
-    if not data:
+    elif not data:
         click.echo("(no topics)")
-        return
-    for line in _table([_topic_row(name, topic) for name, topic in sorted(data.items())]):
+    else:
+        for line in _table([_topic_row(name, topic) for name, topic in sorted(data.items())]):
+            click.echo(line)
+    if not every:
+        _more(stats, len(data))
+
+
+@main.command()
+@click.argument("topic")
+@_client_options
+def delete(topic: str, endpoint: str, keys_dir: Path, no_curve: bool) -> None:
+    """Remove TOPIC, its stored messages and their files (refused while anybody subscribes to it)."""
+    with _connect(endpoint, keys_dir, no_curve, ttl=None) as client:
+        client.delete(topic)
+    click.echo(f"deleted {topic}")
+
+
+# ---------------------------------------------------------------------------------------- verify and repair
+
+
+def _data_dir(config_file: Path | None, data_dir: Path | None) -> Path:
+    from broker import config as broker_config
+
+    return data_dir if data_dir is not None else broker_config.load(config_file).data_dir
+
+
+_offline_options = [
+    click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False),
+                 help="The broker's TOML configuration (for its data_dir)."),
+    click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False),
+                 help="The data directory [default: the configuration's, mc0-data]."),
+]
+
+
+def _offline(func: Any) -> Any:
+    for option in reversed(_offline_options):
+        func = option(func)
+    return func
+
+
+def _summary(summary: Any) -> None:
+    for line in summary.notes:
+        click.echo(f"note: {line}")
+    for line in summary.problems:
         click.echo(line)
+    problems = f"{len(summary.problems)} damaged" if summary.problems else "no damage"
+    click.echo(f"{summary.topics} topics, {summary.segments} segments, {summary.records} records read: "
+               f"{problems}")
+
+
+@main.command()
+@_offline
+def verify(config_file: Path | None, data_dir: Path | None) -> None:
+    """Read every stored record of a data directory and say what is damaged (the broker must be stopped).
+    Exits 1 when something is."""
+    from broker.store import check
+
+    summary = check.verify(_data_dir(config_file, data_dir))
+    _summary(summary)
+    if summary.problems:
+        click.echo("`mc0 repair` quarantines the damaged segments and keeps every record that reads.",
+                   err=True)
+        sys.exit(1)
+
+
+@main.command()
+@_offline
+def repair(config_file: Path | None, data_dir: Path | None) -> None:
+    """Quarantine damaged segments, write back every record that reads, record the ids lost (the broker must
+    be stopped)."""
+    from broker.store import check
+
+    root = _data_dir(config_file, data_dir)
+    summary = check.repair(root)
+    _summary(summary)
+    for line in summary.repaired:
+        click.echo(f"repaired: {line}")
+    if not summary.repaired:
+        click.echo("nothing to repair")
 
 
 # ----------------------------------------------------------------------------------------------- keys, stats
@@ -962,14 +1064,17 @@ def health(address: str, ready: bool, timeout: float) -> None:
 
 @main.command()
 @_client_options
+@_page_options
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
-def stats(endpoint: str, keys_dir: Path, no_curve: bool, as_json: bool) -> None:
-    """Show the broker's uptime, connections and per-topic counters."""
+def stats(endpoint: str, keys_dir: Path, no_curve: bool, prefix: str, limit: int | None, after: str | None,
+          as_json: bool) -> None:
+    """Show the broker's uptime, connections and per-topic counters (a page of topics)."""
     with _connect(endpoint, keys_dir, no_curve, ttl=None) as client:
-        data = client.stats()
+        data = client.stats(prefix=prefix, after=after, limit=limit)
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
         return
+    _more(data, len(data["topics"]))
     click.echo(f"uptime       {data['uptime_seconds']:.0f}s")
     click.echo("connections  " + ", ".join(f"{k} {v}" for k, v in data["connections"].items()))
     topics = data["topics"]

@@ -31,11 +31,13 @@ from connector.base import (
     ClientOptions,
     Confirms,
     QueuedConfirm,
+    TopicPage,
     TopicSettings,
     close_socket,
     group_outbox,
     make_socket,
     reply_or_raise,
+    stats_event,
     topics_of,
 )
 from connector.connection import CHECK_EVERY
@@ -90,6 +92,10 @@ class _Close(_Request):
 
 #: What a command waits in: its own future, or the futures of the publishes it confirms.
 _Waiting = _Request | Confirms
+
+
+def _fail(waiting: _Waiting, why: str) -> None:
+    waiting.fail(why)
 
 
 class Confirmation:
@@ -376,18 +382,25 @@ class Client(ClientBase):
         OK. Declaring the settings a topic already has is fine; other settings raise ConnectorError."""
         self._call(declare_event(topic, settings), timeout, "DECLARE")
 
+    def delete(self, topic: str | bytes, *, timeout: float | None = None) -> None:
+        """Remove ``topic``, its stored messages and their files. Refused (ConnectorError) while anybody
+        subscribes to it, or if there is no such topic."""
+        self._call(mc0.Delete(to_bytes(topic)), timeout, "DELETE")
+
     def flush(self, timeout: float | None = None) -> None:
         """Return once the broker has taken every message published before this call (a NOOP round trip),
         and every confirmation asked for before it has resolved: the broker answers in order."""
         self._call(mc0.Noop(), timeout, "NOOP")
 
-    def stats(self, timeout: float | None = None) -> dict[str, Any]:
-        reply = self._call(mc0.Stats(), timeout, "STATS")
+    def stats(self, timeout: float | None = None, **page: Unpack[TopicPage]) -> dict[str, Any]:
+        """The broker's counters, with one page of topics (see :class:`connector.base.TopicPage`)."""
+        reply = self._call(stats_event(page), timeout, "STATS")
         return json.loads(reply.body or b"{}")
 
-    def topics(self, timeout: float | None = None) -> dict[str, Any]:
-        """Topic name -> settings and counters (the ``topics`` part of :meth:`stats`): ids, backlog, lag..."""
-        return topics_of(self.stats(timeout))
+    def topics(self, timeout: float | None = None, **page: Unpack[TopicPage]) -> dict[str, Any]:
+        """Topic name -> settings and counters (the ``topics`` part of :meth:`stats`): ids, backlog, lag...
+        One page of them (1,000 by default): ``prefix``, ``after`` and ``limit`` choose which."""
+        return topics_of(self.stats(timeout, **page))
 
     def fetch(
         self,
@@ -595,18 +608,20 @@ class Client(ClientBase):
         """A new DEALER (new identity), CONNECT, and SUB for everything subscribed before."""
         if self._socket is not None:
             close_socket(self._socket, self._monitor)
+        for request in self._waiting.values():  # nothing answers on the old socket any more
+            request.fail("connection to the broker was lost")
+        self._waiting.clear()
         self._socket, self._monitor = make_socket(self._context, self.endpoint, self._credentials)
         self._watch = self._new_watch()
         self._unsent.clear()
         self._handshake(time.monotonic())
 
     def _handshake(self, now: float) -> None:
-        for request in self._waiting.values():
-            request.fail("connection to the broker was lost")
-        self._waiting.clear()
+        orphans = list(self._waiting)
         command_id, frames = self._core.connect(now)
         connect = _Request(None)
         connect.future.add_done_callback(self._on_connected)
+        connect.future.add_done_callback(lambda _: self._orphaned(orphans, _fail))
         self._waiting[command_id] = connect
         self._send(frames, now)
         for command_id, frames in self._core.resubscribe():
@@ -665,6 +680,8 @@ class Client(ClientBase):
             self._write(now)
             if core.noop_due(now):
                 self._send(mc0.encode(mc0.Noop()), now)
+            if not self._watch.connected:
+                core.last_heard = now  # silence counts on a live connection only: ZeroMQ is reconnecting
             if core.broker_silent(now) and not self._data_waiting(socket):
                 self.reconnects += 1
                 self._open()

@@ -32,6 +32,12 @@ Our choice (PROTOCOLS.md section 4 records the facts these rest on):
   version or type byte, an oversized frame or window, or bytes after the end of the zlib stream refuse the
   whole C frame. Its frames are decoded one at a time, as they are returned, so a JSON document that is
   refused stops the connection after the events before it came out.
+* Inflating is done in steps of at most :data:`INFLATE_STEP` bytes out and :data:`CHECK_STEP` frames checked,
+  the framing checked as the output grows: ``next_event`` returns None with ``busy`` set between two steps, so
+  a caller can let other work run (a small frame can inflate to many megabytes), and a payload whose framing
+  is wrong is refused at the first bad frame rather than after the whole inflation. One top-level compressed
+  frame may hold at most ``2 * max_window`` frames, nested ones included: a writer sends a window's worth of
+  data frames per batch, and more is only work for the reader.
 * ``D`` and ``J`` are read under either version byte (as logstash-input-beats, the reference reader, does);
   the event carries the frame's version. Windows may also appear inside a compressed payload.
 * Keys and values of ``D`` and the text of ``J`` are decoded as UTF-8 with invalid bytes replaced by U+FFFD:
@@ -84,6 +90,9 @@ _LONG_HEADER = 10  # version, type, two u32s: the D and J headers
 _PAIR_MINIMUM = 8  # a D pair with an empty key and an empty value
 _INFLATE_IN = 64 << 10  # compressed bytes fed to zlib per call
 _INFLATE_OUT = 1 << 20  # inflated bytes taken from zlib per call
+#: Inflated bytes, and frames whose framing is checked, per step of ``next_event`` (a few milliseconds each).
+INFLATE_STEP: Final = 1 << 20
+CHECK_STEP: Final = 2048
 _FRAME_NAMES = {_WINDOW: "window", _DATA: "data", _JSON: "JSON", _COMPRESSED: "compressed", _ACK: "ack"}
 
 
@@ -173,14 +182,29 @@ class _Payload:
         self.pos = 0
 
 
+class _Inflation:
+    """A compressed frame's payload being inflated and its framing checked, a step at a time."""
+
+    __slots__ = ("at", "checked", "compressed", "inflater", "need", "pending", "resume")
+
+    def __init__(self, compressed: bytes) -> None:
+        self.compressed = memoryview(compressed)
+        self.at = 0  # compressed bytes fed to zlib so far
+        self.pending: bytes | memoryview = b""  # fed and not yet consumed (zlib's unconsumed tail)
+        self.inflater = zlib.decompressobj()  # wbits 15: the zlib header is required; raw deflate, gzip fail
+        self.checked = 0  # the payload's framing is checked up to here (a frame boundary)
+        self.need = 0  # the frame at ``checked`` needs the payload to reach this size
+        self.resume: tuple[int, int] | None = None  # its pair walk, for a D frame
+
+
 # ---------------------------------------------------------------------------------------------------- reader
 
 
 class ServerConnection:
     """The reader's side of one connection (the broker): decodes what a writer sends, encodes acks."""
 
-    __slots__ = ("_budget", "_buffer", "_error", "_max_decompressed", "_max_frame", "_max_window", "_need",
-                 "_payloads", "_resume")
+    __slots__ = ("_budget", "_buffer", "_error", "_frames_left", "_inflating", "_max_decompressed",
+                 "_max_frame", "_max_window", "_need", "_payload", "_payloads", "_resume", "busy")
 
     def __init__(self, *, max_window: int = 65536, max_frame: int = 16 << 20,
                  max_decompressed: int = 64 << 20) -> None:
@@ -194,7 +218,12 @@ class ServerConnection:
         self._resume: tuple[int, int] | None = None  # the head D frame's pair walk, when it had to stop
         self._payloads: list[_Payload] = []  # inflated C payloads being returned, innermost last
         self._budget = 0  # bytes the current top-level C frame may still inflate to
+        self._frames_left = 0  # frames the current top-level C frame may still hold
+        self._inflating: _Inflation | None = None  # a C payload being inflated (see busy)
+        self._payload = bytearray()  # its output so far
         self._error: ProtocolError | None = None
+        #: True when ``next_event`` returned None halfway through inflating a compressed frame: call it again.
+        self.busy = False
 
     def receive_data(self, data: bytes) -> None:
         if self._error is None:
@@ -211,7 +240,18 @@ class ServerConnection:
             self._error = ProtocolError(str(error))
             self._buffer.clear()
             self._payloads.clear()
+            self._inflating = None
+            self._payload = bytearray()
+            self.busy = False
             raise
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of input held: what was received and not yet decoded, and inflated payloads."""
+        held = len(self._buffer) + sum(len(payload.data) - payload.pos for payload in self._payloads)
+        if self._inflating is not None:
+            held += len(self._payload) + len(self._inflating.compressed)
+        return held
 
     def send(self, event: Ack) -> bytes:
         """``<version> 'A'`` + u32 seq."""
@@ -223,6 +263,12 @@ class ServerConnection:
 
     def _next(self) -> Window | Event | None:
         while True:
+            if self._inflating is not None:
+                if not self._inflate_step():
+                    self.busy = True
+                    return None
+                self.busy = False
+                continue  # the payload is on the stack now
             if self._payloads:
                 payload = self._payloads[-1]
                 data = payload.data
@@ -346,55 +392,73 @@ class ServerConnection:
         if kind == _WINDOW:
             (size,) = _U32.unpack_from(data, pos + 2)
             return Window(version, size)
-        # A compressed frame.
+        # A compressed frame: inflated (and its framing checked) by the steps of _inflate_step.
         depth = len(self._payloads) + 1
         if depth > MAX_COMPRESSED_DEPTH:
             raise ProtocolError(f"compressed frames nested more than {MAX_COMPRESSED_DEPTH} deep")
         if depth == 1:
             self._budget = self._max_decompressed
-        payload = self._inflate(data[pos + _SHORT_FRAME : stop])
-        # The framing of the whole payload is checked before any of its frames is returned.
-        at, end = 0, len(payload)
-        while at < end:
-            try:
-                at = self._extent(payload, at, end, None)
-            except _Incomplete:
-                raise ProtocolError(f"a partial frame at offset {at} of a compressed payload of {end} bytes "
-                                    "(compressed frames hold whole frames only)") from None
-        self._payloads.append(_Payload(payload))
+            self._frames_left = 2 * self._max_window
+        self._inflating = _Inflation(bytes(data[pos + _SHORT_FRAME : stop]))
+        self._payload = bytearray()
         return None
 
-    def _inflate(self, compressed: bytes | bytearray) -> bytearray:
-        """The payload of a C frame, inflated a slice at a time: the output never grows more than
-        :data:`_INFLATE_OUT` past the budget, whatever the input says, and input is fed in small pieces so
-        that the unconsumed rest is never copied whole."""
-        room = self._budget
-        inflater = zlib.decompressobj()  # wbits 15: the zlib header is required, raw deflate and gzip fail
-        payload = bytearray()
-        view = memoryview(compressed)
-        end = len(view)
-        at = 0
-        data: bytes | memoryview = b""
+    def _inflate_step(self) -> bool:
+        """Inflate some more of the compressed frame in hand and check the framing of what came out; True
+        once it is whole and checked (its payload is then on the stack), False if there is more to do.
+
+        The output never grows more than :data:`_INFLATE_OUT` past the budget, whatever the input says, and
+        input is fed in small pieces so that the unconsumed rest is never copied whole."""
+        state = self._inflating
+        assert state is not None
+        inflater, payload, room = state.inflater, self._payload, self._budget
+        compressed, end = state.compressed, len(state.compressed)
+        target = len(payload) + INFLATE_STEP
         try:
-            while not inflater.eof:
-                if not data and at < end:
-                    data = view[at : at + _INFLATE_IN]
-                    at += len(data)
+            while not inflater.eof and len(payload) < target:
+                data = state.pending
+                if not data and state.at < end:
+                    data = compressed[state.at : state.at + _INFLATE_IN]
+                    state.at += len(data)
                 piece = inflater.decompress(data, min(_INFLATE_OUT, room + 1 - len(payload)))
                 payload += piece
                 if len(payload) > room:
                     raise ProtocolError(f"a compressed frame inflates to more than {self._max_decompressed} "
                                         "bytes")
-                data = inflater.unconsumed_tail
-                if not piece and not data and at >= end and not inflater.eof:
+                state.pending = inflater.unconsumed_tail
+                if not piece and not state.pending and state.at >= end and not inflater.eof:
                     raise ProtocolError("a compressed frame holds a truncated zlib stream")
         except zlib.error as error:
             raise ProtocolError(f"a compressed frame holds a bad zlib stream: {error}") from None
-        trailing = len(inflater.unused_data) + end - at
+        # The framing of what came out, a frame at a time as each is whole: a payload that is not frames is
+        # refused at its first bad byte, not after megabytes of it.
+        size = len(payload)
+        checks = CHECK_STEP
+        while checks and state.checked < size and size >= state.need:
+            try:
+                following = self._extent(payload, state.checked, size, state.resume)
+            except _Incomplete as short:
+                state.need, state.resume = short.need, short.resume
+                break
+            state.checked, state.need, state.resume = following, 0, None
+            checks -= 1
+            self._frames_left -= 1
+            if self._frames_left < 0:
+                raise ProtocolError(f"a compressed frame holds more than {2 * self._max_window} frames "
+                                    "(twice the largest window)")
+        if not inflater.eof or state.checked < size:
+            if inflater.eof and checks and size < state.need:
+                raise ProtocolError(f"a partial frame at offset {state.checked} of a compressed payload of "
+                                    f"{size} bytes (compressed frames hold whole frames only)")
+            return False
+        trailing = len(inflater.unused_data) + len(state.pending) + end - state.at
         if trailing:
             raise ProtocolError(f"{trailing} bytes follow the zlib stream in a compressed frame")
-        self._budget = room - len(payload)
-        return payload
+        self._budget = room - size
+        self._inflating = None
+        self._payload = bytearray()
+        self._payloads.append(_Payload(payload))
+        return True
 
 
 # ---------------------------------------------------------------------------------------------------- writer

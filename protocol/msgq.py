@@ -502,6 +502,11 @@ class Connection:
         if self._broken is None:
             self._buffer += data
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet decoded."""
+        return len(self._buffer)
+
     def next_event(self) -> Event | None:
         """The next complete message as an event, or None until more data arrives."""
         if self._broken is not None:

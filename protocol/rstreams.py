@@ -359,6 +359,11 @@ class Connection:
             return
         self._buffer += data
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet decoded."""
+        return len(self._buffer)
+
     def next_event(self) -> Event | None:
         """The next message as an event, or None until more data arrives. Raises ProtocolError (for good)."""
         while True:
@@ -757,6 +762,11 @@ class Reassembler:
     def pending(self) -> int:
         """How many elements are open."""
         return len(self._open)
+
+    @property
+    def held(self) -> int:
+        """Bytes of the elements open (at most ``max_pending`` of them: a short sum)."""
+        return sum(map(len, self._open.values()))
 
 
 def split(element: bytes, part_size: int) -> list[bytes]:

@@ -44,6 +44,7 @@ import struct
 from collections import deque
 from dataclasses import dataclass
 from decimal import Decimal
+from itertools import repeat
 from typing import TypeAlias
 
 from protocol.errors import ProtocolError
@@ -73,6 +74,10 @@ _U32 = struct.Struct(">I")
 
 # Frame types, server -> client.
 _ERROR, _PING, _MESSAGE, _SUBSCRIBED, _UNSUBSCRIBED = range(5)
+
+#: Bytes of one client line read per step of ``ServerConnection.next_event``: a few milliseconds of decoding
+#: even when every byte is an escape, so a long line is read over several turns of the caller's loop.
+SLICE_BYTES = 64 << 10
 
 # Deep nesting is refused so that no caller (nor Python's own recursive list comparison and repr) ever
 # recurses that far; the messages of this protocol nest three levels at most.
@@ -174,94 +179,215 @@ ServerEvent: TypeAlias = VersionReply | Error | Ping | Message | Subscribed | Un
 # ------------------------------------------------------------------------------------------ reading sexps
 
 # One token at a time. Whitespace is space, tab, LF, CR and form feed; a comment runs from ";" to the end of
-# the line. The quoted-atom body is written as an unrolled loop so that an unterminated quote fails in linear
-# time; with DOTALL a backslash pairs with any following byte, newline included.
+# the line. Runs of whitespace, comments and bare atoms are taken at most _PIECE bytes at a time (a longer one
+# goes on in the next piece), so that no single step of the reader grows with the input; a quoted atom's body
+# is read by _Reader._quoted, also piece by piece.
+_PIECE = 64 << 10
 _TOKEN = re.compile(
     rb"""
-      [ \t\n\r\x0c]+
-    | ;[^\n\r]*
+      [ \t\n\r\x0c]{1,%d}
+    | (;)
     | (\()
     | (\))
-    | "([^"\\]*(?:\\.[^"\\]*)*)"
-    | ([^ \t\n\r\x0c()";]+)
-    """,
-    re.VERBOSE | re.DOTALL,
+    | (")
+    | ([^ \t\n\r\x0c()";]{1,%d})
+    """ % (_PIECE, _PIECE),
+    re.VERBOSE,
 )
-_OPEN, _CLOSE, _QUOTED, _UNQUOTED = 1, 2, 3, 4
+_COMMENT, _OPEN, _CLOSE, _QUOTE, _UNQUOTED = 1, 2, 3, 4, 5
+_COMMENT_REST = re.compile(rb"[^\n\r]{0,%d}" % _PIECE)
+_UNQUOTED_REST = re.compile(rb"[^ \t\n\r\x0c()\";]{0,%d}" % _PIECE)
+# The body of a quoted atom up to its closing quote when it holds no escape at all (the common case).
+_PLAIN = re.compile(rb'[^"\\]{0,%d}' % _PIECE)
 
-# OCaml string escapes as sexplib's lexer reads them. A backslash followed by anything else stays as it is,
-# backslash included; \DDD above 255 is an error.
-_ESCAPE = re.compile(rb"""\\(?:\r?\n[ \t]*|([0-9]{3})|x([0-9a-fA-F]{2})|([\\"'ntbr ]))""")
-_SIMPLE_ESCAPES = {b"\\": b"\\", b'"': b'"', b"'": b"'", b"n": b"\n", b"t": b"\t", b"b": b"\b", b"r": b"\r",
-                   b" ": b" "}
-
-
-def _unescape_one(match: re.Match[bytes]) -> bytes:
-    decimal, hexadecimal, simple = match.groups()
-    if simple is not None:
-        return _SIMPLE_ESCAPES[simple]
-    if decimal is not None:
-        value = int(decimal)
-        if value > 255:
-            raise ProtocolError(f"bad s-expression: escape \\{decimal.decode()} is above 255")
-        return bytes((value,))
-    if hexadecimal is not None:
-        return bytes((int(hexadecimal, 16),))
-    return b""  # backslash-newline and the next line's indentation
-
-
-def _unescape(body: bytes) -> bytes:
-    if b"\\" not in body:
-        return body
-    return _ESCAPE.sub(_unescape_one, body)
+# OCaml string escapes as sexplib's lexer reads them: \DDD (decimal, at most 255), \xHH, the named ones, and
+# backslash-newline with the next line's indentation (nothing). A backslash followed by anything else stays as
+# it is, backslash included. Splitting on this pattern (one group) alternates the text between escapes with
+# the escapes themselves; every escape it can match is a key of _UNESCAPED (continuations excepted: they map
+# to nothing through the lookup's default), so a whole piece is decoded by C code, with no Python call per
+# escape: split, a dict lookup mapped over the escapes, join. Decimal escapes above 255 map to None, which the
+# join refuses.
+_ESCAPE_SPLIT = re.compile(rb"""(\\(?:[0-9]{3}|x[0-9a-fA-F]{2}|[\\"'ntbr ]|\r?\n[ \t]*))""")
+_UNESCAPED: dict[bytes, bytes | None] = {b"\\%03d" % value: bytes((value,)) if value < 256 else None
+                                        for value in range(1000)}
+_UNESCAPED.update({b"\\x" + bytes((high, low)): bytes((int(bytes((high, low)), 16),))
+                   for high in b"0123456789abcdefABCDEF" for low in b"0123456789abcdefABCDEF"})
+_UNESCAPED.update({b"\\\\": b"\\", b'\\"': b'"', b"\\'": b"'", b"\\n": b"\n", b"\\t": b"\t", b"\\b": b"\b",
+                   b"\\r": b"\r", b"\\ ": b" "})
+#: The longest escape in a quoted atom's body, continuations apart (\DDD and \xHH).
+_LONGEST_ESCAPE = 4
+#: A quoted atom is decoded this many bytes of its text at a time at first, doubling up to _PIECE: a short
+#: atom costs little, and reading past its closing quote stays in proportion to its length.
+_FIRST_PIECE = 256
 
 
-def _parse_all(text: bytes, max_nodes: int | None = None) -> list[Sexp]:
+def _decode_escapes(parts: list[bytes]) -> bytes:
+    """The text of ``parts`` (from :data:`_ESCAPE_SPLIT`) with every escape decoded."""
+    escapes = parts[1::2]
+    parts[1::2] = map(_UNESCAPED.get, escapes, repeat(b""))
+    try:
+        return b"".join(parts)
+    except TypeError:  # a None: a decimal escape above 255
+        bad = next(escape for escape in escapes if _UNESCAPED.get(escape, b"") is None)
+        raise ProtocolError(f"bad s-expression: escape {bad.decode()} is above 255") from None
+
+
+class _Reader:
+    """Reads every top-level s-expression in ``text[:end]`` without recursion, a bounded amount of text per
+    :meth:`run`, so a caller can spread a long line over several turns of its loop."""
+
+    __slots__ = ("atom", "current", "end", "max_nodes", "nodes", "piece", "position", "quoted", "stack",
+                 "text", "top")
+
+    def __init__(self, text: bytes | bytearray, max_nodes: int | None = None, end: int | None = None) -> None:
+        self.text = text
+        self.end = len(text) if end is None else end
+        self.max_nodes = max_nodes
+        self.top: list[Sexp] = []
+        self.current = self.top
+        self.stack: list[list[Sexp]] = []
+        self.nodes = 0
+        self.position = 0
+        self.atom: list[bytes] = []  # decoded pieces of the quoted atom being read
+        self.quoted = False  # inside a quoted atom (its opening quote read)
+        self.piece = _FIRST_PIECE
+
+    def run(self, budget: int | None = None) -> list[Sexp] | None:
+        """The values, or None if ``budget`` bytes of text were read and more remain (call again)."""
+        text, end = self.text, self.end
+        limit = end if budget is None else min(end, self.position + budget)
+        match = _TOKEN.match
+        while True:
+            if self.quoted:
+                if not self._quoted(limit):
+                    return None
+                continue
+            position = self.position
+            if position >= end:
+                break
+            if position >= limit:
+                return None
+            token = match(text, position, end)
+            if token is None:  # cannot happen: every byte starts some token
+                raise ProtocolError("bad s-expression")
+            position = self.position = token.end()
+            kind = token.lastindex
+            if kind is None:  # whitespace
+                continue
+            if kind == _COMMENT:
+                while True:  # to the end of the line, a piece at a time
+                    rest = _COMMENT_REST.match(text, self.position, end).end()
+                    done = rest - self.position < _PIECE
+                    self.position = rest
+                    if done:
+                        break
+                continue
+            if kind == _CLOSE:
+                if not self.stack:
+                    raise ProtocolError("bad s-expression: unbalanced ')'")
+                self.current = self.stack.pop()
+                continue
+            self.nodes += 1
+            if self.max_nodes is not None and self.nodes > self.max_nodes:
+                raise ProtocolError(f"message has more than {self.max_nodes} atoms and lists")
+            if kind == _OPEN:
+                if len(self.stack) >= _MAX_DEPTH:
+                    raise ProtocolError(f"bad s-expression: lists nested deeper than {_MAX_DEPTH} levels")
+                child: list[Sexp] = []
+                self.current.append(child)
+                self.stack.append(self.current)
+                self.current = child
+            elif kind == _QUOTE:
+                self.quoted = True
+                self.piece = _FIRST_PIECE
+            else:
+                self.current.append(self._unquoted(token.group(_UNQUOTED)))
+        if self.stack:
+            raise ProtocolError("bad s-expression: unbalanced '(' (a list is not closed)")
+        return self.top
+
+    def _unquoted(self, first: bytes) -> bytes:
+        text, end = self.text, self.end
+        atom = first
+        if len(first) == _PIECE:
+            pieces = [first]
+            while True:
+                rest = _UNQUOTED_REST.match(text, self.position, end)
+                pieces.append(rest.group())
+                self.position = rest.end()
+                if len(pieces[-1]) < _PIECE:
+                    break
+            atom = b"".join(pieces)
+        # sexplib reads these as comment delimiters (or refuses them) rather than as atom text.
+        if b"#|" in atom or b"|#" in atom:
+            raise ProtocolError("block comments (#| |#) are not supported; quote an atom containing "
+                                "'#|' or '|#'")
+        if atom == b"#" and text[self.position : self.position + 1] == b";":
+            raise ProtocolError("s-expression comments (#;) are not supported")
+        return atom
+
+    def _quoted(self, limit: int) -> bool:
+        """Read on in the quoted atom being read: True once it is complete, False if ``limit`` came first."""
+        text, end = self.text, self.end
+        while True:
+            position = self.position
+            if not self.atom:
+                plain = _PLAIN.match(text, position, end).end()
+                if plain < end and text[plain] == 0x22:  # '"': no escape in the whole atom
+                    self._close(bytes(text[position:plain]), plain + 1)
+                    return True
+            if position >= end:
+                raise ProtocolError("bad s-expression: unterminated quoted atom")
+            if position >= limit:
+                return False
+            # Up to the budget's limit (at least a short piece: an escape must fit).
+            size = min(self.piece, max(limit - position, _FIRST_PIECE))
+            self.piece = min(_PIECE, self.piece * 2)
+            while True:
+                stop = min(end, position + size)
+                piece = bytes(text[position:stop])
+                parts = _ESCAPE_SPLIT.split(piece)
+                if piece.count(b'"') != parts[1::2].count(b'\\"'):
+                    # A quote that no backslash escapes: the atom ends at the first one.
+                    for index in range(0, len(parts), 2):
+                        found = parts[index].find(b'"')
+                        if found >= 0:
+                            break
+                    used = sum(map(len, parts[:index])) + found
+                    del parts[index + 1 :]
+                    parts[index] = parts[index][:found]
+                    self.atom.append(_decode_escapes(parts))
+                    self._close(b"".join(self.atom), position + used + 1)
+                    return True
+                if stop < end:
+                    # The piece may end inside an escape (its backslash among the last bytes, or a
+                    # continuation's indentation cut short): leave that escape to the next piece.
+                    last = parts[-1]
+                    cut = last.rfind(b"\\")
+                    if cut >= 0 and len(last) - cut < _LONGEST_ESCAPE:
+                        parts[-1] = last[:cut]
+                        stop -= len(last) - cut
+                    elif not last and len(parts) > 1 and parts[-2][1:2] in (b"\r", b"\n"):
+                        stop -= len(parts.pop(-2))
+                        parts[-2:] = [parts[-2]]
+                if stop > position:
+                    break
+                size *= 2  # a continuation longer than the piece: read a larger one
+            self.atom.append(_decode_escapes(parts))
+            self.position = stop
+
+    def _close(self, atom: bytes, after: int) -> None:
+        self.current.append(atom)
+        self.atom = []
+        self.quoted = False
+        self.position = after
+
+
+def _parse_all(text: bytes | bytearray, max_nodes: int | None = None) -> list[Sexp]:
     """Every top-level s-expression in ``text``, read without recursion."""
-    top: list[Sexp] = []
-    current = top
-    stack: list[list[Sexp]] = []
-    nodes = 0
-    position = 0
-    end = len(text)
-    match = _TOKEN.match
-    while position < end:
-        token = match(text, position)
-        if token is None:  # only an opening quote without its closing one matches no alternative
-            raise ProtocolError("bad s-expression: unterminated quoted atom")
-        position = token.end()
-        kind = token.lastindex
-        if kind is None:  # whitespace or a comment
-            continue
-        if kind == _CLOSE:
-            if not stack:
-                raise ProtocolError("bad s-expression: unbalanced ')'")
-            current = stack.pop()
-            continue
-        nodes += 1
-        if max_nodes is not None and nodes > max_nodes:
-            raise ProtocolError(f"message has more than {max_nodes} atoms and lists")
-        if kind == _OPEN:
-            if len(stack) >= _MAX_DEPTH:
-                raise ProtocolError(f"bad s-expression: lists nested deeper than {_MAX_DEPTH} levels")
-            child: list[Sexp] = []
-            current.append(child)
-            stack.append(current)
-            current = child
-        elif kind == _QUOTED:
-            current.append(_unescape(token.group(_QUOTED)))
-        else:
-            atom = token.group(_UNQUOTED)
-            # sexplib reads these as comment delimiters (or refuses them) rather than as atom text.
-            if b"#|" in atom or b"|#" in atom:
-                raise ProtocolError("block comments (#| |#) are not supported; quote an atom containing "
-                                    "'#|' or '|#'")
-            if atom == b"#" and text[position : position + 1] == b";":
-                raise ProtocolError("s-expression comments (#;) are not supported")
-            current.append(atom)
-    if stack:
-        raise ProtocolError("bad s-expression: unbalanced '(' (a list is not closed)")
-    return top
+    values = _Reader(text, max_nodes).run()
+    assert values is not None  # no budget: read to the end
+    return values
 
 
 def parse(line: bytes) -> Sexp:
@@ -278,14 +404,13 @@ def parse(line: bytes) -> Sexp:
 # sexplib's must_escape: empty, a delimiter, whitespace or a control byte, a byte from 0x7f up, or a
 # comment delimiter anywhere in the atom.
 _MUST_QUOTE = re.compile(rb'[\x00-\x20"();\\\x7f-\xff]|#\||\|#')
-# OCaml's String.escaped keeps printable ASCII except '"' and '\'.
-_MUST_ESCAPE = re.compile(rb"[^\x20\x21\x23-\x5b\x5d-\x7e]")
-_ESCAPES = {bytes((code,)): b"\\%03d" % code for code in range(256)}
-_ESCAPES.update({b'"': b'\\"', b"\\": b"\\\\", b"\n": b"\\n", b"\t": b"\\t", b"\r": b"\\r", b"\b": b"\\b"})
-
-
-def _escape_one(match: re.Match[bytes]) -> bytes:
-    return _ESCAPES[match.group()]
+# OCaml's String.escaped keeps printable ASCII except '"' and '\', and writes every other byte as an escape:
+# what each byte value becomes, looked up for every byte of the atom by C code (a binary body of megabytes is
+# written in milliseconds, with no Python call per byte).
+_ESCAPED = [bytes((code,)) if 0x20 <= code <= 0x7E else b"\\%03d" % code for code in range(256)]
+_NAMED_ESCAPES = {0x22: b'\\"', 0x5C: b"\\\\", 0x0A: b"\\n", 0x09: b"\\t", 0x0D: b"\\r", 0x08: b"\\b"}
+for _code, _escaped in _NAMED_ESCAPES.items():
+    _ESCAPED[_code] = _escaped
 
 
 def quote_atom(atom: bytes) -> bytes:
@@ -293,7 +418,7 @@ def quote_atom(atom: bytes) -> bytes:
     atom = bytes(atom)
     if atom and _MUST_QUOTE.search(atom) is None:
         return atom
-    return b'"' + _MUST_ESCAPE.sub(_escape_one, atom) + b'"'
+    return b"".join((b'"', *map(_ESCAPED.__getitem__, atom), b'"'))
 
 
 _END = object()
@@ -649,7 +774,13 @@ class ServerConnection:
         self._discarding = False
         # Complete lines not yet read (None stands for an over-long one). Lines are cut here as they arrive,
         # before the handshake is over, so the length bound holds in every state.
-        self._lines: deque[bytes | None] = deque()
+        self._lines: deque[bytes | bytearray | None] = deque()
+        self._queued = 0  # bytes in _lines
+        # The line being read when a step ran out of its budget (see ``busy``).
+        self._reader: _Reader | None = None
+        #: True when ``next_event`` returned None with a line half read: call it again (a long line is read
+        #: SLICE_BYTES at a time, so that one client's line never holds its caller for long).
+        self.busy = False
 
     def receive_data(self, data: bytes) -> None:
         if self.state == "closed" or not data:
@@ -684,10 +815,20 @@ class ServerConnection:
                 self._lines.append(None)
                 self._buffer.clear()
             else:
-                self._buffer += data[start:newline]
-                self._lines.append(bytes(self._buffer))
-                self._buffer.clear()
+                if self._buffer:  # the line came in pieces: it is the buffer itself, not a copy of it
+                    self._buffer += data[start:newline]
+                    line: bytes | bytearray = self._buffer
+                    self._buffer = bytearray()
+                else:
+                    line = data[start:newline]
+                self._lines.append(line)
+                self._queued += len(line)
             start = newline + 1
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of client input held: lines not yet read and the line being received."""
+        return len(self._buffer) + self._queued
 
     def next_event(self) -> ClientEvent | Invalid | None:
         """The next client event, or None until more data (or, before "open", our VersionReply) comes."""
@@ -701,20 +842,30 @@ class ServerConnection:
         if self.state != "open":
             return None
         lines = self._lines
-        while lines:
-            line = lines.popleft()
-            if line is None:
-                return Invalid(f"message longer than {self._max_line} bytes")
-            if line.endswith(b"\r"):
-                line = line[:-1]
+        while self._reader is not None or lines:
+            reader = self._reader
+            if reader is None:
+                line = lines.popleft()
+                if line is None:
+                    return Invalid(f"message longer than {self._max_line} bytes")
+                self._queued -= len(line)
+                reader = _Reader(line, _MAX_MESSAGE_NODES, len(line) - line.endswith(b"\r"))
             try:
-                values = _parse_all(line, _MAX_MESSAGE_NODES)
+                values = reader.run(SLICE_BYTES)
+                if values is None:
+                    self._reader = reader
+                    self.busy = True
+                    return None
+                self._reader = None
+                self.busy = False
                 if not values:
                     continue  # blank, or only a comment
                 if len(values) > 1:
                     return Invalid("extra content after the message (one s-expression per line)")
                 return _decode_message(values[0])
             except ProtocolError as error:
+                self._reader = None
+                self.busy = False
                 return Invalid(str(error))
         return None
 
@@ -739,6 +890,9 @@ class ServerConnection:
         self.state = "closed"
         self._buffer.clear()
         self._lines.clear()
+        self._queued = 0
+        self._reader = None
+        self.busy = False
         self._discarding = False
 
 

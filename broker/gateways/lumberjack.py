@@ -53,16 +53,21 @@ class LumberjackConnection(Connection):
                                                  max_decompressed=options.max_decompressed)
         self.window = lumberjack.AckWindow(keepalive_interval=options.keepalive_interval)
         self.held: list[lumberjack.Ack] = []  # due, waiting for the commit of what they cover
+        self.publishing: set[bytes] = set()  # topics given events since the last commit
 
     def handle(self, event: Any) -> None:
         now = self.hub.monotonic()
         if isinstance(event, lumberjack.Window):
             self.hold(self.window.window(event, now))
             return
+        topic = self.topic_of(event.fields)
         try:
-            self.publish_message(self.topic_of(event.fields), _body(event), {})
+            self.publish_message(topic, _body(event), {})
         except EngineError as error:
             raise ProtocolError(f"event {event.seq} refused: {error}") from None
+        if not self.publishing:
+            self.after_commit()  # hear of this commit even with no ack due: it may fail to store the event
+        self.publishing.add(topic)
         self.gateway.counters["events"] += 1
         self.hold(self.window.event(event, now))
 
@@ -72,7 +77,18 @@ class LumberjackConnection(Connection):
             self.after_commit()
 
     def committed(self, now: float) -> None:
-        """Everything before the held acks is stored: they may go out now, in order."""
+        """Everything before the held acks is stored: they may go out now, in order. If the commit could not
+        store a topic this connection published to, nothing is acked: the connection closes, and the writer
+        sends the batch again."""
+        publishing, self.publishing = self.publishing, set()
+        failed = self.engine.failed
+        why = next((failed[topic] for topic in publishing if topic in failed), None) if failed else None
+        if why is not None:
+            self.held = []
+            self.close(f"events not stored: {why}")
+            return
+        if not self.held:
+            return
         held, self.held = self.held, []
         self.write(b"".join(self.codec.send(ack) for ack in held))
         self.gateway.counters["acks"] += len(held)

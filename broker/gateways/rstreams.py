@@ -135,6 +135,9 @@ class RStreamsConnection(Connection):
     def subscribers(self) -> list[Subscriber]:
         return [stream.subscriber for stream in self.streams.values()]
 
+    def input_held(self) -> int:
+        return self.codec.buffered + self.reassembler.held
+
     def close(self, why: str) -> None:
         """Every close says goodbye first (the draft's orderly close); a protocol error says which."""
         if not self.closing and not self.said_goodbye:
@@ -267,7 +270,19 @@ class RStreamsConnection(Connection):
         self.after_commit()
 
     def committed(self, now: float) -> None:
-        """What the offered publishers sent is stored: open the same demand again."""
+        """What the offered publishers sent is stored: open the same demand again, once every byte the client
+        sent so far has been read (input read over several turns must not meet demand granted between them).
+        A publisher whose topic the commit could not store is cancelled, as a refused one is."""
+        failed = self.engine.failed
+        for offer_id, offered in list(self.offered.items()):
+            if offered.received and offered.topic in failed:
+                self.write(self.codec.send(rstreams.Cancel(offer_id)))
+                del self.offered[offer_id]
+                log.info("rstreams client %s: publishing to %r refused: not stored: %s", self.peer,
+                         offered.topic, failed[offered.topic])
+        if self.draining:
+            self.after_commit()  # the rest of the input first; demand after the commit that follows it
+            return
         for offer_id, offered in self.offered.items():
             if offered.received:
                 self.write(self.codec.send(rstreams.Request(offer_id, offered.received)))

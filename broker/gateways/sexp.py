@@ -88,6 +88,12 @@ class SexpConnection(Connection):
             case sexp.Ack():
                 pass  # the answer to a Ping: that something arrived is all the liveness rule needs
 
+    def refuse(self, why: str) -> None:
+        """An Error frame saying why, then the connection closes."""
+        if self.codec.state == "open":
+            self.write(self.codec.send(sexp.Error(f"closing: {why}")))
+        self.close(why)
+
     def error(self, text: str) -> None:
         self.gateway.counters["errors"] += 1
         self.write(self.codec.send(sexp.Error(text)))

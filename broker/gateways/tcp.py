@@ -14,12 +14,18 @@ in the engine, bounded there: a persistent topic reads them from the log later, 
 drops) and stops reading the peer, so a peer that does not read cannot make us buffer its answers either.
 ``resume_writing`` wakes the subscriber through the hub. Memory per connection is therefore bounded by the
 codec's own limits plus about one write chunk over the high-water mark.
+
+One connection holds the loop for a bounded slice at a time: it handles at most ``SLICE_EVENTS`` events in
+a go (a compressed Lumberjack frame may hold thousands), and a codec with long work of its own (a long sexp
+line, a large inflation) does it in steps and says so with ``busy``. Either way the connection stops reading
+its peer, and goes on from a loop callback after the other connections and the hub have had their turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import ssl
 from collections.abc import Callable
@@ -43,6 +49,10 @@ WRITE_CHUNK = 64 << 10
 #: own, so it is set again after every read (one setsockopt per read: microseconds, not milliseconds).
 TCP_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
+#: Events one connection handles before it lets the loop go round (a few milliseconds of work at most: the
+#: slowest event, a publish into a strong topic, costs a few microseconds before the commit).
+SLICE_EVENTS = 512
+
 
 class Gateway:
     """One listening door: its server socket, its connections and their periodic tick."""
@@ -59,6 +69,8 @@ class Gateway:
         pending_limit: int = 100_000,
         ssl_context: ssl.SSLContext | None = None,
         options: Any = None,
+        input_budget: InputBudget | None = None,
+        handshake_timeout: float = 5.0,
     ) -> None:
         self.name = name
         self.hub = hub
@@ -71,40 +83,72 @@ class Gateway:
         self.options = options  # the dialect's own settings, read by its connections
         self.connections: set[Connection] = set()
         self.committing: set[Connection] = set()  # want committed() after the next commit
-        self.server: asyncio.Server | None = None
+        self.servers: list[asyncio.Server] = []  # accepting now (none while paused)
+        # The listening sockets, kept open by us while the servers come and go, so a pause keeps the port.
+        self.listening: list[socket.socket] = []
         self.address: tuple[str, int] | None = None  # where it really listens (port 0 resolved)
+        self.input_budget = input_budget if input_budget is not None else InputBudget(DEFAULT_INPUT_BUDGET)
+        self.handshake_timeout = handshake_timeout
         # paused: times a connection's transport was full (the peer reads slower than we write). A dialect
         # adds its own counters by naming them in its connection class's ``counters``.
         # messages_*: published through this door and deliveries written to it; bytes_*: read and written.
         self.counters = {"accepted": 0, "errors": 0, "closed": 0, "expired": 0, "paused": 0,
-                         "messages_in": 0, "messages_out": 0, "bytes_in": 0, "bytes_out": 0}
+                         "over_budget": 0, "silent": 0, "messages_in": 0, "messages_out": 0, "bytes_in": 0,
+                         "bytes_out": 0}
         self.counters.update(dict.fromkeys(getattr(connection, "counters", ()), 0))
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            self.server = await loop.create_server(
+            server = await loop.create_server(
                 lambda: self.connection(self), self.host, self.port, ssl=self.ssl_context, reuse_address=True
             )
         except OSError as error:
             where = f"{self.name} gateway on {self.host}:{self.port}"
             raise OSError(error.errno, f"{where}: {error.strerror}") from None
-        host, port = self.server.sockets[0].getsockname()[:2]
+        self.servers = [server]
+        self.listening = [socket.socket(fileno=os.dup(listener.fileno())) for listener in server.sockets]
+        host, port = server.sockets[0].getsockname()[:2]
         self.address = (host, port)
 
+    def pause(self) -> None:
+        """Stop accepting: the servers close, our copy of each listening socket keeps the port (connections
+        that arrive meanwhile wait in the kernel's backlog). Connections already made are not touched."""
+        servers, self.servers = self.servers, []
+        for server in servers:
+            server.close()
+
+    async def resume(self) -> None:
+        if self.servers:
+            return
+        loop = asyncio.get_running_loop()
+        for listener in self.listening:
+            self.servers.append(await loop.create_server(lambda: self.connection(self), sock=listener.dup(),
+                                                         ssl=self.ssl_context))
+
     async def run(self) -> None:
-        """Tick every connection until cancelled (pings, expiry, whatever the dialect's liveness needs)."""
+        """Tick every connection until cancelled (pings, expiry, whatever the dialect's liveness needs, and
+        the handshake timeout: a peer that sends nothing at all is not kept)."""
         monotonic = self.hub.monotonic
         while True:
             await asyncio.sleep(self.tick_interval)
             now = monotonic()
+            cutoff = now - self.handshake_timeout
             for connection in list(self.connections):
+                if connection.closing:
+                    continue  # gone as soon as the transport says so
+                if not connection.heard and connection.opened < cutoff:
+                    self.counters["silent"] += 1
+                    connection.close(f"nothing received within {self.handshake_timeout:g} s of connecting")
+                    continue
                 connection.tick(now)
             self.hub.schedule()
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        self.pause()
+        for listener in self.listening:
+            listener.close()
+        self.listening = []
         for connection in list(self.connections):
             connection.abort()
 
@@ -125,8 +169,59 @@ class Gateway:
         return {"connections": len(self.connections), "address": where, **self.counters}
 
 
+#: Bytes of unfinished input all gateway connections may hold together when nothing else is said.
+DEFAULT_INPUT_BUDGET = 256 << 20
+
+
+class InputBudget:
+    """The input all connections of all gateways hold together (partial lines and frames, inflated payloads,
+    elements being reassembled), bounded: the connection holding the most is refused when the sum passes the
+    limit, so a few slow or malicious peers cannot take the broker's memory between them."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total = 0
+        self.held: dict[Connection, int] = {}
+
+    def update(self, connection: Connection, held: int) -> None:
+        before = self.held.pop(connection, 0)
+        if held:
+            self.held[connection] = held
+        self.total += held - before
+        while self.total > self.limit and self.held:
+            largest = max(self.held, key=self.held.__getitem__)
+            size = self.held[largest]
+            self.forget(largest)
+            largest.gateway.counters["over_budget"] += 1
+            largest.refuse(f"{size} bytes of unfinished input: all connections together may hold "
+                           f"{self.limit} (input_budget)")
+
+    def forget(self, connection: Connection) -> None:
+        self.total -= self.held.pop(connection, 0)
+
+
+class _Gone:
+    """The codec of a connection that has ended: it holds nothing and reads nothing."""
+
+    buffered = 0
+    busy = False
+
+    def receive_data(self, data: bytes) -> None:
+        pass
+
+    def next_event(self) -> None:
+        return None
+
+    def send(self, event: Any) -> bytes:
+        return b""
+
+
+_GONE: Any = _Gone()
+
+
 class _Codec(Protocol):
-    """The byte-stream codec shape every dialect module in ``protocol/`` has."""
+    """The byte-stream codec shape every dialect module in ``protocol/`` has. A codec whose work on buffered
+    input comes in steps also has ``busy``: True when ``next_event`` returned None with work left to do."""
 
     def receive_data(self, data: bytes) -> None: ...
 
@@ -150,7 +245,10 @@ class Connection(asyncio.Protocol):
         self.peer = "?"
         self.writable = True
         self.closing = False
-        self.last_heard = self.hub.monotonic()
+        self.draining = False  # buffered input left for a later slice (reading the peer waits for it)
+        self.reading = True  # the transport reads the peer (see _update_reading)
+        self.last_heard = self.opened = self.hub.monotonic()
+        self.heard = False  # anything at all received (see Gateway.handshake_timeout)
         self.quickack: Any = None  # the connection's socket, while TCP_QUICKACK is to be re-armed on it
 
     # ------------------------------------------------------------------------------------ asyncio callbacks
@@ -181,8 +279,14 @@ class Connection(asyncio.Protocol):
                 self.quickack = None  # a socket going away: its peer's ACK timing no longer matters
         self.last_heard = self.hub.monotonic()
         self.gateway.counters["bytes_in"] += len(data)
+        self.heard = True
+        self._guarded(self.received, data)
+
+    def _guarded(self, step: Callable[..., None], *args: Any) -> None:
+        """Run one step of input handling: the peer's ProtocolError closes the peer, any other error is ours
+        (a store that cannot keep its promise) and stops the broker."""
         try:
-            self.received(data)
+            step(*args)
         except ProtocolError as error:
             self.gateway.counters["errors"] += 1
             self.close(f"protocol error: {error}")
@@ -190,12 +294,26 @@ class Connection(asyncio.Protocol):
             self.abort()
             self.hub.fail(error)
             return
+        if not self.closing:
+            self.gateway.input_budget.update(self, self.input_held())
         # Not a flush now: every readable connection of this loop iteration is read first, then one commit
         # covers them all.
         self.hub.schedule()
 
+    def input_held(self) -> int:
+        """Bytes of input this connection holds unfinished (what the input budget counts)."""
+        return getattr(getattr(self, "codec", None), "buffered", 0)
+
+    def refuse(self, why: str) -> None:
+        """Close for a reason of the broker's (a limit reached), saying so the dialect's way if it can."""
+        self.close(why)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self.gateway.input_budget.forget(self)
+        # What the peer sent and we had not read goes now, not whenever the garbage collector breaks this
+        # connection's reference cycles (its subscribers point back at it): megabytes, for a long line.
+        self.codec = _GONE
         self.gateway.connections.discard(self)
         self.gateway.counters["closed"] += 1
         self.gateway.committing.discard(self)
@@ -209,17 +327,29 @@ class Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         self.writable = False
         self.gateway.counters["paused"] += 1
-        if self.transport is not None and not self.closing:
-            self.transport.pause_reading()
+        self._update_reading()
 
     def resume_writing(self) -> None:
         self.writable = True
         if self.transport is not None and not self.closing:
-            self.transport.resume_reading()
-            # We were not reading: the peer's silence in that time is ours, not its.
-            self.last_heard = self.hub.monotonic()
+            self._update_reading()
             for subscriber in self.subscribers():
                 self.hub.wake(subscriber)
+
+    def _update_reading(self) -> None:
+        """Read the peer only while the transport takes our answers and no input waits for a later slice."""
+        transport = self.transport
+        if transport is None or self.closing:
+            return
+        if self.writable and not self.draining:
+            if not self.reading:
+                self.reading = True
+                transport.resume_reading()
+                # We were not reading: the peer's silence in that time is ours, not its.
+                self.last_heard = self.hub.monotonic()
+        elif self.reading:
+            self.reading = False
+            transport.pause_reading()
 
     # ---------------------------------------------------------------------------------- the hub's Outlet side
 
@@ -279,6 +409,7 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         self.closing = True
+        self.gateway.input_budget.forget(self)
         log.info("%s client %s closed: %s", self.gateway.name, self.peer, why)
         if self.transport is not None:
             self.transport.close()
@@ -289,15 +420,37 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
     def received(self, data: bytes) -> None:
-        """Feed ``data`` to the dialect's ``codec`` and :meth:`handle` every complete event, until the codec
-        needs more or the connection is closing. A ProtocolError closes the peer."""
+        """Feed ``data`` to the dialect's ``codec`` and :meth:`handle` its events, until the codec needs more,
+        the connection is closing or the slice is spent (see the module docstring). A ProtocolError closes
+        the peer."""
+        self.codec.receive_data(data)
+        self._drain()
+
+    def _drain(self) -> None:
         codec = self.codec
-        codec.receive_data(data)
+        budget = SLICE_EVENTS
+        loop = self.hub.loop
         while not self.closing:
             event = codec.next_event()
             if event is None:
+                if not getattr(codec, "busy", False):
+                    if self.draining:
+                        self.draining = False
+                        self._update_reading()
+                    return
+                budget = 0  # the codec spent its own slice
+            else:
+                self.handle(event)
+                budget -= 1
+            if budget <= 0:
+                if loop is None:  # driven by hand (tests): no loop to come back from, go on at once
+                    budget = SLICE_EVENTS
+                    continue
+                if not self.draining:
+                    self.draining = True
+                    self._update_reading()
+                loop.call_soon(self._guarded, self._drain)
                 return
-            self.handle(event)
 
     def handle(self, event: Any) -> None:
         """Act on one event of the dialect's codec."""

@@ -4,9 +4,12 @@ The engine calls a :class:`Store` to open one :class:`TopicLog` per persistent t
 on disk. This module only states the contract; the implementation lives beside it: ``files.py``
 (:class:`~broker.store.files.FileStore`, the data directory and topic meta files), ``log.py`` (the segmented
 log of one topic), ``segment.py`` (record, segment and index layouts) and ``acks.py`` (the ack journal of
-round-robin topics). ``docs/storage.md`` describes the files. Transient topics never touch a store. A store
-failure raises :class:`StoreError`, which stops the broker loudly: acknowledged data must never be lost in
-silence.
+round-robin topics). ``docs/storage.md`` describes the files. Transient topics never touch a store.
+
+A store failure raises :class:`StoreError` and fails the request that needed it (a file that will not open or
+be written, a damaged record: :class:`DamagedRange`); the log puts itself back in the state its files are in,
+and the broker goes on. Only :class:`SyncFailed` stops the broker: after a failed fsync the kernel may have
+dropped data already acknowledged, and nothing can be promised any more.
 
 This module must not import the engine at run time (the engine imports it).
 """
@@ -71,7 +74,37 @@ class StoredTopic(NamedTuple):
 
 
 class StoreError(Exception):
-    """The store could not keep its promise (I/O error, corrupt sealed segment, bad meta file, wrong id)."""
+    """The store could not do what one request asked (a file that will not open or be written, a damaged
+    record, a bad meta file): that request fails, the broker goes on."""
+
+
+class SyncFailed(StoreError):
+    """An fsync failed: data already acknowledged may be gone. The broker stops (see the module docstring)."""
+
+
+class DamagedRange(StoreError):
+    """Stored messages ``first_id`` .. ``last_id`` of a topic cannot be read: a record of ``segment`` is
+    damaged. Reads of other ids go on; ``resume_id`` is the next readable id after the range."""
+
+    def __init__(self, topic: bytes, segment: str, first_id: int, last_id: int, reason: str) -> None:
+        self.topic = topic
+        self.segment = segment
+        self.first_id = first_id
+        self.last_id = last_id
+        self.reason = reason
+        name = topic.decode("utf-8", "replace")
+        super().__init__(f"topic {name!r}: ids {first_id}..{last_id} are unreadable: segment {segment} is "
+                         f"damaged ({reason}); `mc0 verify` and `mc0 repair` check and mend the data "
+                         "directory with the broker stopped")
+
+    @property
+    def resume_id(self) -> int:
+        return self.last_id + 1
+
+    def describe(self) -> dict[str, object]:
+        """For STATS: where, which ids, why."""
+        return {"segment": self.segment, "first_id": self.first_id, "last_id": self.last_id,
+                "error": self.reason}
 
 
 class TopicLog(Protocol):
@@ -155,6 +188,11 @@ class TopicLog(Protocol):
         """Check every stored record; StoreError at the first bad one."""
         ...
 
+    @property
+    def damaged(self) -> list[DamagedRange]:
+        """The ranges of ids known to be unreadable, oldest first (empty for a sound log)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -168,6 +206,10 @@ class Store(Protocol):
     def open(self, topic: bytes, spec: TopicSpec, topic_id: int | None = None) -> TopicLog:
         """Create or open and recover a topic's log, recording ``topic_id`` with it when one is given; the
         same object if already open."""
+        ...
+
+    def delete(self, topic: bytes) -> bool:
+        """Remove a topic's log and files (closing the log if open); False if it has none."""
         ...
 
     def close(self) -> None: ...

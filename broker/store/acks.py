@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from broker.store import StoreError
-from broker.store.segment import fsync, pread_exact, replace_file, write_all
+from broker.store.segment import fsync, open_file, pread_exact, replace_file, write_all
 
 log = logging.getLogger("mc0.store")
 
@@ -108,7 +108,7 @@ class AckJournal:
         ids will be given to new messages, so those acks must go, durably: the journal is rewritten.
         """
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+            fd = open_file(self.path, os.O_RDWR | os.O_APPEND)
         except FileNotFoundError:
             fd = None
         except OSError as exc:
@@ -158,7 +158,7 @@ class AckJournal:
         self.pending = []
         if self._fd is None:
             try:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+                self._fd = open_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
             except OSError as exc:
                 raise StoreError(f"{self.path}: cannot create: {exc}") from exc
             self.created = True
@@ -184,6 +184,10 @@ class AckJournal:
         self.size = len(data)
         self.unsynced = False
         self.created = False
+
+    @property
+    def open_files(self) -> int:
+        return self._fd is not None
 
     def close(self) -> None:
         if self._fd is not None:

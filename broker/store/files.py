@@ -7,7 +7,16 @@ lock that keeps a second broker out of a data directory in use. What lives insid
 :mod:`broker.store.log`'s business.
 
 The data directory is created, and locked, only when the first persistent topic is opened (or found): a broker
-with transient topics only never touches the disk.
+with transient topics only never touches the disk. :meth:`FileStore.check` says at start, in one line, whether
+the directory can be used at all.
+
+Open files are bounded: the store keeps at most ``max_open_files`` descriptors open across all its logs, and
+lets go of those of the logs used least recently (:meth:`SegmentLog.release`) to stay under it. A topic whose
+log cannot be opened fails the request that needed it; the failure is remembered for ``RETRY_OPEN`` seconds,
+so that a crowd of requests for a topic whose files are damaged does not read them again each time.
+
+A folder in the data directory that is not a topic directory (no ``topic.json``, or a name the encoding cannot
+produce) is skipped with a warning; so is a topic directory that cannot be read.
 """
 
 from __future__ import annotations
@@ -20,13 +29,15 @@ import logging
 import os
 import re
 import shutil
+import time
+from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from broker.histogram import FSYNC_SECONDS, Histogram
-from broker.store import LogIdentity, StoredTopic, StoreError
+from broker.store import LogIdentity, StoredTopic, StoreError, SyncFailed
 from broker.store.log import SegmentLog
-from broker.store.segment import fsync, fsync_directory, write_all
+from broker.store.segment import fsync, fsync_directory, open_file, write_all
 from broker.topics import MAX_TOPIC_ID, Delivery, Persistence, Sync, TopicSpec
 
 log = logging.getLogger("mc0.store")
@@ -44,6 +55,12 @@ LOCK_FILE = ".lock"
 #: The kernel's id of the current boot (Linux); elsewhere every unclean stop counts as a possible restart.
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 _INCARNATION = re.compile(r"[0-9a-f]{32}")
+#: A deleted topic's directory is renamed with this prefix first (hidden: never a topic), then removed.
+DELETED_PREFIX = ".deleted-"
+#: Seconds a failure to open a topic's log is given again without trying (its files are not read again).
+RETRY_OPEN = 5.0
+#: Descriptors the store keeps open at most when nothing else is said (the broker sets it from its limit).
+DEFAULT_MAX_OPEN_FILES = 1024
 
 _SAFE_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 #: Every name directory_name() can produce (never one starting with "."). Anything else in the data
@@ -116,9 +133,8 @@ def spec_from_json(value: Any) -> TopicSpec:
     )
 
 
-def encode_meta(
-    topic: bytes, spec: TopicSpec, topic_id: int | None = None, identity: LogIdentity | None = None
-) -> bytes:
+def encode_meta(topic: bytes, spec: TopicSpec, topic_id: int | None = None,
+                identity: LogIdentity | None = None, lost: list[tuple[int, int]] | None = None) -> bytes:
     meta: dict[str, Any] = {"format": META_FORMAT, "name_hex": topic.hex()}
     # name_hex alone is the truth; "name" is only there for people reading the file.
     with contextlib.suppress(UnicodeDecodeError):
@@ -130,6 +146,8 @@ def encode_meta(
         if identity.lineage:
             meta["lineage"] = [{"incarnation": old, "until": until} for old, until in identity.lineage]
     meta["spec"] = spec_to_json(spec)
+    if lost:
+        meta["lost"] = [list(ids) for ids in lost]
     return (json.dumps(meta, indent=2) + "\n").encode()
 
 
@@ -154,14 +172,36 @@ def _identity_from_json(meta: dict[str, Any]) -> LogIdentity | None:
     return LogIdentity(incarnation, tuple(entries))
 
 
+def _lost_from_json(meta: dict[str, Any]) -> list[tuple[int, int]]:
+    """The id ranges ``mc0 repair`` took out of a topic's log (``lost`` in its meta file; none if absent)."""
+    lost = meta.get("lost", [])
+    if not isinstance(lost, list):
+        raise ValueError("lost must be a list")
+    ranges = []
+    for entry in lost:
+        if (not isinstance(entry, list) or len(entry) != 2 or any(type(value) is not int for value in entry)
+                or not 1 <= entry[0] <= entry[1]):
+            raise ValueError("each lost entry must be [first id, last id]")
+        ranges.append((entry[0], entry[1]))
+    return ranges
+
+
+class TopicMeta(NamedTuple):
+    """What a topic directory's meta file records."""
+
+    stored: StoredTopic  # the exact name, spec and topic id (None if not yet recorded)
+    identity: LogIdentity | None  # None in files written before identities were
+    lost: list[tuple[int, int]]  # id ranges ``mc0 repair`` took out of the log, first and last id
+
+
 def read_meta(directory: Path) -> StoredTopic:
     """The exact topic name, spec and topic id (None if not yet recorded) from a topic directory's meta file;
     StoreError if missing or garbled."""
-    return _read_meta(directory)[0]
+    return read_topic_meta(directory).stored
 
 
-def _read_meta(directory: Path) -> tuple[StoredTopic, LogIdentity | None]:
-    """:func:`read_meta`, and the log identity the file records."""
+def read_topic_meta(directory: Path) -> TopicMeta:
+    """Everything a topic directory's meta file records; StoreError if missing or garbled."""
     path = directory / META_FILE
     try:
         meta = json.loads(path.read_bytes())
@@ -183,11 +223,12 @@ def _read_meta(directory: Path) -> tuple[StoredTopic, LogIdentity | None]:
         if topic_id is not None and (type(topic_id) is not int or not 1 <= topic_id <= MAX_TOPIC_ID):
             raise ValueError(f"topic_id must be an integer from 1 to {MAX_TOPIC_ID}")
         identity = _identity_from_json(meta)
+        lost = _lost_from_json(meta)
     except FileNotFoundError:
         raise StoreError(f"{path}: missing: {directory} is not a topic directory") from None
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise StoreError(f"{path}: unreadable topic meta file: {exc!r}") from None
-    return StoredTopic(topic, spec, topic_id), identity
+    return TopicMeta(StoredTopic(topic, spec, topic_id), identity, lost)
 
 
 def boot_id() -> str | None:
@@ -202,7 +243,7 @@ def write_file_atomically(path: Path, data: bytes) -> None:
     """tmp + fsync + rename + fsync of the directory: after a crash, the old content or the new."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             write_all(fd, data, tmp)
             os.fsync(fd)
@@ -214,21 +255,89 @@ def write_file_atomically(path: Path, data: bytes) -> None:
     fsync_directory(path.parent)
 
 
+class OpenFiles:
+    """The logs that hold files open, least recently used first, and the bound on their descriptors."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.logs: OrderedDict[SegmentLog, None] = OrderedDict()
+        self.released = 0  # times a log let go of its files to keep the bound (a figure for STATS)
+
+    @property
+    def held(self) -> int:
+        return sum(log.open_files for log in self.logs)
+
+    def use(self, used: SegmentLog) -> None:
+        """``used`` is about to touch its files: it becomes the most recent, and the least recently used
+        others let go of theirs while the store holds more than the bound (``used`` may then go a few
+        descriptors over it, for this call)."""
+        logs = self.logs
+        logs[used] = None
+        logs.move_to_end(used)
+        if len(logs) * 2 <= self.limit:
+            return  # cannot be over: a log holds about two descriptors between calls
+        held = self.held
+        while held >= self.limit and len(logs) > 1:
+            oldest = next(iter(logs))
+            held -= oldest.open_files
+            del logs[oldest]
+            oldest.release()
+            self.released += 1
+
+    def forget(self, closed: SegmentLog) -> None:
+        self.logs.pop(closed, None)
+
+
 class FileStore:
     """Persistent topics under ``root``, one :class:`SegmentLog` per topic, opened at most once each."""
 
-    def __init__(self, root: Path, *, index_interval: int = 4096) -> None:
+    def __init__(self, root: Path, *, index_interval: int = 4096,
+                 max_open_files: int = DEFAULT_MAX_OPEN_FILES) -> None:
         if index_interval < 1:
             raise ValueError("index_interval must be at least 1")
+        if max_open_files < 4:
+            raise ValueError("max_open_files must be at least 4")
         self.root = Path(root)
         self.index_interval = index_interval
         # Every log's segment fsyncs, timed (one histogram for the whole store: what the monitoring shows).
         self.fsync_seconds = Histogram(FSYNC_SECONDS)
+        self.files = OpenFiles(max_open_files)
         self._logs: dict[bytes, SegmentLog] = {}
+        self._failed: dict[bytes, tuple[float, StoreError]] = {}  # recent failures to open, by topic
         self._lock_fd: int | None = None
         # Set when the data directory is claimed: did the last broker stop uncleanly, and on this boot?
         self.unclean = False
         self.same_boot = True
+        # The directory is claimed and let go of again while the broker runs (it holds the lock only while
+        # logs are open): only the first claim reads what the last broker left.
+        self._inspected = False
+
+    def check(self) -> None:
+        """Refuse, in one line, a data directory that cannot work: a path through a file, a folder this
+        process may not write in, or one another broker holds. Creates nothing."""
+        root = self.root
+        existing = root
+        while not existing.exists():
+            if existing.parent == existing:
+                break
+            existing = existing.parent
+        if existing.exists() and not existing.is_dir():
+            where = "is a file" if existing == root else f"cannot be created: {existing} is a file"
+            raise StoreError(f"data directory {root} {where}, not a directory")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            what = "" if existing == root else f"cannot be created: {existing} "
+            raise StoreError(f"data directory {root} {what}is not writable by this process "
+                             f"(user id {os.getuid()})")
+        if existing == root:
+            self._claim()
+            self._release_if_idle()
+
+    def lock(self) -> None:
+        """Hold the data directory's lock (StoreError if a broker holds it); the offline tools' way in."""
+        self._claim()
+
+    def unlock(self) -> None:
+        self._release_if_idle()
 
     def _claim(self) -> None:
         """Create the data directory if needed and lock it for this process (once)."""
@@ -236,7 +345,7 @@ class FileStore:
             return
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_file(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise StoreError(f"{self.root}: cannot create the data directory: {exc}") from exc
         try:
@@ -251,11 +360,15 @@ class FileStore:
         """Read what the last broker left in the lock file, then say "in use since this boot" (fsynced: it
         must be on disk before anything this broker writes and hands out)."""
         path = self.root / LOCK_FILE
-        try:
-            previous = os.pread(fd, 256, 0).decode("ascii", "replace").split()
-        except OSError as exc:
-            raise StoreError(f"{path}: cannot read: {exc}") from exc
         current = boot_id()
+        if self._inspected:
+            previous = []  # this store claimed the directory before: what the file says is its own
+        else:
+            try:
+                previous = os.pread(fd, 256, 0).decode("ascii", "replace").split()
+            except OSError as exc:
+                raise StoreError(f"{path}: cannot read: {exc}") from exc
+            self._inspected = True
         if previous:
             self.unclean = True
             self.same_boot = current is not None and previous[-1] == current
@@ -296,14 +409,22 @@ class FileStore:
         except OSError as exc:
             raise StoreError(f"{self.root}: cannot list: {exc}") from exc
         for entry in entries:
-            # Leading-dot names are topic directories still being created (directory_name encodes a leading
-            # "."); names it cannot produce and plain files are not ours.
+            # Leading-dot names are topic directories still being created or deleted (directory_name encodes
+            # a leading "."); names it cannot produce and plain files are not ours.
+            if entry.name.startswith(DELETED_PREFIX):
+                self._remove_deleted(Path(entry.path))
+                continue
             if not _TOPIC_DIRECTORY.fullmatch(entry.name) or not entry.is_dir():
                 continue
-            stored = read_meta(Path(entry.path))
+            try:
+                stored = read_meta(Path(entry.path))
+            except StoreError as exc:
+                log.warning("%s: skipped, not a topic directory (%s)", entry.path, exc)
+                continue
             if directory_name(stored.name) != entry.name:
-                raise StoreError(f"{entry.path}: holds topic {stored.name!r}, belonging in "
-                                 f"{directory_name(stored.name)}")
+                log.warning("%s: skipped: it holds topic %r, whose directory is %s", entry.path, stored.name,
+                            directory_name(stored.name))
+                continue
             found.append(stored)
         found.sort(key=lambda item: item.name)
         return found
@@ -313,42 +434,62 @@ class FileStore:
 
         If the meta file records other settings than ``spec`` (the configuration changed), or another
         ``topic_id`` than a given one, it is rewritten: the configuration in force wins, and the engine owns
-        topic ids. Within one process the first open's spec stays.
+        topic ids. Within one process the first open's spec stays. StoreError if the log cannot be opened
+        (logged once; the same error again, without touching the files, for ``RETRY_OPEN`` seconds).
         """
         opened = self._logs.get(topic)
         if opened is not None:
             return opened
         if not spec.persistent:
             raise ValueError(f"topic {topic!r} is not persistent: it has no log")
+        failed = self._failed.get(topic)
+        if failed is not None:
+            if time.monotonic() - failed[0] < RETRY_OPEN:
+                raise failed[1]
+            del self._failed[topic]
         self._claim()
         try:
-            return self._open(topic, spec, topic_id)
+            opened = self._open(topic, spec, topic_id)
+        except SyncFailed:
+            self._release_if_idle()
+            raise
+        except StoreError as error:
+            self._release_if_idle()
+            if len(self._failed) >= 1024:  # bounded: the oldest failure is forgotten (and tried again)
+                del self._failed[next(iter(self._failed))]
+            self._failed[topic] = (time.monotonic(), error)
+            log.error("topic %r cannot be opened: %s", topic.decode("utf-8", "replace"), error)
+            raise
         except BaseException:
             self._release_if_idle()
             raise
+        self.files.use(opened)
+        return opened
 
     def _open(self, topic: bytes, spec: TopicSpec, topic_id: int | None) -> SegmentLog:
         directory = self.root / directory_name(topic)
-        if directory.is_dir():
-            stored, identity = _read_meta(directory)
+        created = not directory.is_dir()
+        if created:
+            identity: LogIdentity | None = LogIdentity.fresh()
+            lost: list[tuple[int, int]] = []
+            self._create_directory(directory, topic, spec, topic_id, identity)
+            recorded = (spec, topic_id, identity)
+        else:
+            stored, identity, lost = read_topic_meta(directory)
             if stored.name != topic:
                 raise StoreError(f"{directory}: holds topic {stored.name!r}, not {topic!r}")
             if topic_id is None:
                 topic_id = stored.topic_id
             recorded = (stored.spec, stored.topic_id, identity)
-            segment_log = SegmentLog(topic, directory, spec, index_interval=self.index_interval,
-                                     fsync_seconds=self.fsync_seconds)
-        else:
-            identity = LogIdentity.fresh()
-            self._create_directory(directory, topic, spec, topic_id, identity)
-            recorded = (spec, topic_id, identity)
-            segment_log = SegmentLog(topic, directory, spec, index_interval=self.index_interval,
-                                     fsync_seconds=self.fsync_seconds)
+        segment_log = SegmentLog(topic, directory, spec, index_interval=self.index_interval, lost=lost,
+                                 fsync_seconds=self.fsync_seconds, on_use=self.files.use)
+        if created:
             segment_log.created = False  # created with its identity just now
         try:
             identity = self._identity(segment_log, identity)
             if recorded != (spec, topic_id, identity):
-                write_file_atomically(directory / META_FILE, encode_meta(topic, spec, topic_id, identity))
+                meta = encode_meta(topic, spec, topic_id, identity, lost)
+                write_file_atomically(directory / META_FILE, meta)
         except BaseException:
             segment_log.close()
             raise
@@ -382,7 +523,7 @@ class FileStore:
             if new.exists():
                 shutil.rmtree(new)  # left by a crash during an earlier creation
             new.mkdir()
-            fd = os.open(new / META_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = open_file(new / META_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             try:
                 write_all(fd, encode_meta(topic, spec, topic_id, identity), new / META_FILE)
                 os.fsync(fd)
@@ -397,15 +538,50 @@ class FileStore:
             raise StoreError(f"{directory}: cannot create the topic directory: {exc}") from exc
         fsync_directory(self.root)
 
+    def delete(self, topic: bytes) -> bool:
+        """Remove a topic's log and directory; False if it has none. The directory is first renamed to a
+        hidden name (durably), so a crash halfway leaves no half topic: the rest goes at the next start."""
+        log = self._logs.pop(topic, None)
+        self._failed.pop(topic, None)
+        if log is not None:
+            self.files.forget(log)
+            log.close()
+        directory = self.root / directory_name(topic)
+        if not directory.is_dir():
+            self._release_if_idle()
+            return log is not None
+        doomed = self.root / f"{DELETED_PREFIX}{directory.name}.{time.time_ns():x}"
+        try:
+            os.rename(directory, doomed)
+        except OSError as exc:
+            raise StoreError(f"{directory}: cannot delete: {exc}") from exc
+        fsync_directory(self.root)
+        self._remove_deleted(doomed)
+        self._release_if_idle()
+        return True
+
+    def _remove_deleted(self, doomed: Path) -> None:
+        try:
+            shutil.rmtree(doomed)
+        except OSError as exc:
+            log.warning("%s: could not remove a deleted topic's files: %s", doomed, exc)
+
     def close(self) -> None:
-        """Close every open log (write, fsync, close); the first failure is raised after trying them all."""
+        """Close every open log (write, fsync, close). Trying them all, failures are logged; a failed fsync is
+        raised after that (SyncFailed: data may be lost), any other failure raised last."""
         failure: StoreError | None = None
-        for log in self._logs.values():
+        for topic_log in self._logs.values():
             try:
-                log.close()
+                topic_log.close()
+            except SyncFailed as exc:
+                log.error("%s", exc)
+                if not isinstance(failure, SyncFailed):
+                    failure = exc
             except StoreError as exc:
+                log.error("%s", exc)
                 failure = failure or exc
         self._logs.clear()
+        self.files.logs.clear()
         self._release_if_idle(clean=failure is None)
         if failure is not None:
             raise failure

@@ -6,6 +6,25 @@ loop turn's worth with one write and (for strong topics) one fsync, a full segme
 started, retention deletes whole sealed segments, reads seek by index and keep a cursor for sequential
 readers. The byte layouts are :mod:`broker.store.segment`'s and :mod:`broker.store.acks`'s; the topic
 directory and its meta file belong to :mod:`broker.store.files`.
+
+When something goes wrong the log keeps to what its files say:
+
+* a write, or a file that will not open, fails the commit (StoreError): the log fsyncs what it had written,
+  lets go of its files and reads its state back from them (recovery cuts a half-written record), so the
+  messages of the failed commit are gone and were never acknowledged; the engine takes them back. If even
+  that fails the log stays unusable, and says why, until a later call manages to open it again;
+* a damaged record fails reads of a range of ids only (:class:`~broker.store.DamagedRange`): from the bad
+  record to the next index entry that reads, or to the end of its segment. The log remembers the range, so
+  later reads skip it at once, and logs it once. A sealed segment found damaged when the log is opened is
+  the same: the log opens, and reads of that range fail;
+* ids missing between two segments (``mc0 repair`` took them out, listed in ``lost``) are skipped by reads
+  as retention's are; a gap nobody recorded is a damaged range;
+* an fsync failure is :class:`~broker.store.SyncFailed`, and stops the broker.
+
+The log holds at most a few files open (the active segment, its index, the ack journal, a few sealed
+segments for readers); :meth:`SegmentLog.release` lets go of all of them, and the next call opens what it
+needs again. ``on_use`` tells the store each time the log is about to touch its files, so that it can keep
+the whole store's open files under a bound by releasing the logs used least recently.
 """
 
 from __future__ import annotations
@@ -15,7 +34,7 @@ import os
 import zlib
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
 from pathlib import Path
 from time import perf_counter
@@ -24,7 +43,7 @@ import msgpack
 
 from broker.engine import Message
 from broker.histogram import FSYNC_SECONDS, Histogram
-from broker.store import LogIdentity, StoreError
+from broker.store import DamagedRange, LogIdentity, StoreError, SyncFailed
 from broker.store.acks import AckJournal
 from broker.store.producers import ProducerJournal
 from broker.store.segment import (
@@ -32,10 +51,12 @@ from broker.store.segment import (
     RECORD_HEAD,
     RECORD_HEAD_SIZE,
     SEGMENT_HEADER_SIZE,
+    Corrupt,
     Segment,
     encode_segment_header,
     fsync,
     fsync_directory,
+    list_directory,
     parse_segment_file_name,
     pread_exact,
     write_all,
@@ -67,8 +88,17 @@ _unpackb = msgpack.unpackb
 class SegmentLog:
     """The on-disk log of one topic. Single-threaded: the broker's loop is the only caller."""
 
-    def __init__(self, topic: bytes, directory: Path, spec: TopicSpec, *, index_interval: int = 4096,
-                 fsync_seconds: Histogram | None = None) -> None:
+    def __init__(
+        self,
+        topic: bytes,
+        directory: Path,
+        spec: TopicSpec,
+        *,
+        index_interval: int = 4096,
+        fsync_seconds: Histogram | None = None,
+        lost: Iterable[tuple[int, int]] = (),
+        on_use: Callable[[SegmentLog], None] | None = None,
+    ) -> None:
         if index_interval < 1:
             raise ValueError("index_interval must be at least 1")
         self.topic = topic
@@ -79,8 +109,21 @@ class SegmentLog:
         # ... and how long each took (the store shares one histogram among its logs).
         self.fsync_seconds = fsync_seconds if fsync_seconds is not None else Histogram(FSYNC_SECONDS)
         self.truncated_bytes = 0
+        self.lost = sorted(lost)  # id ranges mc0 repair took out: gaps between segments that are no damage
+        self.on_use = on_use
         self._strong = spec.sync is Sync.STRONG
         self._segment_bytes = spec.segment_bytes
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+        self.identity = LogIdentity.fresh()  # the store sets the one recorded with the log
+        self.created = False  # no segment was found at open: a new log (or one whose files were lost)
+        self._closed = False
+        self._failure: StoreError | None = None  # why the log could not be opened again after a failure
+        self._known_first = 1  # first_id while the log has no segments in hand (see _reopen)
+        self._reset()
+        self._open()
+
+    def _reset(self) -> None:
+        """The in-memory state of a log with no files open (before _open reads it from the files)."""
         self._segments: list[Segment] = []
         self._bases: list[int] = []  # parallel to _segments, for bisect
         self._sealing: list[Segment] = []  # rolled over by append(), written and sealed by the next write
@@ -100,13 +143,12 @@ class SegmentLog:
         self._cursors: dict[int, tuple[Segment, bytes, int, int]] = {}
         # The last chunk read (segment, chunk, file position): a seek that lands inside it needs no pread.
         self._last_chunk: tuple[Segment, bytes, int] | None = None
-        self._pack = msgpack.Packer(use_bin_type=True).pack
-        self._acks = AckJournal(directory / ACK_FILE)
-        self.producers = ProducerJournal(directory)
-        self.identity = LogIdentity.fresh()  # the store sets the one recorded with the log
-        self.created = False  # no segment was found at open: a new log (or one whose files were lost)
-        self._closed = False
-        self._open()
+        self._acks = AckJournal(self.directory / ACK_FILE)
+        self.producers = ProducerJournal(self.directory)
+        # Damaged records by where they are (segment, byte position, id), with why; and gaps between segments
+        # nobody recorded as lost (first id, last id, the segment before).
+        self._damage: dict[tuple[Segment, int], tuple[int, str]] = {}
+        self._gaps: list[tuple[int, int, Segment]] = []
 
     # ------------------------------------------------------------------------------------------ opening
 
@@ -114,7 +156,7 @@ class SegmentLog:
         bases = []
         index_files = set()
         try:
-            names = os.listdir(self.directory)
+            names = list_directory(self.directory)
         except OSError as exc:
             raise StoreError(f"{self.directory}: cannot list: {exc}") from exc
         for name in names:
@@ -135,15 +177,28 @@ class SegmentLog:
         for name in index_files - {segment.index_path.name for segment in segments}:
             (self.directory / name).unlink(missing_ok=True)  # retention deleted its .log, then we crashed
         try:
-            # Check every sealed segment before touching anything: a corrupt one must stop us unchanged.
+            # Check every sealed segment before touching anything. A damaged one is remembered, not fatal:
+            # reads of its bad range fail, the rest of the log serves (see the module docstring).
+            damaged = []
             for segment, following in pairwise(segments):
-                segment.check_sealed(following.base - 1, self.index_interval)
+                corrupt = segment.check_sealed(following.base - 1, self.index_interval)
+                if corrupt is not None:
+                    damaged.append(corrupt)
             active = segments[-1]
             self.truncated_bytes, self._last_entry = active.recover_active(self.index_interval)
         except BaseException:
             for segment in segments:
                 segment.close()
             raise
+        for corrupt in damaged:
+            self._remember_damage(corrupt)
+        for segment, following in pairwise(segments):
+            first, last = segment.last_id + 1, following.base - 1
+            if first <= last and not self._is_lost(first, last):
+                self._gaps.append((first, last, segment))
+                log.error("%s: ids %d..%d are missing between %s and %s: reads of them fail; `mc0 verify` "
+                          "and `mc0 repair` check and mend the data directory with the broker stopped",
+                          self.directory, first, last, segment.path.name, following.path.name)
         self._segments = segments
         self._bases = bases
         self._active_size = active.size
@@ -163,7 +218,8 @@ class SegmentLog:
 
     @property
     def first_id(self) -> int:
-        return self._segments[0].base
+        # A log that could not be opened again has no segments in hand: what it held last is still the answer.
+        return self._segments[0].base if self._segments else self._known_first
 
     @property
     def next_id(self) -> int:
@@ -180,20 +236,9 @@ class SegmentLog:
 
     @property
     def dirty(self) -> bool:
-        acks = self._acks
-        producers = self.producers
-        return bool(
-            self._buf
-            or self._sealing
-            or self._unsynced
-            or self._dir_dirty
-            or acks.pending
-            or acks.unsynced
-            or acks.created
-            or producers.pending
-            or producers.unsynced
-            or producers.created
-        )
+        """Anything not yet written and fsynced."""
+        return bool(self._buf or self._sealing or self._acks.pending or self.producers.pending
+                    or self._unsynced_files())
 
     @property
     def acked_watermark(self) -> int:
@@ -207,10 +252,110 @@ class SegmentLog:
     def __repr__(self) -> str:
         return f"SegmentLog({self.topic!r}, ids {self.first_id}..{self._next_id - 1})"
 
+    @property
+    def damaged(self) -> list[DamagedRange]:
+        """Every range of ids known to be unreadable, oldest first."""
+        ranges = [self._damaged_range(segment, position) for segment, position in self._damage]
+        ranges += [DamagedRange(self.topic, segment.path.name, first, last, "ids missing between segments")
+                   for first, last, segment in self._gaps]
+        return sorted(ranges, key=lambda damage: damage.first_id)
+
+    @property
+    def open_files(self) -> int:
+        """Descriptors the log holds now."""
+        held = {*self._open_sealed, *self._sealing}
+        if self._segments:
+            held.add(self._segments[-1])
+        return sum(segment.open_files for segment in held) + self._acks.open_files + self.producers.open_files
+
+    def _unsynced_files(self) -> bool:
+        """Something written (or a file created) since its last fsync."""
+        acks, producers = self._acks, self.producers
+        return bool(self._unsynced or self._dir_dirty or acks.unsynced or acks.created or producers.unsynced
+                    or producers.created)
+
+    # ------------------------------------------------------------------------------------ files and failures
+
+    def _use(self) -> None:
+        """About to touch the files: refused if the log is closed or broken, announced to the store."""
+        if self._closed:
+            raise StoreError(f"{self.directory}: the log is closed")
+        if self._failure is not None:
+            self._reopen()
+        if self.on_use is not None:
+            self.on_use(self)
+
+    def release(self) -> None:
+        """Let go of every file: fsync what was written and not yet fsynced (a later fsync on a new descriptor
+        might not hear of an error on the old one), then close. The next call opens what it needs again."""
+        if self._closed or self._failure is not None:
+            return
+        if self._unsynced_files():
+            self._fsync_written()
+        self._let_go()
+
+    def _let_go(self) -> None:
+        self._cursors.clear()
+        self._last_chunk = None
+        for segment in (*self._open_sealed, *self._sealing, *self._segments[-1:]):
+            segment.close()
+            segment.forget_index()
+        self._open_sealed.clear()
+        self._acks.close()
+        self.producers.close()
+
+    def _recover(self, error: StoreError) -> None:
+        """After a failed write or open: fsync what the files hold, close them, and read the state back from
+        them; what was only in memory (the failed commit's messages and acks) is gone."""
+        log.error("%s: %s; the log is read back from its files, the messages of this commit are refused",
+                  self.directory, error)
+        try:
+            if self._unsynced_files():
+                self._fsync_written()
+        finally:
+            self._close_all()
+        self._failure = error
+        self._reopen()
+
+    def _close_all(self) -> None:
+        for segment in {*self._segments, *self._sealing, *self._open_sealed}:
+            try:
+                segment.close()
+            except StoreError as exc:
+                log.warning("%s", exc)
+        for journal in (self._acks, self.producers):
+            try:
+                journal.close()
+            except StoreError as exc:
+                log.warning("%s", exc)
+
+    def _reopen(self) -> None:
+        """Read the log's state back from its files (recovery). If that fails, the log stays broken, with
+        what it had written as its ids: nothing past them was ever stored, and nothing below them is given
+        again."""
+        first = self._segments[0].base if self._segments else self._known_first
+        written, timestamp = self._written_next_id, self._last_timestamp
+        self._reset()
+        try:
+            self._open()
+        except SyncFailed:
+            raise
+        except StoreError as error:
+            self._close_all()
+            self._reset()
+            self._known_first = first
+            self._next_id = self._written_next_id = written
+            self._last_timestamp = timestamp
+            self._failure = error
+            raise StoreError(f"{self.directory}: the log cannot be opened again: {error}") from None
+        self._failure = None
+
     # ------------------------------------------------------------------------------------------ writing
 
     def append(self, message: Message) -> None:
         """Encode one message into the buffer. Nothing touches the disk until commit() or sync()."""
+        if self._failure is not None:
+            self._reopen()  # StoreError again if it still cannot be: this publish fails
         message_id = message.id
         if message_id != self._next_id:
             raise StoreError(f"{self.directory}: append of id {message_id}, the log expects {self._next_id}")
@@ -248,9 +393,12 @@ class SegmentLog:
         self._last_entry = NO_ENTRY
 
     def _write_to(self, segment: Segment, data: bytearray) -> None:
-        if segment.fd is None:
-            segment.create()
-            self._dir_dirty = True
+        if segment.fd is None or segment.index_fd is None:
+            if segment.size:
+                segment.open_active()  # released earlier to keep few files open
+            else:
+                segment.create()
+                self._dir_dirty = True
         assert segment.fd is not None
         write_all(segment.fd, data, segment.path)
         segment.size += len(data)
@@ -326,11 +474,20 @@ class SegmentLog:
         self.producers.compact_if_big()  # everything it describes is fsynced now
 
     def commit(self) -> None:
-        """Group commit of one loop turn: one write, and for strong topics the fsyncs it needs."""
+        """Group commit of one loop turn: one write, and for strong topics the fsyncs it needs.
+
+        StoreError if the write fails: the log is then back to what its files hold (see the module
+        docstring), so ``next_id`` may be lower than before the appends of this turn."""
+        if not (self._buf or self._sealing or self._acks.pending or self.producers.pending) and not (
+            self._strong and self._unsynced_files()
+        ):
+            return
+        self._mending(self._commit)
+
+    def _commit(self) -> None:
         if self._buf or self._sealing or self._acks.pending or self.producers.pending:
             self._write()
-        if self._strong and (self._unsynced or self._acks.unsynced or self._dir_dirty or self._acks.created
-                             or self.producers.unsynced):
+        if self._strong and self._unsynced_files():
             self._fsync_written()
 
     def make_durable(self) -> None:
@@ -345,24 +502,37 @@ class SegmentLog:
         """Write anything buffered, then fsync everything written since the last fsync; no-op when clean."""
         if not self.dirty:
             return
+        self._mending(self._sync)
+
+    def _sync(self) -> None:
         self._write()
         self._fsync_written()
+
+    def _mending(self, step: Callable[[], None]) -> None:
+        """Run a step that writes: if it fails (a fsync apart), the log reads itself back from its files and
+        the failure goes to the caller (see the module docstring)."""
+        self._use()
+        try:
+            step()
+        except SyncFailed:
+            raise
+        except StoreError as error:
+            self._recover(error)
+            raise
 
     def close(self) -> None:
         """Write, fsync and close every file. Idempotent."""
         if self._closed:
             return
         try:
-            self.sync()
+            if self._failure is None:
+                self.sync()
         finally:
             self._closed = True
             self._cursors.clear()
             self._last_chunk = None
-            for segment in self._segments:
-                segment.close()
+            self._close_all()
             self._open_sealed.clear()
-            self._acks.close()
-            self.producers.close()
 
     # ------------------------------------------------------------------------------------------- acks
 
@@ -379,8 +549,11 @@ class SegmentLog:
         if retention_bytes is None and retention_seconds is None:
             return 0
         cutoff = None if retention_seconds is None else now_ms - retention_seconds * 1000
-        deleted = 0
         segments = self._segments
+        if len(segments) < 2:
+            return 0
+        self._use()
+        deleted = 0
         while len(segments) > 1 and segments[0].sealed:
             oldest = segments[0]
             over_budget = retention_bytes is not None and self._bytes_on_disk > retention_bytes
@@ -396,6 +569,9 @@ class SegmentLog:
             del self._bases[0]
             self._bytes_on_disk -= oldest.size
             deleted += 1
+            if self._damage or self._gaps:
+                self._damage = {key: value for key, value in self._damage.items() if key[0] is not oldest}
+                self._gaps = [gap for gap in self._gaps if gap[2] is not oldest]
             log.info("%s: retention deleted %s", self.directory, oldest.path.name)
         if deleted:
             self._cursors = {key: value for key, value in self._cursors.items() if not value[0].deleted}
@@ -421,12 +597,48 @@ class SegmentLog:
         if segment.sealed:
             if segment.fd is None:
                 segment.open_for_reading()
+            self._remember_open(segment)
             if segment.ids is None:
                 segment.load_index(self.index_interval)
-            self._remember_open(segment)
+        elif segment.fd is None and segment.size:
+            segment.open_active()  # released earlier to keep few files open
 
-    def _corrupt(self, segment: Segment, position: int, why: str) -> StoreError:
-        return StoreError(f"{segment.path}: byte {position}: {why}")
+    def _corrupt(self, segment: Segment, position: int, record_id: int, why: str) -> Corrupt:
+        return Corrupt(segment, position, record_id, why)
+
+    # ---------------------------------------------------------------------------------------- damage
+
+    def _remember_damage(self, corrupt: Corrupt) -> None:
+        """A damaged record: reads of its range fail from now on (said once, in the log)."""
+        key = (corrupt.segment, corrupt.position)
+        if key in self._damage:
+            return
+        self._damage[key] = (corrupt.record_id, corrupt.reason)
+        log.error("%s", self._damaged_range(corrupt.segment, corrupt.position))
+
+    def _damaged_range(self, segment: Segment, position: int) -> DamagedRange:
+        """The ids a damaged record makes unreadable: from it to the next index entry past it (reads resume
+        there), or to the end of its segment."""
+        first, reason = self._damage[(segment, position)]
+        end = segment.last_id + 1 if segment.sealed else self._written_next_id
+        if segment.ids is not None and segment.positions is not None:
+            entry = bisect_right(segment.positions, position)
+            if entry < len(segment.ids) and first < segment.ids[entry] < end:
+                end = segment.ids[entry]
+        return DamagedRange(self.topic, segment.path.name, first, max(first, end - 1),
+                            f"byte {position}: {reason}")
+
+    def _is_lost(self, first: int, last: int) -> bool:
+        return any(low <= first and last <= high for low, high in self.lost)
+
+    def _holes(self) -> list[tuple[int, int, DamagedRange | None]]:
+        """Ids a read cannot return, oldest first: damaged ranges (with their error) and lost ones (None)."""
+        holes: list[tuple[int, int, DamagedRange | None]] = [
+            (damage.first_id, damage.last_id, damage) for damage in self.damaged
+        ]
+        holes += [(low, high, None) for low, high in self.lost]
+        holes.sort(key=lambda hole: hole[0])
+        return holes
 
     def read(self, start_id: int, max_messages: int, max_bytes: int) -> list[Message]:
         """Written messages from ``start_id`` (or the first stored) on, in order.
@@ -436,8 +648,7 @@ class SegmentLog:
         where an earlier one stopped continues from its cached chunk and file position; any other read seeks
         by the index.
         """
-        if self._closed:
-            raise StoreError(f"{self.directory}: the log is closed")
+        self._use()
         first_id = self._segments[0].base
         if start_id < first_id:
             start_id = first_id
@@ -445,6 +656,41 @@ class SegmentLog:
             return []
         # Ids are consecutive, so the count bound is an id bound: one comparison per record for both.
         stop_id = min(self._written_next_id, start_id + max_messages)
+        if self._damage or self._gaps or self.lost:
+            for low, high, damage in self._holes():
+                if high < start_id:
+                    continue
+                if low <= start_id:
+                    if damage is not None:
+                        raise damage
+                    start_id = high + 1  # lost: skipped as retention's are
+                    if start_id >= self._written_next_id:
+                        return []
+                    stop_id = min(self._written_next_id, start_id + max_messages)
+                    continue
+                stop_id = min(stop_id, low)  # the read stops before the hole
+                break
+        out: list[Message] = []
+        try:
+            self._read_into(out, start_id, stop_id, max_bytes)
+        except Corrupt as corrupt:
+            self._cursors.clear()
+            self._last_chunk = None
+            self._remember_damage(corrupt)
+            if out:
+                return out
+            damage = self._damaged_range(corrupt.segment, corrupt.position)
+            if damage.first_id <= start_id:
+                raise damage from None
+            return self.read(start_id, max_messages, max_bytes)  # stops before the hole now
+        except StoreError:
+            self._cursors.clear()
+            self._last_chunk = None
+            raise
+        return out
+
+    def _read_into(self, out: list[Message], start_id: int, stop_id: int, max_bytes: int) -> None:
+        """The read loop of :meth:`read`: messages ``start_id`` .. ``stop_id - 1`` appended to ``out``."""
         cursor = self._cursors.pop(start_id, None)
         if cursor is not None and not cursor[0].deleted:
             segment, chunk, chunk_start, offset = cursor
@@ -454,7 +700,6 @@ class SegmentLog:
             segment, chunk, chunk_start, offset, expected, seek_position = self._seek(start_id)
         chunk_size = min(max(max_bytes, READ_CHUNK), MAX_READ_CHUNK)
         topic = self.topic
-        out: list[Message] = []
         append = out.append
         unpack_head, crc32, unpackb, message_type = _unpack_head, _crc32, _unpackb, Message
         total = 0
@@ -471,10 +716,10 @@ class SegmentLog:
                             segment.rebuild_index(self.index_interval)
                             self._cursors.clear()
                             self._last_chunk = None
-                            return self.read(start_id, max_messages, max_bytes)
-                        raise self._corrupt(
-                            segment, chunk_start + offset, f"record has id {record_id}, expected {expected}"
-                        )
+                            del out[:]
+                            return self._read_into(out, start_id, stop_id, max_bytes)
+                        raise self._corrupt(segment, chunk_start + offset, expected,
+                                            f"record has id {record_id}, expected {expected}")
                     if record_id < start_id:  # between the index entry we seeked to and the id asked for
                         offset = end
                         expected += 1
@@ -482,15 +727,13 @@ class SegmentLog:
                     # Bytes slices, not memoryview slices: for ~100-byte records the copy is cheaper than
                     # exporting a buffer, for zlib and for msgpack alike.
                     if crc32(chunk[offset + 8 : end]) != crc:
-                        raise self._corrupt(
-                            segment, chunk_start + offset, f"CRC mismatch in record {record_id}"
-                        )
+                        raise self._corrupt(segment, chunk_start + offset, record_id,
+                                            f"CRC mismatch in record {record_id}")
                     try:
                         timestamp, headers, body = unpackb(chunk[offset + 16 : end])
                     except Exception as exc:  # msgpack and unpacking raise several types; all mean corruption
-                        raise self._corrupt(
-                            segment, chunk_start + offset, f"record {record_id} does not decode ({exc!r})"
-                        ) from None
+                        raise self._corrupt(segment, chunk_start + offset, record_id,
+                                            f"record {record_id} does not decode ({exc!r})") from None
                     total += len(body)
                     if total > max_bytes and out:
                         break  # this one is for the next read
@@ -511,7 +754,6 @@ class SegmentLog:
         cursors[expected] = (segment, chunk, chunk_start, offset)
         if len(cursors) > MAX_CURSORS:
             del cursors[next(iter(cursors))]  # the oldest
-        return out
 
     def _seek(self, start_id: int) -> tuple[Segment, bytes, int, int, int, int]:
         """Where to start reading ``start_id``: the segment, and its newest index entry at or before the id.
@@ -526,7 +768,8 @@ class SegmentLog:
         assert positions is not None
         entry = bisect_right(ids, start_id) - 1
         if entry < 0:
-            raise self._corrupt(segment, SEGMENT_HEADER_SIZE, "no index entry for the first record")
+            raise self._corrupt(segment, SEGMENT_HEADER_SIZE, segment.base,
+                                "no index entry for the first record")
         entry_id, position = ids[entry], positions[entry]
         last = self._last_chunk
         if last is not None and last[0] is segment and 0 <= position - last[2] < len(last[1]):
@@ -540,17 +783,18 @@ class SegmentLog:
         if position >= segment.size:
             following = self._segments[bisect_right(self._bases, expected) - 1]
             if following is segment or following.base != expected:
-                raise self._corrupt(segment, position, f"no segment holds id {expected}")
+                raise self._corrupt(segment, position, expected, f"no segment holds id {expected}")
             segment = following
             self._readable(segment)
             position, need = SEGMENT_HEADER_SIZE, RECORD_HEAD_SIZE
         available = segment.size - position
         if available < need:
-            raise self._corrupt(segment, position, f"record cut short ({available} of {need} bytes)")
+            raise self._corrupt(segment, position, expected,
+                                f"record cut short ({available} of {need} bytes)")
         assert segment.fd is not None
         chunk = pread_exact(segment.fd, min(max(chunk_size, need), available), position, segment.path)
         if len(chunk) < need:
-            raise self._corrupt(segment, position, "the file is shorter than the log says")
+            raise self._corrupt(segment, position, expected, "the file is shorter than the log says")
         self._last_chunk = (segment, chunk, position)
         return segment, chunk, position
 
@@ -702,7 +946,7 @@ class SegmentLog:
                 SEGMENT_HEADER_SIZE, segment.base, segment.size, self.index_interval, decode=True
             )
             if scan.error is not None:
-                raise self._corrupt(segment, scan.end, scan.error)
+                raise self._corrupt(segment, scan.end, scan.next_id, scan.error)
             if following is not None and following.size and scan.next_id != following.base:
                 why = f"ends before id {scan.next_id}, the next segment starts at {following.base}"
-                raise self._corrupt(segment, scan.end, why)
+                raise self._corrupt(segment, scan.end, scan.next_id, why)

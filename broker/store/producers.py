@@ -24,7 +24,7 @@ from pathlib import Path
 
 from broker.producers import MAX_PRODUCERS, ProducerWindow
 from broker.store import StoreError
-from broker.store.segment import fsync, fsync_directory, pread_exact, replace_file, write_all
+from broker.store.segment import fsync, fsync_directory, open_file, pread_exact, replace_file, write_all
 
 log = logging.getLogger("mc0.store")
 
@@ -63,7 +63,7 @@ class ProducerJournal(ProducerWindow):
         """Replay the journal: cut a torn tail, and forget what the log no longer holds (ids >= ``next_id``,
         lost with an unsynced tail)."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+            fd = open_file(self.path, os.O_RDWR | os.O_APPEND)
         except FileNotFoundError:
             return
         except OSError as exc:
@@ -109,12 +109,12 @@ class ProducerJournal(ProducerWindow):
         if not self.pending:
             return
         data, self.pending = self.pending, bytearray()
-        if self._fd is None:
+        if self._fd is None:  # never written, or let go of while the store keeps few files open
             try:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+                self.created = not self.path.exists()
+                self._fd = open_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
             except OSError as exc:
-                raise StoreError(f"{self.path}: cannot create: {exc}") from exc
-            self.created = True
+                raise StoreError(f"{self.path}: cannot open: {exc}") from exc
         write_all(self._fd, data, self.path)
         self.size += len(data)
         self.unsynced = True
@@ -142,6 +142,10 @@ class ProducerJournal(ProducerWindow):
         self.size = len(data)
         self.unsynced = False
         self.created = False
+
+    @property
+    def open_files(self) -> int:
+        return self._fd is not None
 
     def close(self) -> None:
         if self._fd is not None:

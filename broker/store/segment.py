@@ -9,19 +9,23 @@ same bytes for other programs.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
 import sys
+import time
 import zlib
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import lt
 from pathlib import Path
+from typing import TypeVar
 
 import msgpack
 
-from broker.store import StoreError
+from broker.store import StoreError, SyncFailed
 
 log = logging.getLogger("mc0.store")
 
@@ -42,6 +46,8 @@ _SWAP = sys.byteorder == "little"
 
 _unpack_head = RECORD_HEAD.unpack_from
 _crc32 = zlib.crc32
+
+T = TypeVar("T")
 
 
 def segment_file_name(base: int) -> str:
@@ -80,6 +86,45 @@ def decode_payload(payload: bytes | memoryview) -> tuple[int, dict[bytes, bytes]
     return timestamp, headers, body
 
 
+#: Called when a file cannot be opened for want of descriptors (EMFILE, ENFILE), before the retries: the
+#: broker sets it to stop its doors accepting, which frees descriptors (broker.descriptors). None: no retry.
+when_out_of_descriptors: Callable[[], None] | None = None
+#: Retries after that, and the pause before each: the descriptors freed are closed by other threads
+#: (libzmq's), a few milliseconds later. At most 50 ms of the loop, only when the process is out of them.
+RETRIES = 5
+RETRY_PAUSE = 0.01
+
+
+def _with_descriptors(call: Callable[[], T]) -> T:
+    """``call()`` (a system call that needs a descriptor), tried again after :data:`when_out_of_descriptors`
+    when none was left."""
+    try:
+        return call()
+    except OSError as error:
+        if error.errno not in (errno.EMFILE, errno.ENFILE) or when_out_of_descriptors is None:
+            raise
+        when_out_of_descriptors()
+        for _ in range(RETRIES - 1):
+            time.sleep(RETRY_PAUSE)
+            try:
+                return call()
+            except OSError as again:
+                if again.errno not in (errno.EMFILE, errno.ENFILE):
+                    raise
+        time.sleep(RETRY_PAUSE)
+        return call()
+
+
+def open_file(path: Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open``, tried again when no descriptor was left (see :func:`_with_descriptors`)."""
+    return _with_descriptors(lambda: os.open(path, flags, mode))
+
+
+def list_directory(path: Path) -> list[str]:
+    """``os.listdir`` (which needs a descriptor too), tried again like :func:`open_file`."""
+    return _with_descriptors(lambda: os.listdir(path))
+
+
 def pread_exact(fd: int, size: int, offset: int, path: Path) -> bytes:
     """``size`` bytes at ``offset`` (fewer only at the end of the file); OSError becomes StoreError."""
     try:
@@ -106,10 +151,11 @@ def write_all(fd: int, data: bytes | bytearray, path: Path) -> None:
 
 
 def fsync(fd: int, path: Path) -> None:
+    """fsync, or SyncFailed: what was written may be lost, and the broker must stop (see broker.store)."""
     try:
         os.fsync(fd)
     except OSError as exc:
-        raise StoreError(f"{path}: fsync failed: {exc}") from exc
+        raise SyncFailed(f"{path}: fsync failed: {exc}") from exc
 
 
 def replace_file(path: Path, data: bytes) -> int:
@@ -117,7 +163,7 @@ def replace_file(path: Path, data: bytes) -> int:
     a descriptor of the new file open for appending (the journals go on writing to it)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        fd = open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
         try:
             write_all(fd, data, tmp)
             fsync(fd, tmp)
@@ -132,15 +178,18 @@ def replace_file(path: Path, data: bytes) -> int:
 
 
 def fsync_directory(path: Path) -> None:
-    """Make file creations, renames and deletions inside ``path`` durable."""
+    """Make file creations, renames and deletions inside ``path`` durable. Not getting a descriptor for the
+    directory is a StoreError (this request fails); a failed fsync is SyncFailed."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fd = open_file(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError as exc:
-        raise StoreError(f"{path}: fsync of the directory failed: {exc}") from exc
+        raise StoreError(f"{path}: cannot open the directory to fsync it: {exc}") from exc
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise SyncFailed(f"{path}: fsync of the directory failed: {exc}") from exc
+    finally:
+        os.close(fd)
 
 
 def encode_index(ids: array, positions: array, start: int = 0) -> bytes:
@@ -159,6 +208,18 @@ def decode_index(data: bytes) -> tuple[array, array]:
     if _SWAP:
         pairs.byteswap()
     return pairs[0::2], pairs[1::2]
+
+
+class Corrupt(StoreError):
+    """A record of a segment is not what the format says it must be (damaged data, not a failed call):
+    ``record_id`` is the id that should be at byte ``position``."""
+
+    def __init__(self, segment: Segment, position: int, record_id: int, reason: str) -> None:
+        self.segment = segment
+        self.position = position
+        self.record_id = record_id
+        self.reason = reason
+        super().__init__(f"{segment.path}: byte {position}: {reason}")
 
 
 @dataclass(slots=True)
@@ -222,8 +283,8 @@ class Segment:
     def create(self) -> None:
         """Create the files of a new segment (the header is the first bytes the log writes into it)."""
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-            self.index_fd = os.open(
+            self.fd = open_file(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND)
+            self.index_fd = open_file(
                 self.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644
             )
         except OSError as exc:
@@ -240,9 +301,23 @@ class Segment:
     def open_for_reading(self) -> None:
         if self.fd is None:
             try:
-                self.fd = os.open(self.path, os.O_RDONLY)
+                self.fd = open_file(self.path, os.O_RDONLY)
             except OSError as exc:
                 raise StoreError(f"{self.path}: cannot open segment: {exc}") from exc
+
+    def open_active(self) -> None:
+        """Open again the files of the active segment after the log let them go (to keep few files open)."""
+        try:
+            if self.fd is None:
+                self.fd = open_file(self.path, os.O_RDWR | os.O_APPEND)
+            if self.index_fd is None:
+                self.index_fd = open_file(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot open segment: {exc}") from exc
+
+    @property
+    def open_files(self) -> int:
+        return (self.fd is not None) + (self.index_fd is not None)
 
     def close(self) -> None:
         for name in ("fd", "index_fd"):
@@ -270,16 +345,16 @@ class Segment:
                 raise StoreError(f"{path}: cannot delete: {exc}") from exc
 
     def read_header(self) -> None:
-        """Check magic and base id; StoreError if they do not match the file name."""
+        """Check magic and base id; Corrupt if they do not match the file name."""
         assert self.fd is not None
         header = pread_exact(self.fd, SEGMENT_HEADER_SIZE, 0, self.path)
         if len(header) < SEGMENT_HEADER_SIZE:
-            raise StoreError(f"{self.path}: segment header is cut short ({len(header)} of 16 bytes)")
+            raise Corrupt(self, 0, self.base, f"segment header is cut short ({len(header)} of 16 bytes)")
         magic, base = SEGMENT_HEADER.unpack(header)
         if magic != MAGIC:
-            raise StoreError(f"{self.path}: not an mc0 segment (magic {magic!r})")
+            raise Corrupt(self, 0, self.base, f"not an mc0 segment (magic {magic!r})")
         if base != self.base:
-            raise StoreError(f"{self.path}: header says base id {base}, the file name says {self.base}")
+            raise Corrupt(self, 0, self.base, f"header says base id {base}, the file name says {self.base}")
 
     def file_size(self) -> int:
         assert self.fd is not None
@@ -403,7 +478,7 @@ class Segment:
         assert self.ids is not None
         assert self.positions is not None
         try:
-            fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = open_file(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             try:
                 write_all(fd, encode_index(self.ids, self.positions), self.index_path)
             finally:
@@ -426,11 +501,15 @@ class Segment:
         """Scan the written part of the segment and rewrite its index; a bad record there is corruption.
 
         Entries already made for bytes not yet written (an active segment's buffer) are kept after the
-        rebuilt ones: their positions are right, only the file under them is still to come.
+        rebuilt ones: their positions are right, only the file under them is still to come. A bad record
+        stops the scan: the index then covers the records before it (kept in memory, not written), and
+        Corrupt names it.
         """
         scan = self.scan(SEGMENT_HEADER_SIZE, self.base, self.size, index_interval)
         if scan.error is not None:
-            raise StoreError(f"{self.path}: byte {scan.end}: corrupt segment: {scan.error}")
+            if scan.ids:
+                self.ids, self.positions = scan.ids, scan.positions
+            raise Corrupt(self, scan.end, scan.next_id, f"corrupt segment: {scan.error}")
         log.warning("%s: index rebuilt from the segment (%d entries)", self.index_path, len(scan.ids))
         if self.ids is not None and self.positions is not None:
             for entry_id, position in zip(self.ids, self.positions, strict=True):
@@ -454,17 +533,35 @@ class Segment:
 
     # ----------------------------------------------------------------------------------------- opening
 
-    def check_sealed(self, expected_last_id: int, index_interval: int) -> None:
-        """The cheap open-time check of a sealed segment: header, last index entry, tail, chain.
+    def check_sealed(self, expected_last_id: int, index_interval: int) -> Corrupt | None:
+        """The cheap open-time check of a sealed segment: header, last index entry, tail.
 
         The tail from the last index entry to the end of the file is scanned (about ``index_interval`` bytes);
-        it must be whole records ending exactly at the end of the file, the last one ``expected_last_id``
-        (the next segment's base - 1). Anything else is corruption and raises StoreError naming the file.
+        it must be whole records ending exactly at the end of the file. Returns None when it is, else a
+        Corrupt naming the first bad record found (the segment reads up to it). ``last_id`` becomes the last
+        record's id; the log compares it with ``expected_last_id`` (the next segment's base - 1). A file that
+        cannot be opened or read raises StoreError.
         """
         self.open_for_reading()
-        self.read_header()
+        try:
+            return self._check_sealed(expected_last_id, index_interval)
+        finally:
+            self.forget_index()
+            self.close()  # the log reopens sealed segments for reading on demand
+
+    def _check_sealed(self, expected_last_id: int, index_interval: int) -> Corrupt | None:
         self.size = size = self.file_size()
         self.sealed = True
+        # What retention by age compares, until the last record is read: the file's own time.
+        self.last_id = expected_last_id
+        try:
+            self.last_timestamp = int(self.path.stat().st_mtime * 1000)
+        except OSError:
+            self.last_timestamp = 0
+        try:
+            self.read_header()
+        except Corrupt as corrupt:
+            return corrupt
         start, start_id = None, 0
         data = self.read_index_file()
         if data and len(data) % INDEX_ENTRY_SIZE == 0:
@@ -489,18 +586,15 @@ class Segment:
                 self.positions.extend(scan.positions)
                 self.write_index_file()
         if scan.error is not None:
-            raise StoreError(f"{self.path}: byte {scan.end}: corrupt sealed segment: {scan.error}")
+            return Corrupt(self, scan.end, scan.next_id, f"corrupt sealed segment: {scan.error}")
         if scan.last_position < 0:
-            raise StoreError(f"{self.path}: sealed segment holds no records")
+            return Corrupt(self, SEGMENT_HEADER_SIZE, self.base, "sealed segment holds no records")
+        try:
+            self.last_timestamp = self.timestamp_at(scan.last_position, size)
+        except StoreError as exc:
+            return Corrupt(self, scan.last_position, scan.next_id - 1, str(exc))
         self.last_id = scan.next_id - 1
-        if self.last_id != expected_last_id:
-            raise StoreError(
-                f"{self.path}: sealed segment ends at id {self.last_id} but the next segment starts at "
-                f"{expected_last_id + 1}: the chain of segments is broken"
-            )
-        self.last_timestamp = self.timestamp_at(scan.last_position, size)
-        self.forget_index()
-        self.close()  # the log reopens sealed segments for reading on demand
+        return None
 
     def recover_active(self, index_interval: int) -> tuple[int, int]:
         """Open the last segment read-write and cut a torn tail. Returns ``(bytes removed, last entry pos)``.
@@ -511,7 +605,7 @@ class Segment:
         creating the segment, and so is a file of nothing but zero bytes: the file is reset to a fresh header.
         """
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+            self.fd = open_file(self.path, os.O_RDWR | os.O_APPEND)
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot open segment: {exc}") from exc
         size = self.file_size()
@@ -594,6 +688,6 @@ class Segment:
 
     def _open_index_for_append(self) -> None:
         try:
-            self.index_fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self.index_fd = open_file(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         except OSError as exc:
             raise StoreError(f"{self.index_path}: cannot open: {exc}") from exc

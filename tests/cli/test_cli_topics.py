@@ -163,3 +163,31 @@ def test_pub_confirm_reports_the_message_id_and_durability(runner: CliRunner, du
     assert "confirmed: message id 1, durability fsync" in result.output
     result = invoke(runner, durable, "pub", "plain", "hello", "--confirm")
     assert "confirmed: message id 1, durability memory" in result.output
+
+
+def test_delete_removes_a_topic_and_says_so(runner: CliRunner, durable: Broker, client: Client) -> None:
+    client.publish("p.gone", "x", confirm=True)
+    result = invoke(runner, durable, "delete", "p.gone")
+    assert result.exit_code == 0, result.output
+    assert result.output == "deleted p.gone\n"
+    assert "p.gone" not in client.topics()
+    line = one_line_error(invoke(runner, durable, "delete", "p.gone"))
+    assert line == "Error: broker refused DELETE: no topic 'p.gone' to delete"
+
+
+def test_topics_pages_with_prefix_limit_after_and_all(runner: CliRunner, durable: Broker,
+                                                       client: Client) -> None:
+    client.publish_batch([(f"many.{n:02d}", "x", None) for n in range(30)])
+    client.flush()
+    result = invoke(runner, durable, "topics", "--prefix", "many.", "--limit", "10")
+    assert result.exit_code == 0, result.output
+    rows = [line.split()[0] for line in result.stdout.splitlines()[1:]]
+    assert rows == [f"many.{n:02d}" for n in range(10)]
+    assert "(10 topics shown of" in result.stderr
+    assert "the next page: --after 'many.09'" in result.stderr
+    result = invoke(runner, durable, "topics", "--prefix", "many.", "--limit", "10", "--after", "many.09")
+    rows = [line.split()[0] for line in result.stdout.splitlines()[1:]]
+    assert rows == [f"many.{n}" for n in range(10, 20)]
+    result = invoke(runner, durable, "topics", "--prefix", "many.", "--limit", "7", "--all")
+    assert len(result.stdout.splitlines()) == 31
+    assert result.stderr == ""

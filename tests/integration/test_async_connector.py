@@ -383,11 +383,15 @@ def test_heartbeats_run_while_the_loop_is_busy_elsewhere(start_broker: BrokerFac
     run(main)
 
 
+def restartable_broker(bind: str, restartable: list[BrokerThread]) -> BrokerThread:
+    runner = BrokerThread(BrokerConfig(bind=bind, curve=False, heartbeat_tick=0.01, **FREE_GATEWAY_PORTS))
+    restartable.append(runner)
+    return runner
+
+
 def test_reconnect_after_a_broker_restart(restartable: list[BrokerThread]) -> None:
     def plain_broker(bind: str) -> BrokerThread:
-        runner = BrokerThread(BrokerConfig(bind=bind, curve=False, heartbeat_tick=0.01, **FREE_GATEWAY_PORTS))
-        restartable.append(runner)
-        return runner
+        return restartable_broker(bind, restartable)
 
     first = plain_broker("tcp://127.0.0.1:*")
     endpoint = first.start().endpoint
@@ -409,6 +413,29 @@ def test_reconnect_after_a_broker_restart(restartable: list[BrokerThread]) -> No
                 assert message.text == "after restart"
                 assert client.reconnects >= 1
                 await client.flush()
+
+    run(main)
+
+
+def test_a_confirmed_publish_made_while_the_broker_is_down_is_confirmed_once_it_is_back(
+    restartable: list[BrokerThread],
+) -> None:
+    """Queued on the socket while the connection is down, it goes out ahead of the new CONNECT and is answered
+    before it: confirmed, not failed as lost."""
+    first = restartable_broker("tcp://127.0.0.1:*", restartable)
+    endpoint = first.start().endpoint
+
+    async def main() -> None:
+        async with AsyncClient(endpoint, ttl=400, timeout=3.0) as client:
+            await client.publish("down", "before", confirm=True)
+            await asyncio.to_thread(first.stop)
+            await asyncio.sleep(0.3)  # the connection is gone
+            pending = await client.publish_async("down", "while down")
+            second = restartable_broker(endpoint, restartable)
+            assert (await asyncio.to_thread(second.start)).endpoint == endpoint
+            confirmed = await asyncio.wait_for(pending, 10)
+            assert confirmed["MESSAGE-ID"] == "1", "stored by the new broker, the first message of its topic"
+            assert client.reconnects >= 1
 
     run(main)
 

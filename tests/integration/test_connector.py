@@ -543,3 +543,22 @@ def test_reconnect_after_a_broker_restart(restartable: list[BrokerThread]) -> No
             assert message is not None
             assert message.text == "both topics"
             client.flush()  # commands work on the new connection
+
+
+def test_a_confirmed_publish_made_while_the_broker_is_down_is_confirmed_once_it_is_back(
+    restartable: list[BrokerThread],
+) -> None:
+    """The socket queues what is published while the connection is down and sends it on the new connection
+    ahead of the CONNECT; the broker answers in order, so the publish is confirmed, not failed as lost."""
+    first = plain_broker("tcp://127.0.0.1:*", restartable)
+    endpoint = first.start().endpoint
+    with Client(endpoint, ttl=400, timeout=3.0) as client:
+        client.publish("down", "before", confirm=True)
+        first.stop()
+        time.sleep(0.3)  # the connection is gone
+        pending = client.publish_async("down", "while down")
+        second = plain_broker(endpoint, restartable)
+        assert second.start().endpoint == endpoint
+        confirmed = pending.result(10)
+        assert confirmed["MESSAGE-ID"] == "1", "stored by the new broker, the first message of its topic"
+        assert client.reconnects >= 1

@@ -147,6 +147,10 @@ class MemoryLog:
         self.committed = max(0, self.committed - gone)
         self._first_id = min(max(self._first_id, message_id), self._next_id)
 
+    @property
+    def damaged(self) -> list:
+        return []
+
     def verify(self) -> None:
         ids = [message.id for message in self.messages]
         assert ids == list(range(self._first_id, self._next_id)), ids
@@ -179,6 +183,11 @@ class MemoryStore:
         if topic_id is not None:
             self.topic_ids[topic] = topic_id
         return log
+
+    def delete(self, topic: bytes) -> bool:
+        self.specs.pop(topic, None)
+        self.topic_ids.pop(topic, None)
+        return self.logs.pop(topic, None) is not None
 
     def close(self) -> None:
         self.closed = True

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import ProtocolError
+from protocol import ProtocolError, lumberjack
 from protocol.lumberjack import (
     MAX_COMPRESSED_DEPTH,
     V1,
@@ -69,9 +69,11 @@ def raw_compressed(payload: bytes, version: bytes = b"2") -> bytes:
 
 
 def drain(connection: ServerConnection | ClientConnection) -> list[object]:
+    """Every event the connection has, going on while it is busy (a compressed frame inflated in steps)."""
     events: list[object] = []
-    while (event := connection.next_event()) is not None:
-        events.append(event)
+    while (event := connection.next_event()) is not None or getattr(connection, "busy", False):
+        if event is not None:
+            events.append(event)
     return events
 
 
@@ -547,6 +549,13 @@ def test_the_bomb_is_a_small_genuine_zlib_stream() -> None:
     assert len(bomb()) < 256 << 10  # 200 MiB of zeros in about 200 KiB
 
 
+def until_event(server: ServerConnection) -> object:
+    """``next_event`` called while the reader is busy (inflating in steps): the first real answer."""
+    while (event := server.next_event()) is None and server.busy:
+        pass
+    return event
+
+
 def inflate_peak(wire: bytes, **limits: int) -> tuple[ProtocolError, int]:
     """The error feeding ``wire`` raises and the peak memory allocated meanwhile."""
     server = ServerConnection(**limits)
@@ -554,30 +563,83 @@ def inflate_peak(wire: bytes, **limits: int) -> tuple[ProtocolError, int]:
     tracemalloc.start()
     try:
         with pytest.raises(ProtocolError) as info:
-            server.next_event()
+            until_event(server)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     return info.value, peak
 
 
+@functools.cache
+def framed_bomb(frames: int = 5, size: int = 15 << 20) -> bytes:
+    """A compressed frame holding ``frames`` well-formed J frames of ``size`` bytes of JSON whitespace each:
+    its framing is right, so only the inflation limit stops it."""
+    compressor = zlib.compressobj(9)
+    parts = []
+    spaces = b" " * (1 << 20)
+    for seq in range(1, frames + 1):
+        parts.append(compressor.compress(b"2J" + u32(seq) + u32(size) + b"{"))
+        whole, rest = divmod(size - 2, len(spaces))
+        parts.extend(compressor.compress(spaces) for _ in range(whole))
+        parts.append(compressor.compress(spaces[:rest] + b"}"))
+    parts.append(compressor.flush())
+    return raw_compressed(b"".join(parts))
+
+
 def test_zip_bomb_is_refused_at_the_default_limit_without_inflating_it() -> None:
-    error, peak = inflate_peak(bomb())
+    assert len(framed_bomb()) < 256 << 10  # 75 MiB of frames
+    error, peak = inflate_peak(framed_bomb())
     assert str(error) == "a compressed frame inflates to more than 67108864 bytes"
-    # Bounded by the limit (64 MiB and a little slack), not by the 200 MiB the frame holds.
+    # Bounded by the limit (64 MiB and a little slack), not by the 75 MiB the frame holds.
     assert peak < (64 << 20) * 5 // 4
 
 
 def test_zip_bomb_is_refused_at_a_small_limit_almost_for_free() -> None:
-    error, peak = inflate_peak(bomb(), max_decompressed=1 << 20)
+    error, peak = inflate_peak(framed_bomb(), max_decompressed=1 << 20)
     assert "inflates to more than 1048576 bytes" in str(error)
     assert peak < 4 << 20
 
 
 def test_zip_bomb_nested_inside_a_compressed_frame_is_refused() -> None:
-    error, peak = inflate_peak(compressed(bomb()), max_decompressed=1 << 20)
+    error, peak = inflate_peak(compressed(framed_bomb()), max_decompressed=1 << 20)
     assert "inflates to more than 1048576 bytes" in str(error)
     assert peak < 4 << 20
+
+
+def test_a_bomb_that_is_not_frames_is_refused_at_its_first_byte() -> None:
+    # 200 MiB of zeros: the first inflated step already shows a bad version byte.
+    error, peak = inflate_peak(bomb())
+    assert str(error) == "bad version byte 0x00 (expected '1' or '2')"
+    assert peak < 4 << 20
+    error, _ = inflate_peak(compressed(bomb()))
+    assert "bad version byte 0x00" in str(error)
+
+
+def test_inflation_comes_in_bounded_steps() -> None:
+    events = [(seq, {"m": "x" * 1000}) for seq in range(1, 4001)]  # about 4 MiB inflated
+    writer = ClientConnection(version=V2, max_frame=16 << 20)
+    server = ServerConnection()
+    server.receive_data(writer.send_window(4000) + writer.send_events(events, compress=True))
+    assert server.next_event() == Window(V2, 4000)
+    steps = 0
+    while (event := server.next_event()) is None:
+        assert server.busy
+        steps += 1
+    assert steps >= (4 << 20) // lumberjack.INFLATE_STEP - 1
+    assert isinstance(event, Event)
+    assert event.seq == 1
+    assert not server.busy
+    assert len(drain(server)) == 3999
+
+
+def test_a_compressed_frame_holds_at_most_twice_a_window_of_frames() -> None:
+    two_windows = window(1) * 8
+    assert feed_whole(compressed(two_windows), max_window=4) == [Window(V2, 1)] * 8
+    with pytest.raises(ProtocolError, match="holds more than 8 frames"):
+        feed_whole(compressed(two_windows + window(1)), max_window=4)
+    # Nested frames count against the same top-level frame.
+    with pytest.raises(ProtocolError, match="holds more than 8 frames"):
+        feed_whole(compressed(compressed(window(1) * 6) + window(1) * 3), max_window=4)
 
 
 # ------------------------------------------------------------------------------------------------ ack rule

@@ -97,6 +97,12 @@ VECTORS: list[tuple[list[bytes], mc0.Event]] = [
     ([b"ERROR", b"MESSAGE", b"no", b"ID", b"e1"], mc0.Error(b"no", b"e1")),
     ([b"STATS", b"ID", b"x1"], mc0.Stats(b"x1")),
     ([b"STATS"], mc0.Stats()),
+    (
+        [b"STATS", b"PREFIX", b"orders.", b"AFTER", b"orders.b", b"LIMIT", b"50", b"ID", b"s2"],
+        mc0.Stats(b"s2", prefix=b"orders.", after=b"orders.b", limit=50),
+    ),
+    ([b"DELETE", b"ID", b"d1", b"", b"orders eu"], mc0.Delete(b"orders eu", b"d1")),
+    ([b"DELETE", b"", b"t"], mc0.Delete(b"t")),
 ]
 
 VECTOR_IDS = [f"{n}-{frames[0].decode()}" for n, (frames, _) in enumerate(VECTORS)]
@@ -355,6 +361,10 @@ MALFORMED: list[tuple[list[bytes], bytes | None, str]] = [
     ([b"NOOP", b"ID", b"7", b"", b"x"], b"7", "positional"),
     ([b"DISCONNECT", b"", b"x"], None, "positional"),
     ([b"STATS", b"ID", b"7", b"", b"x"], b"7", "positional"),
+    ([b"STATS", b"ID", b"7", b"LIMIT", b"ten"], b"7", "LIMIT"),
+    ([b"DELETE", b"ID", b"7"], b"7", "one non-empty topic"),
+    ([b"DELETE", b"ID", b"7", b"", b""], b"7", "one non-empty topic"),
+    ([b"DELETE", b"ID", b"7", b"", b"a", b"b"], b"7", "one non-empty topic"),
     ([b"OK", b"ID", b"7", b"", b"a", b"b"], b"7", "at most one"),
     ([b"ERROR", b"ID", b"7"], b"7", "MESSAGE"),
     ([b"SUB", b"ID", b"7", b"REPLAY", b"start", b"", b"t"], b"7", "REPLAY"),

@@ -1020,3 +1020,107 @@ def test_the_trusted_message_frame_is_what_send_writes() -> None:
         assert sexp.message_frame(message_id, topic_id, body) == server.send(
             sexp.Message(message_id, topic_id, body))
     assert sexp.message_frame(7, 3, b"hi") == bytes.fromhex("0000000f02000000000000000700000003") + b"hi"
+
+
+# --------------------------------------------------------------------------- quoted atoms read in pieces
+
+#: The escapes as sexplib's lexer reads them, decoded one match at a time: the reference the piecewise reader
+#: (split, table lookup, join) must agree with, whatever the pieces it cuts the text into.
+REFERENCE_ESCAPE = re.compile(rb"""\\(?:\r?\n[ \t]*|([0-9]{3})|x([0-9a-fA-F]{2})|([\\"'ntbr ]))""")
+REFERENCE_SIMPLE = {b"\\": b"\\", b'"': b'"', b"'": b"'", b"n": b"\n", b"t": b"\t", b"b": b"\b", b"r": b"\r",
+                    b" ": b" "}
+REFERENCE_TOKEN = re.compile(
+    rb"""[ \t\n\r\x0c]+|;[^\n\r]*|(\()|(\))|"([^"\\]*(?:\\.[^"\\]*)*)"|([^ \t\n\r\x0c()";]+)""", re.DOTALL
+)
+
+
+def reference_unescape(body: bytes) -> bytes:
+    def one(match: re.Match[bytes]) -> bytes:
+        decimal, hexadecimal, simple = match.groups()
+        if simple is not None:
+            return REFERENCE_SIMPLE[simple]
+        if decimal is not None:
+            if int(decimal) > 255:
+                raise ProtocolError("above 255")
+            return bytes((int(decimal),))
+        if hexadecimal is not None:
+            return bytes((int(hexadecimal, 16),))
+        return b""
+
+    return REFERENCE_ESCAPE.sub(one, body)
+
+
+def reference_atoms(text: bytes) -> list[bytes]:
+    """The top-level atoms of a text without lists, read one regex token at a time (the reader as it was)."""
+    atoms, position = [], 0
+    while position < len(text):
+        token = REFERENCE_TOKEN.match(text, position)
+        if token is None:
+            raise ProtocolError("unterminated")
+        position = token.end()
+        if token.lastindex == 3:
+            atoms.append(reference_unescape(token.group(3)))
+        elif token.lastindex == 4:
+            atoms.append(token.group(4))
+    return atoms
+
+
+#: Bytes that make escapes, cut them, close or fake-close atoms, and continue lines.
+ESCAPE_SOUP = st.lists(
+    st.sampled_from([b"\\", b"\\\\", b'\\"', b'"', b"1", b"25", b"255", b"256", b"x", b"4f", b"G", b"n",
+                     b"\r", b"\n", b"  ", b"\t", b"a", b"\\x", b"\\9", b"\\099", b"\xff"]),
+    max_size=400,
+)
+
+
+@FUZZ
+@given(soup=ESCAPE_SOUP, filler=st.integers(0, 3000))
+def test_quoted_atoms_read_in_pieces_decode_as_the_escape_rules_say(soup: list[bytes], filler: int) -> None:
+    # Filler moves the interesting bytes across the reader's piece boundaries (256 bytes, doubling).
+    text = b'"' + b"f" * filler + b"".join(soup) + b'" tail'
+    try:
+        wanted: list[bytes] | None = reference_atoms(text)
+    except ProtocolError:
+        wanted = None
+    try:
+        values = sexp._parse_all(text)
+    except ProtocolError:
+        assert wanted is None, "refused what the lexer reads"
+        return
+    assert values == wanted
+
+
+@ROUND_TRIP
+@given(body=st.binary(max_size=5000), filler=st.integers(0, 600))
+def test_binary_bodies_round_trip_across_piece_boundaries(body: bytes, filler: int) -> None:
+    line = b"(Publish " + b"t" * (filler + 1) + b" " + sexp.quote_atom(body) + b")"
+    assert sexp.parse(line) == [b"Publish", b"t" * (filler + 1), body]
+
+
+def test_a_long_line_is_read_in_steps_with_busy_set_between_them() -> None:
+    body = bytes(range(256)) * 2048  # 512 KiB, almost every byte an escape: about 2 MiB of line
+    line = b"(Publish t " + sexp.quote_atom(body) + b")\n"
+    server = open_server(max_line=4 << 20)
+    server.receive_data(line + b"(Unsubscribe t)\n")
+    steps = 0
+    while (event := server.next_event()) is None:
+        assert server.busy
+        steps += 1
+    assert event == Publish(b"t", body)
+    assert steps == len(line) // sexp.SLICE_BYTES
+    assert not server.busy
+    assert server.next_event() == Unsubscribe(b"t")
+    assert server.buffered == 0
+
+
+def test_long_bare_atoms_whitespace_and_comments_are_read_whole() -> None:
+    atom = b"a#" * 70_000 + b"b"
+    text = b"(" + atom + b" " * 70_000 + b"x) ;" + b"c" * 70_000
+    assert sexp.parse(text) == [atom, b"x"]
+    with pytest.raises(ProtocolError, match="block comments"):
+        sexp.parse(b"(" + b"a" * (64 << 10) + b"|#)")
+
+
+def test_an_escape_above_255_is_named() -> None:
+    with pytest.raises(ProtocolError, match=r"escape \\300 is above 255"):
+        sexp.parse(b'"' + b"\\001" * 1000 + b'\\300"')

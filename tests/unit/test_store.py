@@ -9,6 +9,7 @@ a few lines of independent code, not by the module under test.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 import zlib
@@ -593,7 +594,9 @@ def test_opening_with_another_spec_rewrites_the_meta_file(store: FileStore) -> N
      b'{"format": 1, "name_hex": "74", "topic_id": 0, "spec": ' + SMALL_JSON + b"}",
      b'{"format": 1, "name_hex": "74", "topic_id": "3", "spec": ' + SMALL_JSON + b"}"],
 )
-def test_a_missing_or_garbled_meta_file_is_an_error(store: FileStore, content: bytes | None) -> None:
+def test_a_missing_or_garbled_meta_file_is_skipped_at_start_and_refuses_the_topic(
+    store: FileStore, content: bytes | None, caplog: pytest.LogCaptureFixture
+) -> None:
     fill(store.open(TOPIC, SMALL), 2)
     store.close()
     meta = topic_dir(store.root) / "topic.json"
@@ -601,10 +604,29 @@ def test_a_missing_or_garbled_meta_file_is_an_error(store: FileStore, content: b
         meta.unlink()
     else:
         meta.write_bytes(content)
-    with pytest.raises(StoreError, match=r"topic\.json"):
-        FileStore(store.root).existing()
+    found = FileStore(store.root)
+    with caplog.at_level(logging.WARNING, logger="mc0.store"):
+        assert found.existing() == []
+    found.close()
+    assert "skipped, not a topic directory" in caplog.text
+    assert "topic.json" in caplog.text
     with pytest.raises(StoreError, match=r"topic\.json"):
         FileStore(store.root).open(TOPIC, SMALL)
+    assert meta.exists() == (content is not None)  # never rewritten over
+
+
+def test_a_stray_folder_in_the_data_directory_is_skipped_with_a_warning(
+    store: FileStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    fill(store.open(TOPIC, SMALL), 2)
+    store.close()
+    (store.root / "keys").mkdir()
+    (store.root / "keys" / "broker.key").write_text("not ours")
+    found = FileStore(store.root)
+    with caplog.at_level(logging.WARNING, logger="mc0.store"):
+        assert [stored.name for stored in found.existing()] == [TOPIC]
+    found.close()
+    assert "keys: skipped, not a topic directory" in caplog.text
 
 
 def test_existing_ignores_half_created_directories_and_files(store: FileStore) -> None:

@@ -192,6 +192,29 @@ def test_a_lock_file_is_emptied_by_a_clean_stop_only(tmp_path: Path) -> None:
     assert not FileStore(tmp_path).unclean
 
 
+def test_what_the_last_broker_left_is_read_by_the_first_claim_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker checks the directory (claiming and letting go of it) before it opens any log: the second
+    claim must not take the first one's mark for an unclean stop, nor forget a real one."""
+    boot = tmp_path / "boot_id"
+    boot.write_text("this-boot\n")
+    monkeypatch.setattr(files_module, "BOOT_ID_FILE", boot)
+    fresh = FileStore(tmp_path / "fresh")
+    fresh.check()
+    fresh.open(TOPIC, SMALL)
+    assert not fresh.unclean
+    fresh.close()
+    (tmp_path / "crashed").mkdir()
+    (tmp_path / "crashed" / LOCK_FILE).write_text("boot an-earlier-boot\n")
+    crashed = FileStore(tmp_path / "crashed")
+    crashed.check()
+    crashed.open(TOPIC, SMALL)
+    assert crashed.unclean
+    assert not crashed.same_boot
+    crashed.close()
+
+
 # ------------------------------------------------------------------------------------ producer journal
 
 

@@ -1,5 +1,6 @@
 """Crash recovery of the on-disk log: a torn tail cut at every byte offset of the last record, a flipped byte
-in it, torn segment headers, and the loud failures: a corrupt sealed segment, a broken chain of segments.
+in it, torn segment headers, and damage that must stay local: a corrupt sealed segment or a broken chain of
+segments fails reads of the ids it holds, with an error naming it, and the rest of the log serves.
 
 Each case works on a copy of a log written and closed once, damaged the way a crash (or a bad disk) would.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from broker.engine import Message
-from broker.store import StoreError
+from broker.store import DamagedRange, StoreError, files
 from broker.store.files import FileStore, directory_name
 from broker.topics import Persistence, Sync, TopicSpec
 
@@ -193,16 +194,23 @@ def test_a_garbage_header_of_the_last_segment_is_an_error(tmp_path: Path) -> Non
         FileStore(tmp_path).open(TOPIC, SPEC)
 
 
-def test_a_torn_header_of_a_sealed_segment_is_an_error(tmp_path: Path) -> None:
-    write_log(tmp_path, 60)
+def test_a_torn_header_of_a_sealed_segment_makes_its_ids_unreadable(tmp_path: Path) -> None:
+    messages = write_log(tmp_path, 60)
     paths = segments(tmp_path)
     assert len(paths) >= 3
+    first, last = int(paths[1].stem), int(paths[2].stem) - 1
     paths[1].write_bytes(paths[1].read_bytes()[:10])
-    with pytest.raises(StoreError, match=paths[1].name):
-        FileStore(tmp_path).open(TOPIC, SPEC)
+    store = FileStore(tmp_path)
+    log = store.open(TOPIC, SPEC)  # the log opens: the rest of it serves
+    with pytest.raises(DamagedRange, match=rf"ids {first}\.\.{last} are unreadable: segment {paths[1].name}"):
+        log.read(first, 10, 1 << 20)
+    assert log.read(1, 100, 1 << 20) == messages[: first - 1]  # a read stops before the damage
+    assert log.read(last + 1, 100, 1 << 20) == messages[last:]
+    assert [(damage.first_id, damage.last_id) for damage in log.damaged] == [(first, last)]
+    store.close()
 
 
-def test_a_corrupt_sealed_segment_fails_reads_and_verify_loudly(tmp_path: Path) -> None:
+def test_a_corrupt_sealed_segment_fails_reads_of_its_range_and_verify(tmp_path: Path) -> None:
     messages = write_log(tmp_path, 60, index_interval=64)
     paths = segments(tmp_path)
     first_end = len(record_starts(paths[0])) - 1  # records in the first segment
@@ -211,11 +219,17 @@ def test_a_corrupt_sealed_segment_fails_reads_and_verify_loudly(tmp_path: Path) 
     paths[0].write_bytes(data)
     store = FileStore(tmp_path, index_interval=64)
     log = store.open(TOPIC, SPEC)  # the cheap open-time checks pass
-    with pytest.raises(StoreError, match=rf"{paths[0].name}: byte 16: CRC mismatch"):
+    with pytest.raises(DamagedRange, match=rf"segment {paths[0].name} is damaged \(byte 16: CRC mismatch"):
         log.read(1, 10, 1 << 20)
     with pytest.raises(StoreError, match=paths[0].name):
         log.verify()
-    assert log.read(first_end + 1, 100, 1 << 20) == messages[first_end:]  # the rest is still readable
+    (damage,) = log.damaged
+    assert damage.first_id == 1
+    # Reads resume at the next index entry after the bad record: everything after it still reads.
+    assert log.read(damage.resume_id, 100, 1 << 20) == messages[damage.resume_id - 1 :]
+    assert damage.resume_id <= first_end
+    with pytest.raises(DamagedRange):  # known now: refused without reading the file again
+        log.read(1, 10, 1 << 20)
     store.close()
 
 
@@ -223,33 +237,35 @@ def test_a_corrupt_sealed_segment_fails_reads_and_verify_loudly(tmp_path: Path) 
 def test_a_corrupt_record_header_in_a_sealed_segment_is_reported_with_its_offset(
     tmp_path: Path, interval: int
 ) -> None:
-    write_log(tmp_path, 60, index_interval=interval)
+    messages = write_log(tmp_path, 60, index_interval=interval)
     paths = segments(tmp_path)
     starts = record_starts(paths[0])
     data = bytearray(paths[0].read_bytes())
     data[starts[2] + 15] ^= 0x01  # the id of the third record
     paths[0].write_bytes(data)
     store = FileStore(tmp_path, index_interval=interval)
-    if interval == 64:  # the third record lies before the segment's last index entry: open cannot see it
-        log = store.open(TOPIC, SPEC)
-        with pytest.raises(StoreError, match=rf"{paths[0].name}: byte {starts[2]}: record has id"):
-            log.read(1, 10, 1 << 20)
-        store.close()
-    else:  # one index entry per segment: the open-time tail scan covers the whole segment
-        with pytest.raises(StoreError, match=rf"{paths[0].name}: byte {starts[2]}: corrupt sealed segment"):
-            store.open(TOPIC, SPEC)
+    log = store.open(TOPIC, SPEC)
+    # With one index entry per 64 bytes the read finds it; with one per segment the open-time tail scan does.
+    why = "record has id" if interval == 64 else "corrupt sealed segment"
+    assert log.read(1, 10, 1 << 20) == messages[:2]  # the records before it
+    damaged = rf"ids 3\.\..* {paths[0].name} is damaged \(byte {starts[2]}: {why}"
+    with pytest.raises(DamagedRange, match=damaged):
+        log.read(3, 10, 1 << 20)
+    store.close()
 
 
 @pytest.mark.parametrize(
     "damage", ["cut-mid-record", "drop-last-record", "drop-segment", "bad-magic", "bad-base"]
 )
-def test_a_broken_chain_of_sealed_segments_fails_the_open(tmp_path: Path, damage: str) -> None:
-    write_log(tmp_path, 80)
+def test_a_broken_chain_of_sealed_segments_fails_reads_of_the_missing_ids(tmp_path: Path,
+                                                                         damage: str) -> None:
+    messages = write_log(tmp_path, 80)
     paths = segments(tmp_path)
     assert len(paths) >= 4
     victim = paths[1]
     starts = record_starts(victim)
     data = victim.read_bytes()
+    unreadable = int(paths[2].stem) - 1  # the victim's last id: unreadable in every case
     if damage == "cut-mid-record":
         victim.write_bytes(data[: starts[-1] - 3])
     elif damage == "drop-last-record":
@@ -263,23 +279,31 @@ def test_a_broken_chain_of_sealed_segments_fails_the_open(tmp_path: Path, damage
     elif damage == "bad-base":
         victim.write_bytes(data[:8] + struct.pack(">Q", 12345) + data[16:])
     active = paths[-1]
-    active_before = active.read_bytes()
     with active.open("ab") as file:
-        file.write(b"\x00\x01torn")  # a torn tail that must survive the failed open untouched
-    with pytest.raises(StoreError, match=victim.name):
-        FileStore(tmp_path).open(TOPIC, SPEC)
-    assert active.read_bytes() == active_before + b"\x00\x01torn"
-
-
-def test_a_failed_open_can_be_retried_after_the_damage_is_repaired(tmp_path: Path) -> None:
-    messages = write_log(tmp_path, 50)
-    paths = segments(tmp_path)
-    original = paths[0].read_bytes()
-    paths[0].write_bytes(original[:-1])
+        file.write(b"\x00\x01torn")  # a torn tail of the active segment: cut as usual, damage or not
     store = FileStore(tmp_path)
-    with pytest.raises(StoreError):
+    log = store.open(TOPIC, SPEC)
+    assert log.truncated_bytes == 6
+    with pytest.raises(DamagedRange, match=victim.name):
+        log.read(unreadable, 10, 1 << 20)
+    assert log.read(int(paths[2].stem), 1000, 1 << 20) == messages[int(paths[2].stem) - 1 :]
+    store.close()
+
+
+def test_a_failed_open_can_be_retried_after_the_damage_is_repaired(tmp_path: Path, monkeypatch) -> None:
+    messages = write_log(tmp_path, 50)
+    active = segments(tmp_path)[-1]
+    original = active.read_bytes()
+    active.write_bytes(b"not a segment header" + original[20:])  # the active segment cannot be appended to
+    store = FileStore(tmp_path)
+    with pytest.raises(StoreError, match="not an mc0 segment"):
         store.open(TOPIC, SPEC)
-    paths[0].write_bytes(original)
+    active.write_bytes(original)
+    # The failure is given again for a while without reading the files (a crowd of requests costs nothing)...
+    with pytest.raises(StoreError, match="not an mc0 segment"):
+        store.open(TOPIC, SPEC)
+    # ...then the files are tried again.
+    monkeypatch.setattr(files, "RETRY_OPEN", 0.0)
     assert store.open(TOPIC, SPEC).read(1, 100, 1 << 20) == messages
     store.close()
 
