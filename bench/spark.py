@@ -54,7 +54,7 @@ def serve(port: int, data_dir: str, ready: Any) -> None:
     logging.basicConfig(level=logging.ERROR)
     rules = (TopicRule("*", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.ASYNC)),)
     config = BrokerConfig(bind=f"tcp://127.0.0.1:{port}", curve=False, topics=rules, data_dir=Path(data_dir),
-                          sexp="off", msgq="off", rstreams="off", lumberjack="off")
+                          sexp="off", msgq="off", rstreams="off", lumberjack="off", http="off")
     profile = os.environ.get("MC0_BENCH_BROKER_PROFILE")
     if not profile:
         server.run(config, lambda _broker: ready.set())

@@ -82,7 +82,7 @@ def demo(spark: Any, workdir: Path) -> list[Any]:
     persistent = TopicSpec(persistence=Persistence.PERSISTENT)
     config = BrokerConfig(bind="tcp://127.0.0.1:*", curve=False, data_dir=workdir / "data",
                           topics=(TopicRule("logs", persistent), TopicRule("log-counts", persistent)),
-                          sexp="off", msgq="off", rstreams="off", lumberjack="127.0.0.1:0")
+                          sexp="off", msgq="off", rstreams="off", lumberjack="127.0.0.1:0", http="off")
     started: list[Broker] = []
     ready = threading.Event()
     loop_of: list[asyncio.AbstractEventLoop] = []
