@@ -4,7 +4,9 @@ in the same run.
 1. **Confirmed publishes to a strong topic** (fsynced before each OK), 100-byte bodies:
 
    * ``mc0 1 in flight``: ``Client.publish(confirm=True)`` in a loop, with the broker's CPU time (every
-     thread) per message; the target is 100 us, which leaves the fsync as the only thing to wait for.
+     thread) per message; the target is 100 us, which leaves the fsync as the only thing to wait for. Beside
+     it, what one append and fsync of a record costs a plain process on the same filesystem (kernel time
+     that no broker fsyncing before each OK avoids), and mc0's CPU beyond that.
    * ``mc0 100 in flight``: ``Client.publish_async`` with ``max_confirms=100`` (pipelined; what is in flight
      travels as ``PUTS CONFIRM each``).
    * ``mc0 unconfirmed``: ``Client.publish`` to the same topic, then ``flush()``.
@@ -28,10 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import platform
 import socket
 import statistics
 import struct
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -158,6 +162,23 @@ def lumberjack_split_sends(port: int, count: int, results: Any) -> None:
 # ---------------------------------------------------------------------------------------------------- running
 
 
+def fsync_cost(count: int) -> float:
+    """CPU seconds (user and kernel) one append of a record and its fsync costs a process, on the filesystem
+    the brokers' data directories are on: what any broker that fsyncs before each OK pays, whatever it is
+    written in."""
+    record = b"r" * (BODY_SIZE + 30)  # about what one stored message takes (header, CRC, msgpack)
+    with tempfile.TemporaryDirectory() as scratch:
+        fd = os.open(os.path.join(scratch, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            started = time.process_time()
+            for _ in range(count):
+                os.write(fd, record)
+                os.fsync(fd)
+            return (time.process_time() - started) / count
+        finally:
+            os.close(fd)
+
+
 @dataclass
 class Case:
     label: str
@@ -204,17 +225,23 @@ def main(argv: list[str]) -> int:
     print(f"python {platform.python_version()}, pyzmq {zmq.pyzmq_version()}, {BODY_SIZE}-byte messages into "
           f"a strong topic (fsync before each OK), median of {args.repeat}, interleaved")
     runs: dict[str, list[dict[str, Any]]] = {case.label: [] for case, _ in cases}
+    fsyncs: list[float] = []
     for _ in range(args.repeat):
         for case, count in cases:
             runs[case.label].append(run_case(case, count))
+        fsyncs.append(fsync_cost(args.confirms))
     figures = {label: statistics.median(run["rate"] for run in outcomes) for label, outcomes in runs.items()}
     cpu = statistics.median(run["cpu_us"] for run in runs["mc0 1 in flight"]) \
         if all("cpu_us" in run for run in runs["mc0 1 in flight"]) else None
     unit = {"lumberjack 1-event batches": "batches/s"}
     for label, rate in figures.items():
         print(f"{label:<32}{rate:>12,.0f} {unit.get(label, 'msg/s')}")
+    fsync_us = statistics.median(fsyncs) * 1e6
     if cpu is not None:
         print(f"{'mc0 CPU per confirmed message':<32}{cpu:>12,.0f} us (broker process, every thread)")
+        print(f"{'  of which one fsync costs':<32}{fsync_us:>12,.0f} us (a process appending a record and "
+              "fsyncing it, same filesystem)")
+        print(f"{'  mc0 beyond the fsync':<32}{cpu - fsync_us:>12,.0f} us")
     not_durable = [label for label, outcomes in runs.items()
                    if label.startswith("mc0") and "unconfirmed" not in label
                    and not all(run["durable"] for run in outcomes)]
