@@ -67,6 +67,8 @@ def run(spark: Any, *, broker_options: dict[str, str], source: str, sink: str, o
 
 SAMPLE_HOSTS = ("web1", "web2", "db1")
 SAMPLE_LEVELS = ("info", "info", "info", "warning", "error")
+#: Events the demo ships.
+DEMO_EVENTS = 300
 
 
 def demo(spark: Any, workdir: Path) -> list[Any]:
@@ -99,7 +101,7 @@ def demo(spark: Any, workdir: Path) -> list[Any]:
     broker = started[0]
     try:
         events = [{"message": f"request {n}", "host": SAMPLE_HOSTS[n % 3], "level": SAMPLE_LEVELS[n % 5]}
-                  for n in range(300)]
+                  for n in range(DEMO_EVENTS)]
         with LumberjackClient(*broker.gateway_address("lumberjack")) as shipper:
             shipper.send_batch(events)
         output = workdir / "log-counts.parquet"
@@ -125,13 +127,18 @@ def python_for_workers() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.log_counts", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--broker", default="tcp://127.0.0.1:61616")
+    parser.add_argument("--broker", default="tcp://127.0.0.1:61616",
+                        help="the broker's mc0 address [default: tcp://127.0.0.1:61616]")
     parser.add_argument("--no-curve", action="store_true", help="plaintext (a broker run with --no-curve)")
     parser.add_argument("--keys", default="keys", help="CURVE keys folder [default: keys]")
-    parser.add_argument("--source", default="logs")
-    parser.add_argument("--sink", default="log-counts")
-    parser.add_argument("--output", type=Path, default=Path("log-counts.parquet"))
-    parser.add_argument("--checkpoint", type=Path, default=Path("log-counts.checkpoint"))
+    parser.add_argument("--source", default="logs",
+                        help="the persistent topic of events to count [default: logs]")
+    parser.add_argument("--sink", default="log-counts",
+                        help="the topic the counts go to [default: log-counts]")
+    parser.add_argument("--output", type=Path, default=Path("log-counts.parquet"),
+                        help="the Parquet folder the counts also go to [default: log-counts.parquet]")
+    parser.add_argument("--checkpoint", type=Path, default=Path("log-counts.checkpoint"),
+                        help="the streaming query's checkpoint folder [default: log-counts.checkpoint]")
     parser.add_argument("--once", action="store_true", help="process what is available, then stop")
     parser.add_argument("--demo", action="store_true",
                         help="run a broker of our own, ship sample events, run once and print the counts")
@@ -145,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         import tempfile
 
         with tempfile.TemporaryDirectory() as workdir:
-            for row in demo(spark, Path(workdir)):
+            rows = demo(spark, Path(workdir))
+            print(f"shipped {DEMO_EVENTS} events over Lumberjack to the topic logs; the job counted them "
+                  "into the topic log-counts and Parquet files (in a temporary folder, removed now):")
+            print(f"{'minute':<16}  {'host':<6} {'level':<8} {'count':>5}")
+            for row in rows:
                 print(f"{row.minute:%Y-%m-%d %H:%M}  {row.host:<6} {row.level:<8} {row['count']:>5}")
         spark.stop()
         return 0

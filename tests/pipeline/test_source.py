@@ -235,5 +235,7 @@ def test_the_demo_command_sets_the_python_its_workers_run(tmp_path: Path) -> Non
     demo = subprocess.run([sys.executable, "-m", "pipeline.log_counts", "--demo"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=220, check=False)
     assert demo.returncode == 0, demo.stderr[-3000:]
-    counts = [line.split() for line in demo.stdout.splitlines() if line.strip()]
-    assert sum(int(fields[-1]) for fields in counts) == 300
+    said, header, *table = [line for line in demo.stdout.splitlines() if line.strip()]
+    assert said.startswith("shipped 300 events over Lumberjack to the topic logs;"), said
+    assert header.split() == ["minute", "host", "level", "count"]
+    assert sum(int(line.split()[-1]) for line in table) == 300
