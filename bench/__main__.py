@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     columns = "".join(f"{s:>14}" for s in SYSTEMS)
     header = f"{'scenario':<30}{columns}{'mc0/zmq-proxy':>15}{'mc0/py-fwd':>12}"
+    print("msg/s: higher is better; us: lower is better (a ratio above 1 there means mc0 is slower)")
     print(header)
     print("-" * len(header))
     targets: list[tuple[str, bool]] = []
