@@ -276,7 +276,8 @@ async def _serve(
     watch: descriptors.DescriptorWatch | None = None
     try:
         if config.curve:
-            authenticator = auth.secure(context, socket, config.keys_dir, config.allow_any_client)
+            authenticator = auth.secure(context, socket, config.keys_dir, config.allow_any_client,
+                                        cluster=config.clustered)
         else:
             log.warning("CURVE is OFF: traffic on %s is plaintext and any client is admitted", config.bind)
         socket.bind(config.bind)
@@ -285,6 +286,13 @@ async def _serve(
                              max_waiting_fetches=config.max_waiting_fetches, session_idle=config.session_idle,
                              max_sessions=config.max_sessions)
         hub.add(router)
+        cluster = None
+        if config.clustered:
+            from broker.cluster.node import Cluster  # PySyncObj only where a cluster runs
+
+            cluster = Cluster(config, engine, store, hub.schedule, hub.flush, context, endpoint)
+            router.cluster = cluster
+            hub.limits["cluster"] = cluster.stats
         for gateway in gateways.values():
             await gateway.start()
             hub.add(gateway)
@@ -322,6 +330,8 @@ async def _serve(
             watching = group.create_task(watch.run(), name="descriptors")
             tasks |= {group.create_task(gateway.run(), name=f"{name}-gateway")
                       for name, gateway in gateways.items()}
+            if cluster is not None:
+                tasks.add(group.create_task(cluster.run(), name="cluster"))
             stopper = group.create_task(broker.stop_event.wait(), name="stop")
             await asyncio.wait({*tasks, stopper}, return_when=asyncio.FIRST_COMPLETED)
             for task in (*tasks, stopper, watching):
