@@ -86,6 +86,10 @@ class ClusterGate(Protocol):
         """An ERROR (with LEADER) for a command this broker must not serve now, or None."""
         ...
 
+    def leader(self) -> bytes | None:
+        """The leader's mc0 endpoint when this broker does not lead (the OK to CONNECT names it), or None."""
+        ...
+
     def replica_fetch(self, event: mc0.Fetch) -> None:
         """A cluster member's FETCH: record what it acknowledges; EngineError to refuse it."""
         ...
@@ -408,6 +412,9 @@ class RouterShell:
                     self.tick = heartbeat_tick(self.tick, [session.ttl])
                 if command_id is not None:
                     extra = {mc0.EXTENSIONS: " ".join(sorted(extensions)).encode()} if extensions else {}
+                    leader = self.cluster.leader() if self.cluster is not None else None
+                    if leader is not None:
+                        extra[mc0.LEADER] = leader  # a cluster's follower: the client may go there at once
                     self.ok(session, command_id, extra)
             case mc0.Disconnect(command_id):
                 if command_id is not None:

@@ -201,6 +201,12 @@ class Cluster:
             with contextlib.suppress(EngineError):
                 self.engine.topic(name)
 
+    def leader(self) -> bytes | None:
+        if self.serving:
+            return None
+        endpoint = self.state.endpoints.get(self.state.leader or "") if self.state.leader != self.node else None
+        return endpoint.encode() if endpoint else None
+
     def refusal(self, event: mc0.Event) -> mc0.Error | None:
         """A follower's answer to what only the leader serves: ERROR with the leader's endpoint."""
         if self.serving:
