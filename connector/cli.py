@@ -80,7 +80,8 @@ def _client_options(func: Any) -> Any:
                         help="Folder with broker.key and client.key_secret.")(func)
     func = click.option("--broker", "endpoint", default=DEFAULT_ENDPOINT, envvar="MC0_BROKER",
                         show_envvar=True, show_default=True,
-                        help="The broker's mc0 address: tcp://HOST:PORT, HOST:PORT or a port.")(func)
+                        help="The broker's mc0 address: tcp://HOST:PORT, HOST:PORT or a port; a cluster's "
+                             "members separated by commas (the client follows the leader).")(func)
     return func
 
 

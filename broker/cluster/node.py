@@ -214,7 +214,9 @@ class Cluster:
         if isinstance(event, LEADER_ONLY) or (type(event) is mc0.Fetch and event.replica is None):
             leader = self.state.leader if self.state.leader != self.node else None
             endpoint = self.state.endpoints.get(leader or "")
-            where = f"the leader is {endpoint}" if endpoint else "no leader is known yet: try again shortly"
+            where = (f"the leader is {endpoint}" if endpoint else
+                     f"no leader is known ({self.role.reachable} of {self.size} brokers reachable): try again "
+                     "once a majority is")
             return mc0.leader_error(f"this broker does not lead the cluster ({where})",
                                     endpoint.encode() if endpoint else None, getattr(event, "id", None))
         return None
@@ -290,9 +292,10 @@ class Cluster:
 
     def confirm(self, needs: dict[bytes, int], now: float, deadline: float) -> bool | str:
         if not self.serving:
-            return ("not confirmed: this broker stopped leading the cluster before a majority held the "
-                    "message; it may or may not survive: publish it again with PRODUCER/SEQUENCE "
-                    "(idempotent) to the new leader")
+            return (f"not replicated to a majority of the cluster ({self.role.reachable} of {self.size} brokers "
+                    "reachable): this broker stopped leading before a majority held the message, which may "
+                    "or may not survive; publish it again with PRODUCER/SEQUENCE (idempotent) once a leader "
+                    "serves")
         topics = self.engine.topics
         for name, last in needs.items():
             topic = topics.get(name)
@@ -438,4 +441,7 @@ class Cluster:
             "serving": self.serving, "raft_leader": self.role.leading, "reachable": self.role.reachable,
             "takeovers": self.takeovers, "high_watermarks": watermarks,
             "copied": self.replicator.copied if self.replicator is not None else 0,
+            # The leader's view: each follower's acknowledged next id per topic.
+            "replicas": {name.decode("utf-8", "replace"): dict(replicas)
+                         for name, replicas in self.positions.items()},
         }
