@@ -946,11 +946,6 @@ class Engine:
         self._released.append(name)
         return True
 
-    def ungate(self) -> None:
-        """No topic is gated any more (this broker stopped leading a cluster)."""
-        for topic in self.topics.values():
-            topic.visible_until = None
-
     def append_replicated(self, name: bytes, records: bytes, start_id: int, count: int) -> Topic:
         """Append records another broker numbered (a cluster follower copying its leader): checked by the
         log, durable at the next commit. Nobody subscribes on a follower, so nothing is delivered."""

@@ -831,6 +831,17 @@ class RouterShell:
         self.engine.detach(session.subscriber)
         self.waits.forget(session)
 
+    def send_away(self, text: str, leader: bytes | None) -> None:
+        """This broker no longer serves (a cluster member that stopped leading): every client gets an ERROR
+        without ID naming the leader (``LEADER``), which the connector follows, and loses its subscriptions
+        here (it subscribes again at the leader, resuming after its last ids)."""
+        now = self.monotonic()
+        error = mc0.leader_error(text, leader, None)
+        for session in list(self.sessions.by_identity.values()):
+            self.send(session, mc0.encode(error, delimiter=session.delimiter), now)
+            self.engine.detach(session.subscriber)
+            self.waits.forget(session)
+
     # -------------------------------------------------------------------------------------------------- stats
 
     def stats(self) -> dict[str, Any]:

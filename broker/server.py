@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ctypes
 import ctypes.util
 import errno
@@ -220,6 +221,16 @@ def _lumberjack_tls(config: BrokerConfig) -> ssl.SSLContext | None:
     return context
 
 
+def _demoted(router: RouterShell, gateways: dict[str, Gateway], leader: str | None) -> None:
+    """A cluster member stopped leading: the TCP doors close their connections at once; once the leader is
+    known, the mc0 clients are sent there."""
+    if leader is None:
+        for gateway in gateways.values():
+            gateway.close_all("this broker no longer leads the cluster")
+        return
+    router.send_away(f"this broker no longer leads the cluster: the leader is {leader}", leader.encode())
+
+
 def _router_socket(context: zmq.asyncio.Context, config: BrokerConfig) -> zmq.asyncio.Socket:
     socket = context.socket(zmq.ROUTER)
     socket.router_mandatory = 1  # a send to a vanished peer raises EHOSTUNREACH instead of vanishing
@@ -293,6 +304,9 @@ async def _serve(
             cluster = Cluster(config, engine, store, hub.schedule, hub.flush, context, endpoint)
             router.cluster = cluster
             hub.limits["cluster"] = cluster.stats
+            cluster.on_demoted = functools.partial(_demoted, router, gateways)
+            for gateway in gateways.values():
+                gateway.refusing = cluster.tcp_refusal
         for gateway in gateways.values():
             await gateway.start()
             hub.add(gateway)

@@ -364,6 +364,8 @@ class ClientBase:
                 got = True
             elif reply is not None and reply.id is not None:
                 self._resolve(reply)
+            elif isinstance(reply, mc0.Error) and leader_of(reply) not in (None, self.endpoint):
+                self._move(leader_of(reply))  # a cluster member that stopped leading sends its clients away
         if got:
             self._arrived.set()
         return count

@@ -101,6 +101,10 @@ class Cluster:
         self.joined = False
         self.reported: dict[str, int] = {}
         self.takeovers = 0
+        # Called once a leader is known after this broker stopped leading, with that leader's endpoint: the
+        # doors send their clients there (broker.server sets it).
+        self.on_demoted: Callable[[str | None], None] | None = None
+        self._demoted = False
         engine.on_persistent = self.on_persistent
 
     # ------------------------------------------------------------------------------------------ running
@@ -174,8 +178,13 @@ class Cluster:
     def _follow(self) -> None:
         leader = self.state.leader
         endpoint = self.state.endpoints.get(leader or "")
-        if endpoint is None or (self.taking_over is not None and not self.taking_over.done()):
+        if leader == self.node or endpoint is None:
+            return  # no other leader yet (this broker led the epoch the state still names)
+        if self.taking_over is not None and not self.taking_over.done():
             return
+        if self._demoted and self.on_demoted is not None:
+            self._demoted = False
+            self.on_demoted(endpoint)
         current = self.replicator
         if current is not None and current.epoch == self.state.epoch and current.link.endpoint == endpoint:
             return
@@ -207,6 +216,14 @@ class Cluster:
         endpoint = self.state.endpoints.get(self.state.leader or "") if self.state.leader != self.node else None
         return endpoint.encode() if endpoint else None
 
+    def tcp_refusal(self) -> str | None:
+        """Why a TCP door of this broker takes no connection now (a follower's doors: one line in its log)."""
+        if self.serving:
+            return None
+        endpoint = self.state.endpoints.get(self.state.leader or "") if self.state.leader != self.node else None
+        return ("this broker does not lead the cluster: the TCP doors are the leader's"
+                + (f" (mc0 at {endpoint})" if endpoint else ""))
+
     def refusal(self, event: mc0.Event) -> mc0.Error | None:
         """A follower's answer to what only the leader serves: ERROR with the leader's endpoint."""
         if self.serving:
@@ -237,9 +254,14 @@ class Cluster:
         self.schedule()
 
     def _step_down(self, why: str) -> None:
+        """Stop serving. The gates stay where they are (readers never see what a majority may not hold);
+        the doors stop taking anything at once (refusal), and send their clients to the leader once it is
+        known (on_demoted)."""
         self.serving = False
-        self.engine.ungate()
+        self._demoted = True
         log.warning("no longer leading the cluster: %s", why)
+        if self.on_demoted is not None:
+            self.on_demoted(None)  # the TCP doors close now: they must not publish into a follower's logs
         self.schedule()  # held OKs become ERRORs now
         self._follow()
 
@@ -268,13 +290,15 @@ class Cluster:
             raise EngineError(f"this leader serves epoch {self.state.epoch}, not {epoch}")
         if event.start is None:
             return
+        topic = self.engine.topics.get(event.topic)
+        if topic is None or topic.log is None or topic.visible_until is None:
+            return
+        if event.incarnation != topic.log.identity.incarnation.encode():
+            return  # its log is not (yet) a copy of this one: the answer tells it where to cut, it holds nothing
         replicas = self.positions.setdefault(event.topic, {})
         if replicas.get(node, 0) >= event.start:
             return
         replicas[node] = event.start
-        topic = self.engine.topics.get(event.topic)
-        if topic is None or topic.visible_until is None:
-            return
         watermark = high_watermark([topic.committed_id, *replicas.values()], self.size)
         if self.engine.release(event.topic, watermark):
             self.schedule()
