@@ -302,6 +302,9 @@ class Engine:
         self.on_persistent: Callable[[Topic], None] | None = None
         # Gated topics whose gate moved since the last commit: readable as if the commit had written them.
         self._released: list[bytes] = []
+        # Gated topics written ahead of this turn's commit (write_ahead), and the write failures it met.
+        self._ahead: set[Topic] = set()
+        self._ahead_failed: dict[Topic, StoreError] = {}
         if store is not None:
             # Persistent topics exist from the start: a queue holds its messages for consumers yet to come,
             # and ids continue where the log ends. Their topic ids are recorded with them, so they are stable
@@ -837,9 +840,10 @@ class Engine:
         if log is None:
             raise EngineError(f"topic {_shown(name)} is transient: there is no log to fetch from (fetch "
                               "reads persistent topics)")
-        if topic.dirty:
+        if topic.dirty and not (replica and topic in self._ahead):
             # A shell bug, refused rather than answered: messages appended but not yet committed are not
-            # readable, so next_id would run ahead of what a reader can fetch.
+            # readable, so next_id would run ahead of what a reader can fetch. (A cluster's replica reads
+            # what was written ahead of the fsync: write_ahead.)
             raise EngineError(f"topic {_shown(name)} has uncommitted messages: fetch runs after the commit")
         first_id = log.first_id
         next_id = topic.next_id
@@ -895,6 +899,8 @@ class Engine:
         Returns the number of topics committed; :attr:`last_commit_messages` says how many messages."""
         if self.failed:
             self.failed = {}
+        if self._ahead:
+            self._ahead.clear()
         dirty = self._dirty
         released, self._released = self._released, []
         if not dirty:
@@ -907,6 +913,9 @@ class Engine:
         for topic in dirty:
             topic.dirty = False
             try:
+                failed = self._ahead_failed.pop(topic, None) if self._ahead_failed else None
+                if failed is not None:
+                    raise failed
                 topic.log.commit()  # type: ignore[union-attr] - only topics with a log are marked dirty
             except SyncFailed:
                 raise
@@ -920,6 +929,26 @@ class Engine:
         return len(dirty)
 
     # ------------------------------------------------------------------------------ a cluster's hooks
+
+    def write_ahead(self) -> list[bytes]:
+        """Write (without the fsync) what the turn appended to gated topics, so that a cluster's followers can
+        read it while the leader's own fsync runs; :meth:`commit` then fsyncs. Nothing is confirmed or
+        delivered from it before the commit (readers other than replicas stop at the gate). Returns the
+        topics written."""
+        written = []
+        for topic in self._dirty:
+            if topic.visible_until is None or topic.log is None:
+                continue
+            try:
+                topic.log.write_ahead()
+            except SyncFailed:
+                raise
+            except StoreError as error:
+                self._ahead_failed[topic] = error  # commit() takes the turn's messages back
+                continue
+            self._ahead.add(topic)
+            written.append(topic.name)
+        return written
 
     def gate(self, topic: Topic, until: int) -> None:
         """Make ``topic`` a replicated topic: from now on its readers (subscribers, queues, FETCH) get only ids

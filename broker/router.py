@@ -688,16 +688,25 @@ class RouterShell:
             ok.headers.update(self.cluster.replica_extra(event.topic, read.start_id, 0))
         return ok, waitable
 
-    def _answer_waits(self, now: float) -> None:
-        """Waiting FETCHes whose topic this turn's commit wrote, or whose wait is over: read again, and answer
-        what found something (or ran out of time); the rest wait on. Bounded by the turn's fetch budget like
-        any FETCH: what is left is answered next turn."""
+    def answer_ahead(self, written: list[bytes], now: float) -> None:
+        """A cluster leader's turn wrote ``written`` and is about to fsync them: the FETCHes waiting on them
+        (followers' long polls) are answered now, so the followers' fsyncs run while the leader's does."""
+        self.fetch_bytes = FETCH_TURN_BYTES
+        self.fetch_messages = FETCH_TURN_MESSAGES
+        if self.waits.count:
+            self._answer_waits(now, written)
+
+    def _answer_waits(self, now: float, written: list[bytes] | None = None) -> None:
+        """Waiting FETCHes whose topic this turn's commit wrote (or ``written`` names), or whose wait is
+        over: read again, and answer what found something (or ran out of time); the rest wait on. Bounded by
+        the turn's fetch budget like any FETCH: what is left is answered next turn."""
         waits, woken = self.waits, self.woken
         if waits.count:
-            committed = self.engine.committed
+            committed = self.engine.committed if written is None else written
             if committed:
                 woken.extend(waits.woken(committed))
-            woken.extend(waits.expired(now))
+            if written is None:
+                woken.extend(waits.expired(now))
         while woken:
             wait = woken[0]
             session = wait.owner

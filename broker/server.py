@@ -305,6 +305,7 @@ async def _serve(
             router.cluster = cluster
             hub.limits["cluster"] = cluster.stats
             cluster.on_demoted = functools.partial(_demoted, router, gateways)
+            hub.ahead.append(router.answer_ahead)
             for gateway in gateways.values():
                 gateway.refusing = cluster.tcp_refusal
         for gateway in gateways.values():

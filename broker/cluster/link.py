@@ -58,7 +58,11 @@ class Link:
         future: asyncio.Future[mc0.Ok | mc0.Error] = asyncio.get_running_loop().create_future()
         self._waiting[event.id] = future
         try:
-            await self.socket.send_multipart(mc0.encode(event))
+            frames = mc0.encode(event)
+            try:
+                self._raw.send_multipart(frames, zmq.NOBLOCK)  # no future per send while the pipe has room
+            except zmq.Again:
+                await self.socket.send_multipart(frames)
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise LinkError(f"no answer from {self.endpoint} within {timeout:g}s") from None

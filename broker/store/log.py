@@ -576,6 +576,12 @@ class SegmentLog:
         if self._strong and self._unsynced_files():
             self._fsync_written()
 
+    def write_ahead(self) -> None:
+        """Write what is buffered without fsyncing it (readers see it); the next :meth:`commit` fsyncs. A
+        failure is the commit's: the log is back to what its files hold (StoreError)."""
+        if self._buf or self._sealing or self._acks.pending or self.producers.pending:
+            self._mending(self._write)
+
     def make_durable(self) -> None:
         """fsync the active segment whatever this process wrote: after an unclean stop its bytes may be the
         crashed process's, in the page cache only, and readers must not be handed what a power loss takes."""

@@ -80,3 +80,13 @@ def test_an_ungated_topic_is_untouched() -> None:
     turn(engine)
     assert [message.id for message in subscriber.pending] == [1]
     assert not engine.release(b"log.plain", 5)
+
+
+def test_write_ahead_lets_a_replica_read_before_the_fsync() -> None:
+    engine = gated(b"log.w")
+    engine.publish(b"log.w", b"one", {}, NOW)
+    assert engine.write_ahead() == [b"log.w"]
+    replica = engine.read_range(b"log.w", 1, 100, 1 << 20, replica=True)
+    assert [message.id for message in replica.messages] == [1]
+    engine.commit()
+    assert engine.topics[b"log.w"].committed_id == 2
