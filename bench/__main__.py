@@ -23,6 +23,9 @@ source, next to the connector reading it in one process, same run (see ``bench/s
 ``python -m bench monitoring [options]``: what a scrape of the monitoring endpoint costs the broker's loop
 with 10,000 topics, against no scraping, same run (see ``bench/monitoring.py``).
 
+``python -m bench cluster [options]``: confirmed publishes to a strong topic on a three-broker cluster against a
+single broker, same run, and failover times (see ``bench/cluster.py``).
+
 ``python -m bench faults [--soak N]``: what clients can do to a broker, and that it still answers afterwards
 (see ``bench/faults.py``; ``tests/faults/`` runs the same scenarios in CI).
 """
@@ -75,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import faults
 
         return faults.main(argv[1:])
+    if argv[:1] == ["cluster"]:
+        from bench import cluster
+
+        return cluster.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      epilog="python -m bench durability --help: the durability benchmark")
     parser.add_argument("--messages", type=int, default=200_000, help="messages per throughput run")

@@ -48,8 +48,10 @@ class AllowList:
     refusal is logged at WARNING with the key and the command that admits it, at most once a minute per key.
     """
 
-    def __init__(self, folder: Path, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, folder: Path, clock: Callable[[], float] = time.monotonic,
+                 members: frozenset[bytes] = frozenset()) -> None:
         self.folder = Path(folder)
+        self.members = members  # admitted whatever the folder says: a cluster's brokers (their shared key)
         self.clock = clock
         self.keys: frozenset[bytes] = frozenset()
         self._seen_mtime: int | None = None
@@ -72,7 +74,7 @@ class AllowList:
         """pyzmq's ZAP hook: admit ``key`` (Z85) or not."""
         if self._mtime() != self._seen_mtime:
             self.reload()
-        if key in self.keys:
+        if key in self.keys or key in self.members:
             return True
         self._refused(key)
         return False
@@ -99,13 +101,15 @@ class AllowList:
 
 
 def secure(
-    context: zmq.asyncio.Context, socket: zmq.Socket, keys_dir: Path, allow_any_client: bool
+    context: zmq.asyncio.Context, socket: zmq.Socket, keys_dir: Path, allow_any_client: bool,
+    cluster: bool = False,
 ) -> AsyncioAuthenticator:
-    """Make ``socket`` a CURVE server and start the ZAP handler that decides who may connect."""
+    """Make ``socket`` a CURVE server and start the ZAP handler that decides who may connect. In a cluster
+    the broker's own public key is admitted too: the other members present it (they share the key pair)."""
     pair = keys.broker_pair(keys_dir)
     authenticator = AsyncioAuthenticator(context, log=logging.getLogger("mc0.zap"))
     authenticator.start()
-    _configure(authenticator, keys_dir, allow_any_client)
+    _configure(authenticator, keys_dir, allow_any_client, frozenset({pair.public}) if cluster else frozenset())
     socket.curve_server = True
     socket.curve_publickey = pair.public
     socket.curve_secretkey = pair.secret
@@ -113,7 +117,8 @@ def secure(
     return authenticator
 
 
-def _configure(authenticator: AsyncioAuthenticator, keys_dir: Path, allow_any_client: bool) -> None:
+def _configure(authenticator: AsyncioAuthenticator, keys_dir: Path, allow_any_client: bool,
+               members: frozenset[bytes] = frozenset()) -> None:
     if allow_any_client:
         authenticator.configure_curve(domain=ZAP_DOMAIN, location=zmq.auth.CURVE_ALLOW_ANY)
         return
@@ -121,8 +126,8 @@ def _configure(authenticator: AsyncioAuthenticator, keys_dir: Path, allow_any_cl
     if isinstance(provider, AllowList):
         provider.reload()
         return
-    authenticator.configure_curve_callback(domain=ZAP_DOMAIN,
-                                           credentials_provider=AllowList(Path(keys_dir) / keys.ALLOWED))
+    authenticator.configure_curve_callback(
+        domain=ZAP_DOMAIN, credentials_provider=AllowList(Path(keys_dir) / keys.ALLOWED, members=members))
 
 
 def reload(authenticator: AsyncioAuthenticator, keys_dir: Path, allow_any_client: bool) -> None:

@@ -85,6 +85,28 @@ class BrokerConfig:
     max_sessions: int = 100_000  # mc0 sessions at most; past it, those heard from longest ago are dropped
     max_topics: int = 1_000_000  # topics at once; another is refused
     topic_idle: float = 60.0  # seconds a transient topic with no subscriber and nothing waiting is kept
+    # A cluster (docs/cluster.md): off while cluster_node is empty, and then nothing of it runs.
+    cluster_node: str = ""  # HOST:PORT of this broker's Raft (consensus) port
+    cluster_peers: tuple[str, ...] = ()  # the other brokers' Raft HOST:PORT
+    cluster_name: str = "mc0"  # part of the Raft password: two clusters sharing keys still do not mix
+    advertise: str = ""  # the mc0 endpoint clients and other brokers reach this one at; "" = from bind
+    cluster_timeout: float = 0.5  # seconds: Raft's shortest election timeout (the longest is twice it)
+    cluster_commit_timeout: float = 5.0  # seconds a strong OK waits for a majority before it is an ERROR
+    cluster_secret: str = ""  # the Raft password when CURVE is off ("" = Raft traffic in the clear)
+
+    @property
+    def clustered(self) -> bool:
+        return bool(self.cluster_node)
+
+    def advertised(self, bound: str) -> str:
+        """The mc0 endpoint this broker gives clients and other brokers: ``advertise``, or the endpoint it
+        bound when that names a host others can reach (not ``*`` or ``0.0.0.0``)."""
+        if self.advertise:
+            return addresses.zmq_endpoint(self.advertise, what="advertise")
+        if "://*:" in bound or "://0.0.0.0:" in bound or "://[::]:" in bound:
+            raise ConfigError(f"this broker binds {bound}: set advertise (or --advertise) to the address "
+                              "clients and the other brokers of the cluster reach it at")
+        return bound
 
     @property
     def allowlist_dir(self) -> Path:
@@ -131,6 +153,8 @@ _BROKER_KEYS = {
     "handshake_timeout": (int, float), "max_open_files": int,
     "descriptor_reserve": int, "input_budget": int, "session_idle": (int, float), "max_sessions": int,
     "max_topics": int, "topic_idle": (int, float),
+    "cluster_node": str, "cluster_peers": list, "cluster_name": str, "advertise": str,
+    "cluster_timeout": (int, float), "cluster_commit_timeout": (int, float), "cluster_secret": str,
 }
 #: Keys holding a gateway's HOST:PORT (or "off").
 GATEWAYS = ("sexp", "msgq", "rstreams", "lumberjack")
@@ -140,7 +164,8 @@ GATEWAYS = ("sexp", "msgq", "rstreams", "lumberjack")
 _POSITIVE = frozenset({"heartbeat_tick", "pending_limit", "max_message_size", "send_hwm", "recv_hwm",
                        "weak_sync_interval", "retention_interval", "sexp_ping_interval",
                        "msgq_max_message", "rstreams_part_size", "max_waiting_fetches", "handshake_timeout",
-                       "input_budget", "session_idle", "max_sessions", "max_topics", "topic_idle"})
+                       "input_budget", "session_idle", "max_sessions", "max_topics", "topic_idle",
+                       "cluster_timeout", "cluster_commit_timeout"})
 #: Numbers where 0 means something ("decide for me", "none") and below it nothing does.
 _NON_NEGATIVE = frozenset({"max_open_files", "descriptor_reserve"})
 
@@ -170,6 +195,33 @@ def bind_endpoint(text: str, where: str = "bind") -> str:
         return addresses.zmq_endpoint(text, what=where, bind=True)
     except addresses.AddressError as error:
         raise ConfigError(str(error)) from None
+
+
+def raft_address(text: str, where: str) -> str:
+    """A cluster member's Raft address as ``HOST:PORT`` (the form PySyncObj names nodes by): every broker
+    must spell each address the same way, so it is normalised here."""
+    try:
+        host, port = addresses.host_port(text, what=where)
+    except addresses.AddressError as error:
+        raise ConfigError(str(error)) from None
+    if port == 0:
+        raise ConfigError(f"{where}: {text!r}: a Raft address needs a fixed port (the others must know it)")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def check_cluster(config: BrokerConfig) -> None:
+    """Refuse, in one line, a cluster configuration that cannot work."""
+    if not config.cluster_node:
+        if config.cluster_peers:
+            raise ConfigError("cluster_peers is set but cluster_node is not: set this broker's own Raft "
+                              "address (--cluster-node HOST:PORT)")
+        return
+    if not config.cluster_peers:
+        raise ConfigError("cluster_node is set but cluster_peers is empty: list the other brokers' Raft "
+                          "addresses (--cluster-peer HOST:PORT, once per broker)")
+    if config.cluster_node in config.cluster_peers:
+        raise ConfigError(f"cluster_peers lists this broker's own address {config.cluster_node}: list only "
+                          "the others")
 
 
 def _enum(kind: type, raw: Any, where: str) -> Any:
@@ -281,6 +333,14 @@ def load(path: Path | None, base: BrokerConfig = DEFAULTS) -> BrokerConfig:
             listen_address(value, f"{path}: [broker].{key}")
         if key == "bind":
             value = bind_endpoint(value, f"{path}: [broker].bind")
+        if key == "cluster_peers":
+            if not all(isinstance(peer, str) for peer in value):
+                raise ConfigError(f"{path}: [broker].cluster_peers must be a list of HOST:PORT strings")
+            value = tuple(raft_address(peer, f"{path}: [broker].cluster_peers") for peer in value)
+        if key == "cluster_node" and value:
+            value = raft_address(value, f"{path}: [broker].cluster_node")
+        if key == "advertise" and value:
+            bind_endpoint(value, f"{path}: [broker].advertise")
         if key == "http_topic_labels" and value < 0:
             raise ConfigError(f"{path}: [broker].{key} must be 0 (no topic labels) or more, not {value}")
         changes[key] = Path(value) if key in ("keys_dir", "data_dir") else value

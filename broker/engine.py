@@ -217,6 +217,9 @@ class Topic:
     messages_out: int = 0
     dropped: int = 0
     duplicates: int = 0  # idempotent entries not stored again (their producer had stored them)
+    # A cluster leader's replicated topic (broker.cluster): readers get ids below this only, the ones on a
+    # majority of the cluster; None (a single broker) is no gate at all.
+    visible_until: int | None = None
     round_robin: bool = field(init=False)  # derived from spec once: publish() asks on every message
     element_size: int = field(init=False)  # likewise; 0 = bodies of any size
 
@@ -295,6 +298,13 @@ class Engine:
         self.failed: dict[bytes, str] = {}
         #: Topics found in the store whose log could not be opened at start, with why (refused until then).
         self.unavailable: dict[bytes, str] = {}
+        #: Called with each persistent topic once its log is open (a cluster registers and gates it).
+        self.on_persistent: Callable[[Topic], None] | None = None
+        # Gated topics whose gate moved since the last commit: readable as if the commit had written them.
+        self._released: list[bytes] = []
+        # Gated topics written ahead of this turn's commit (write_ahead), and the write failures it met.
+        self._ahead: set[Topic] = set()
+        self._ahead_failed: dict[Topic, StoreError] = {}
         if store is not None:
             # Persistent topics exist from the start: a queue holds its messages for consumers yet to come,
             # and ids continue where the log ends. Their topic ids are recorded with them, so they are stable
@@ -368,6 +378,8 @@ class Engine:
             self._idle[topic] = None  # nobody subscribed yet: reclaimed if it stays so
         self.topics[name] = topic
         self.names.add(name)
+        if log is not None and self.on_persistent is not None:
+            self.on_persistent(topic)
         return topic
 
     # ------------------------------------------------------------------------------------------ subscriptions
@@ -416,6 +428,8 @@ class Engine:
                 subscription.outstanding = len(subscription.unacked)
             else:
                 subscription.outstanding = len(held) if subscription.tracked else 0
+        if start is None and topic.visible_until is not None and not topic.round_robin:
+            start = topic.next_id  # gated: even live messages are read from the log, once on a majority
         if start is not None:
             subscription.position = start
             self._catching_up[subscription] = None
@@ -603,6 +617,16 @@ class Engine:
                 self._dirty.append(topic)
         topic.next_id += 1
         topic.messages_in += 1
+        if topic.visible_until is not None:
+            # Gated (a cluster's replicated topic): readers take it from the log once a majority holds it.
+            if topic.round_robin:
+                if topic.subscriptions:
+                    self._dispatch[topic] = None
+            else:
+                for subscription in topic.subscriptions:
+                    if subscription.position is None:
+                        subscription.position = message.id
+            return message
         if topic.round_robin:
             if log is not None:
                 # The log is the queue: hand the message on directly only when nothing older is waiting.
@@ -778,6 +802,7 @@ class Engine:
         at_time: int | None = None,
         records: bool = False,
         known_incarnation: str | None = None,
+        replica: bool = False,
     ) -> RangeRead:
         """Stored messages of the persistent topic ``name`` from ``start`` on.
 
@@ -815,12 +840,15 @@ class Engine:
         if log is None:
             raise EngineError(f"topic {_shown(name)} is transient: there is no log to fetch from (fetch "
                               "reads persistent topics)")
-        if topic.dirty:
+        if topic.dirty and not (replica and topic in self._ahead):
             # A shell bug, refused rather than answered: messages appended but not yet committed are not
-            # readable, so next_id would run ahead of what a reader can fetch.
+            # readable, so next_id would run ahead of what a reader can fetch. (A cluster's replica reads
+            # what was written ahead of the fsync: write_ahead.)
             raise EngineError(f"topic {_shown(name)} has uncommitted messages: fetch runs after the commit")
         first_id = log.first_id
         next_id = topic.next_id
+        if topic.visible_until is not None and not replica:
+            next_id = min(next_id, topic.visible_until)  # a cluster's reader sees what a majority holds
         if at_time is not None:
             start = _reading(log.find_time, at_time)
         identity = log.identity
@@ -834,6 +862,7 @@ class Engine:
         if max_messages <= 0 or start >= next_id:
             return read
         max_bytes = max(0, min(max_bytes, FETCH_MAX_BYTES))
+        max_messages = min(max_messages, next_id - start)  # a gated topic's readers stop at the gate
         if records:
             read.start_id, read.count, read.records = _reading(
                 log.read_records, start, max_messages, max_bytes)
@@ -870,17 +899,23 @@ class Engine:
         Returns the number of topics committed; :attr:`last_commit_messages` says how many messages."""
         if self.failed:
             self.failed = {}
+        if self._ahead:
+            self._ahead.clear()
         dirty = self._dirty
+        released, self._released = self._released, []
         if not dirty:
-            if self.committed:
-                self.committed = []
+            if self.committed or released:
+                self.committed = released
             return 0
         self._dirty = []
         messages = 0
-        self.committed = [topic.name for topic in dirty]
+        self.committed = [topic.name for topic in dirty] + released
         for topic in dirty:
             topic.dirty = False
             try:
+                failed = self._ahead_failed.pop(topic, None) if self._ahead_failed else None
+                if failed is not None:
+                    raise failed
                 topic.log.commit()  # type: ignore[union-attr] - only topics with a log are marked dirty
             except SyncFailed:
                 raise
@@ -892,6 +927,88 @@ class Engine:
             topic.committed_id = topic.next_id
         self.last_commit_messages = messages
         return len(dirty)
+
+    # ------------------------------------------------------------------------------ a cluster's hooks
+
+    def write_ahead(self) -> list[bytes]:
+        """Write (without the fsync) what the turn appended to gated topics, so that a cluster's followers can
+        read it while the leader's own fsync runs; :meth:`commit` then fsyncs. Nothing is confirmed or
+        delivered from it before the commit (readers other than replicas stop at the gate). Returns the
+        topics written."""
+        written = []
+        for topic in self._dirty:
+            if topic.visible_until is None or topic.log is None:
+                continue
+            try:
+                topic.log.write_ahead()
+            except SyncFailed:
+                raise
+            except StoreError as error:
+                self._ahead_failed[topic] = error  # commit() takes the turn's messages back
+                continue
+            self._ahead.add(topic)
+            written.append(topic.name)
+        return written
+
+    def gate(self, topic: Topic, until: int) -> None:
+        """Make ``topic`` a replicated topic: from now on its readers (subscribers, queues, FETCH) get only ids
+        below the gate, which :meth:`release` moves as the cluster's majority takes messages."""
+        if topic.visible_until is not None:
+            return
+        topic.visible_until = until
+        for subscription in topic.subscriptions:
+            if subscription.position is None and not topic.round_robin:
+                subscription.position = topic.next_id
+
+    def release(self, name: bytes, until: int) -> bool:
+        """Move a gated topic's gate up to ``until`` (never down): readers waiting there read on, and FETCHes
+        waiting for it are answered after the next commit. False if nothing moved."""
+        topic = self.topics.get(name)
+        if topic is None or topic.visible_until is None or until <= topic.visible_until:
+            return False
+        topic.visible_until = min(until, topic.next_id)
+        for subscription in topic.subscriptions:
+            if subscription.position is not None and subscription.position < until:
+                self._catching_up[subscription] = None
+        if topic.round_robin and topic.subscriptions:
+            self._dispatch[topic] = None
+        self._released.append(name)
+        return True
+
+    def append_replicated(self, name: bytes, records: bytes, start_id: int, count: int) -> Topic:
+        """Append records another broker numbered (a cluster follower copying its leader): checked by the
+        log, durable at the next commit. Nobody subscribes on a follower, so nothing is delivered."""
+        topic = self.topics.get(name) or self.topic(name)
+        log = topic.log
+        if log is None:
+            raise EngineError(f"topic {_shown(name)} is transient here: it has no log to copy into")
+        try:
+            log.append_records(records, start_id, count)
+        except SyncFailed:
+            raise
+        except StoreError as error:
+            raise EngineError(str(error)) from None
+        topic.next_id = log.next_id
+        topic.messages_in += count
+        self._mark_dirty(topic)
+        return topic
+
+    def truncate(self, name: bytes, from_id: int) -> int:
+        """Cut a persistent topic's log from ``from_id`` on (durably); returns how many messages went."""
+        topic = self.topics.get(name)
+        if topic is None or topic.log is None or from_id >= topic.next_id:
+            return 0
+        if topic.dirty:
+            self.commit()
+        try:
+            cut = topic.log.truncate(from_id)
+        except SyncFailed:
+            raise
+        except StoreError as error:
+            raise EngineError(str(error)) from None
+        topic.next_id = topic.committed_id = topic.log.next_id
+        topic.next_dispatch = min(topic.next_dispatch, topic.next_id)
+        return cut
 
     def _realign(self, topic: Topic, message: Message) -> Message:
         """A broken log came back from its files holding more than the engine thought stored (a commit that
@@ -973,7 +1090,14 @@ class Engine:
         if log is None or position is None:
             self._catching_up.pop(subscription, None)
             return 0
+        gate = topic.visible_until
+        if gate is not None and position >= gate:
+            # Gated: nothing more on a majority yet. Waits here until release() moves the gate.
+            del self._catching_up[subscription]
+            return 0
         room = min(subscription.room, budget, READ_CHUNK)
+        if gate is not None:
+            room = min(room, gate - position)
         if room <= 0:
             return 0
         try:
@@ -998,7 +1122,9 @@ class Engine:
             position = messages[-1].id + 1
         elif skipped > 0:
             position = going_on
-        if position >= topic.next_id:
+        if gate is not None:
+            subscription.position = position  # a gated reader never goes live: it reads up to the gate
+        elif position >= topic.next_id:
             # Caught up: every message so far came from the log, the next one arrives live. The switch happens
             # between two publishes on the one loop thread, so there is no gap and no duplicate at the seam.
             subscription.position = None
@@ -1018,6 +1144,8 @@ class Engine:
             topic.dropped += log.first_id - topic.next_dispatch
             topic.next_dispatch = log.first_id
         room = sum(max(0, subscription.room) for subscription in topic.subscriptions)
+        # A gated topic's queue hands out what is on a majority of the cluster only.
+        end = topic.next_id if topic.visible_until is None else min(topic.next_id, topic.visible_until)
         moved = 0
         while moved < budget and room > 0:
             if topic.redeliver:
@@ -1040,11 +1168,11 @@ class Engine:
                     break
                 heapq.heappop(topic.redeliver)
             else:
-                if topic.next_dispatch >= topic.next_id:
+                if topic.next_dispatch >= end:
                     break
                 try:
-                    messages = log.read(topic.next_dispatch, min(room, budget - moved, READ_CHUNK),
-                                        READ_CHUNK_BYTES)
+                    messages = log.read(topic.next_dispatch, min(room, budget - moved, READ_CHUNK,
+                                                                 end - topic.next_dispatch), READ_CHUNK_BYTES)
                 except DamagedRange as damage:
                     resume = min(damage.resume_id, topic.next_id)
                     topic.dropped += resume - topic.next_dispatch  # unreadable, as retention's: dropped
@@ -1076,7 +1204,7 @@ class Engine:
                 continue
             moved += 1
             room -= 1
-        if (not topic.redeliver and topic.next_dispatch >= topic.next_id) or room <= 0:
+        if (not topic.redeliver and topic.next_dispatch >= end) or room <= 0:
             self._dispatch.pop(topic, None)
         return moved
 

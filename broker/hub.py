@@ -94,6 +94,9 @@ class Hub:
         self.doors: list[Door] = []
         # Called at the end of every flush: the mc0 router re-arms its edge-triggered descriptor after sends.
         self.after_flush: list[Callable[[], None]] = []
+        # A cluster leader's: called with the gated topics written ahead of their fsync (Engine.write_ahead),
+        # before it, so followers copy while the leader fsyncs. Empty on a single broker: nothing is done.
+        self.ahead: list[Callable[[list[bytes], float], None]] = []
         self.monotonic = monotonic
         self.wall_ms = wall_ms
         self.max_retry = max_retry
@@ -155,6 +158,11 @@ class Hub:
         if now is None:
             now = self.monotonic()
         engine = self.engine
+        if self.ahead:
+            written = engine.write_ahead()
+            if written:
+                for early in self.ahead:
+                    early(written, now)
         # Before any answer or delivery leaves: acknowledgements must be honest.
         if engine.commit() and engine.last_commit_messages:
             self.commit_messages.observe(engine.last_commit_messages)

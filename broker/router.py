@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 import zmq
@@ -77,6 +77,44 @@ _pack_batch = msgpack.Packer(use_bin_type=True).pack
 DURABILITY_RANK = {b"memory": 0, b"written": 1, b"fsync": 2}
 
 
+class ClusterGate(Protocol):
+    """What a cluster (:mod:`broker.cluster`) decides for this door; absent on a single broker."""
+
+    commit_timeout: float
+
+    def refusal(self, event: mc0.Event) -> mc0.Error | None:
+        """An ERROR (with LEADER) for a command this broker must not serve now, or None."""
+        ...
+
+    def leader(self) -> bytes | None:
+        """The leader's mc0 endpoint when this broker does not lead (the OK to CONNECT names it), or None."""
+        ...
+
+    def replica_fetch(self, event: mc0.Fetch) -> None:
+        """A cluster member's FETCH: record what it acknowledges; EngineError to refuse it."""
+        ...
+
+    def replica_extra(self, topic: bytes, start: int, count: int) -> dict[bytes, bytes]:
+        """Headers a replica's FETCH reply carries besides the records (LINEAGE, PRODUCERS)."""
+        ...
+
+    def confirm(self, needs: dict[bytes, int], now: float, deadline: float) -> bool | str:
+        """Whether an OK for messages up to ``needs`` (topic -> last id) may go: True, False (wait), or the
+        text of the ERROR it becomes."""
+        ...
+
+
+@dataclass(slots=True)
+class _Held:
+    """A confirmed publish's OK held until a majority of the cluster holds its messages (or it times out)."""
+
+    frames: mc0.Frames
+    needs: dict[bytes, int]  # topic -> the last id the OK covers
+    deadline: float
+    command_id: bytes | None
+    delimiter: bool
+
+
 @dataclass(slots=True)
 class _FetchReply:
     """The place of a FETCH's reply in its client's reply order, until the reply is built (after a commit)."""
@@ -85,8 +123,9 @@ class _FetchReply:
     delimiter: bool  # the client's framing when it asked
 
 
-#: What waits to be sent to a client: encoded frames, or a FETCH reply still to be read from the log.
-Reply = mc0.Frames | _FetchReply
+#: What waits to be sent to a client: encoded frames, a FETCH reply still to be read from the log, or an OK
+#: held for a cluster's majority.
+Reply = mc0.Frames | _FetchReply | _Held
 #: What building a FETCH reply may give instead of frames: it waits for a commit (see broker.waiting).
 PARKED: mc0.Frames = []
 
@@ -145,6 +184,10 @@ class RouterShell:
         # CONFIRM each its results): their OK becomes an ERROR (an entry's result an error) if the commit
         # could not store a topic they went to (Engine.failed).
         self.confirming: list[tuple[int, mc0.Put | mc0.Puts, list[mc0.Confirmation] | None]] = []
+        # A cluster's decisions (None: a single broker), and per confirmed publish of this turn the last id it
+        # wrote in each topic (what its OK waits for in a cluster).
+        self.cluster: ClusterGate | None = None
+        self.needs: list[dict[bytes, int]] = []
         # messages_*: published through this door, and deliveries written to its clients; bytes_*: the last
         # frame of each frame set read from and sent to them, the payload (a body, a batch), which is nearly
         # all of the bytes; the verb and header frames are not counted (what the monitoring shows per door).
@@ -269,6 +312,12 @@ class RouterShell:
 
     def dispatch(self, session: Session, event: mc0.Event, wall: int) -> None:
         engine = self.engine
+        if self.cluster is not None:
+            refusal = self.cluster.refusal(event)
+            if refusal is not None:
+                self.counters["errors"] += 1
+                self.reply(session, refusal)
+                return
         match event:
             case mc0.Put(topic, body, command_id, headers):
                 message = engine.publish(topic, body, headers, wall)
@@ -276,11 +325,13 @@ class RouterShell:
                 if command_id is not None:
                     self.ok(session, command_id, self._published(session, message, (topic,)))
                     self.confirming.append((len(self.replies) - 1, event, None))
+                    self._need(event)
             case mc0.Puts(items=items, id=command_id, confirm_each=True):
                 assert command_id is not None  # the codec refuses CONFIRM each without an ID
                 results = self._publish_each(items, wall)
                 self.reply(session, mc0.confirms_ok(command_id, results))
                 self.confirming.append((len(self.replies) - 1, event, results))
+                self._need(event)
             case mc0.Puts(items, command_id, _, producer, sequence) if producer is not None and items:
                 # Idempotent: entries this producer already stored in the topic are skipped (a prefix).
                 topic = items[0][0]
@@ -292,6 +343,7 @@ class RouterShell:
                         extra.update(self._published(session, last, (topic,)))
                     self.ok(session, command_id, extra)
                     self.confirming.append((len(self.replies) - 1, event, None))
+                    self._need(event)
             case mc0.Puts(items, command_id):
                 # The codec checked every entry before this line: a batch is refused whole or published whole.
                 last = engine.publish_batch(items, wall)
@@ -302,6 +354,7 @@ class RouterShell:
                         extra.update(self._published(session, last, {item[0] for item in items}))
                     self.ok(session, command_id, extra)
                     self.confirming.append((len(self.replies) - 1, event, None))
+                    self._need(event)
             case mc0.Noop(command_id):
                 if command_id is not None:
                     self.ok(session, command_id)
@@ -359,6 +412,9 @@ class RouterShell:
                     self.tick = heartbeat_tick(self.tick, [session.ttl])
                 if command_id is not None:
                     extra = {mc0.EXTENSIONS: " ".join(sorted(extensions)).encode()} if extensions else {}
+                    leader = self.cluster.leader() if self.cluster is not None else None
+                    if leader is not None:
+                        extra[mc0.LEADER] = leader  # a cluster's follower: the client may go there at once
                     self.ok(session, command_id, extra)
             case mc0.Disconnect(command_id):
                 if command_id is not None:
@@ -367,6 +423,10 @@ class RouterShell:
             case mc0.Fetch(id=command_id):
                 if command_id is None:  # the codec refuses it too; a door handing us events might not
                     raise ProtocolError("FETCH needs an ID to answer to")
+                if event.replica is not None:
+                    if self.cluster is None:
+                        raise EngineError("this broker is not in a cluster: REPLICA fetches go to cluster members")
+                    self.cluster.replica_fetch(event)
                 # Answered after the commit (answer()), in this reply's place: see _FetchReply.
                 self.replies.append((session, _FetchReply(event, session.delimiter)))
             case mc0.Stats(command_id, _, prefix, after, limit):
@@ -385,6 +445,15 @@ class RouterShell:
                 verb = type(event).__name__.upper()
                 raise ProtocolError(f"{verb} is sent by the broker, not by clients",
                                     command_id=getattr(event, "id", None))
+
+    def _need(self, event: mc0.Put | mc0.Puts) -> None:
+        """In a cluster: the last id a confirmed publish wrote in each of its topics (taken right after it, so
+        the topic's newest id is this command's)."""
+        if self.cluster is None:
+            return
+        topics = self.engine.topics
+        names = (event.topic,) if type(event) is mc0.Put else {item[0] for item in event.items}
+        self.needs.append({name: topics[name].next_id - 1 for name in names if name in topics})
 
     def refuse(self, session: Session, error: ProtocolError, body: list[bytes]) -> None:
         """ERROR for a command, carrying its ID whenever it had one (mc0 requires it)."""
@@ -444,7 +513,10 @@ class RouterShell:
         if self.confirming:
             if self.engine.failed:
                 self._unconfirm()
+            if self.cluster is not None:
+                self._hold(now)
             self.confirming.clear()
+            self.needs.clear()
         if self.waits.count or self.woken:
             self._answer_waits(now)  # before this turn's FETCHes park: those have seen the commit already
         self._send_replies(now)
@@ -468,6 +540,11 @@ class RouterShell:
             current = self.sessions.by_identity.get(session.identity) is session
             while queue:
                 frames = queue[0]
+                if type(frames) is _Held:
+                    frames = self._held(frames, now)
+                    if frames is None:
+                        break
+                    queue[0] = frames
                 if type(frames) is _FetchReply:
                     if not current:
                         break  # nobody to read the log for
@@ -489,7 +566,10 @@ class RouterShell:
         self.replies = []
         for session, reply in replies:
             if not session.stalled:
-                frames = self._build(reply, session, now) if type(reply) is _FetchReply else reply
+                if type(reply) is _Held:
+                    frames = self._held(reply, now)
+                else:
+                    frames = self._build(reply, session, now) if type(reply) is _FetchReply else reply
                 if frames is PARKED:
                     continue
                 if frames is not None:
@@ -502,6 +582,30 @@ class RouterShell:
             self.stalled.add(session)
             if len(session.stalled) > MAX_STALLED_REPLIES:
                 self.drop(session, f"{MAX_STALLED_REPLIES} replies unread")
+
+    def _hold(self, now: float) -> None:
+        """In a cluster: each confirmed publish's OK waits until a majority holds its messages."""
+        assert self.cluster is not None
+        failed = self.engine.failed
+        deadline = now + self.cluster.commit_timeout
+        for (index, event, _), needs in zip(self.confirming, self.needs, strict=True):
+            if not needs or any(name in failed for name in needs):
+                continue
+            session, frames = self.replies[index]
+            if type(frames) is list:
+                self.replies[index] = (session, _Held(frames, needs, deadline, event.id, session.delimiter))
+
+    def _held(self, held: _Held, now: float) -> mc0.Frames | None:
+        """A held OK's frames once a majority holds its messages, an ERROR's if that cannot be had in time,
+        or None while it waits."""
+        assert self.cluster is not None
+        verdict = self.cluster.confirm(held.needs, now, held.deadline)
+        if verdict is True:
+            return held.frames
+        if verdict is False:
+            return None
+        self.counters["errors"] += 1
+        return mc0.encode(mc0.Error(str(verdict).encode(), held.command_id), delimiter=held.delimiter)
 
     def _unconfirm(self) -> None:
         """The commit could not store some topics: the OKs of this turn's publishes to them become ERRORs
@@ -557,7 +661,7 @@ class RouterShell:
             read = self.engine.read_range(
                 event.topic, event.start, min(max_messages, mc0.FETCH_MAX_MESSAGES),
                 min(max_bytes, mc0.FETCH_MAX_BYTES), at_time=event.at_time, records=event.records,
-                known_incarnation=known,
+                known_incarnation=known, replica=event.replica is not None,
             )
         except EngineError as error:
             self.counters["errors"] += 1
@@ -567,8 +671,11 @@ class RouterShell:
         if event.records:
             self.fetch_bytes -= len(read.records)
             self.fetch_messages -= read.count
-            return mc0.records_ok(command_id, read.first_id, read.next_id, read.start_id, read.count,
-                                  incarnation, read.records), waitable
+            ok = mc0.records_ok(command_id, read.first_id, read.next_id, read.start_id, read.count,
+                                incarnation, read.records)
+            if event.replica is not None and self.cluster is not None:
+                ok.headers.update(self.cluster.replica_extra(event.topic, read.start_id, read.count))
+            return ok, waitable
         size = 0
         items = []
         for message in read.messages:
@@ -577,18 +684,29 @@ class RouterShell:
         self.fetch_bytes -= size
         self.fetch_messages -= len(items)
         ok = mc0.fetch_ok(command_id, read.first_id, read.next_id, items, incarnation, read.start_id)
+        if event.replica is not None and self.cluster is not None:
+            ok.headers.update(self.cluster.replica_extra(event.topic, read.start_id, 0))
         return ok, waitable
 
-    def _answer_waits(self, now: float) -> None:
-        """Waiting FETCHes whose topic this turn's commit wrote, or whose wait is over: read again, and answer
-        what found something (or ran out of time); the rest wait on. Bounded by the turn's fetch budget like
-        any FETCH: what is left is answered next turn."""
+    def answer_ahead(self, written: list[bytes], now: float) -> None:
+        """A cluster leader's turn wrote ``written`` and is about to fsync them: the FETCHes waiting on them
+        (followers' long polls) are answered now, so the followers' fsyncs run while the leader's does."""
+        self.fetch_bytes = FETCH_TURN_BYTES
+        self.fetch_messages = FETCH_TURN_MESSAGES
+        if self.waits.count:
+            self._answer_waits(now, written)
+
+    def _answer_waits(self, now: float, written: list[bytes] | None = None) -> None:
+        """Waiting FETCHes whose topic this turn's commit wrote (or ``written`` names), or whose wait is
+        over: read again, and answer what found something (or ran out of time); the rest wait on. Bounded by
+        the turn's fetch budget like any FETCH: what is left is answered next turn."""
         waits, woken = self.waits, self.woken
         if waits.count:
-            committed = self.engine.committed
+            committed = self.engine.committed if written is None else written
             if committed:
                 woken.extend(waits.woken(committed))
-            woken.extend(waits.expired(now))
+            if written is None:
+                woken.extend(waits.expired(now))
         while woken:
             wait = woken[0]
             session = wait.owner
@@ -721,6 +839,17 @@ class RouterShell:
             log.log(level, "client %s dropped: %s", session.identity.hex(), why)
         self.engine.detach(session.subscriber)
         self.waits.forget(session)
+
+    def send_away(self, text: str, leader: bytes | None) -> None:
+        """This broker no longer serves (a cluster member that stopped leading): every client gets an ERROR
+        without ID naming the leader (``LEADER``), which the connector follows, and loses its subscriptions
+        here (it subscribes again at the leader, resuming after its last ids)."""
+        now = self.monotonic()
+        error = mc0.leader_error(text, leader, None)
+        for session in list(self.sessions.by_identity.values()):
+            self.send(session, mc0.encode(error, delimiter=session.delimiter), now)
+            self.engine.detach(session.subscriber)
+            self.waits.forget(session)
 
     # -------------------------------------------------------------------------------------------------- stats
 

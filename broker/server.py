@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ctypes
 import ctypes.util
 import errno
@@ -220,6 +221,16 @@ def _lumberjack_tls(config: BrokerConfig) -> ssl.SSLContext | None:
     return context
 
 
+def _demoted(router: RouterShell, gateways: dict[str, Gateway], leader: str | None) -> None:
+    """A cluster member stopped leading: the TCP doors close their connections at once; once the leader is
+    known, the mc0 clients are sent there."""
+    if leader is None:
+        for gateway in gateways.values():
+            gateway.close_all("this broker no longer leads the cluster")
+        return
+    router.send_away(f"this broker no longer leads the cluster: the leader is {leader}", leader.encode())
+
+
 def _router_socket(context: zmq.asyncio.Context, config: BrokerConfig) -> zmq.asyncio.Socket:
     socket = context.socket(zmq.ROUTER)
     socket.router_mandatory = 1  # a send to a vanished peer raises EHOSTUNREACH instead of vanishing
@@ -276,7 +287,8 @@ async def _serve(
     watch: descriptors.DescriptorWatch | None = None
     try:
         if config.curve:
-            authenticator = auth.secure(context, socket, config.keys_dir, config.allow_any_client)
+            authenticator = auth.secure(context, socket, config.keys_dir, config.allow_any_client,
+                                        cluster=config.clustered)
         else:
             log.warning("CURVE is OFF: traffic on %s is plaintext and any client is admitted", config.bind)
         socket.bind(config.bind)
@@ -285,6 +297,17 @@ async def _serve(
                              max_waiting_fetches=config.max_waiting_fetches, session_idle=config.session_idle,
                              max_sessions=config.max_sessions)
         hub.add(router)
+        cluster = None
+        if config.clustered:
+            from broker.cluster.node import Cluster  # PySyncObj only where a cluster runs
+
+            cluster = Cluster(config, engine, store, hub.schedule, hub.flush, context, endpoint)
+            router.cluster = cluster
+            hub.limits["cluster"] = cluster.stats
+            cluster.on_demoted = functools.partial(_demoted, router, gateways)
+            hub.ahead.append(router.answer_ahead)
+            for gateway in gateways.values():
+                gateway.refusing = cluster.tcp_refusal
         for gateway in gateways.values():
             await gateway.start()
             hub.add(gateway)
@@ -322,6 +345,8 @@ async def _serve(
             watching = group.create_task(watch.run(), name="descriptors")
             tasks |= {group.create_task(gateway.run(), name=f"{name}-gateway")
                       for name, gateway in gateways.items()}
+            if cluster is not None:
+                tasks.add(group.create_task(cluster.run(), name="cluster"))
             stopper = group.create_task(broker.stop_event.wait(), name="stop")
             await asyncio.wait({*tasks, stopper}, return_when=asyncio.FIRST_COMPLETED)
             for task in (*tasks, stopper, watching):

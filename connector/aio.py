@@ -13,7 +13,7 @@ import contextlib
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Unpack
 
 import zmq
@@ -30,6 +30,7 @@ from connector.base import (
     broker_mechanism,
     close_socket,
     group_outbox,
+    leader_of,
     make_socket,
     reply_or_raise,
     stats_event,
@@ -69,7 +70,8 @@ class AsyncClient(ClientBase):
     ...     print((await client.receive(timeout=1)).text)
     """
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, **options: Unpack[ClientOptions]) -> None:
+    def __init__(self, endpoint: str | Sequence[str] = DEFAULT_ENDPOINT,
+                 **options: Unpack[ClientOptions]) -> None:
         """Nothing happens on the wire until :meth:`connect` (or ``async with``). Options: see
         :class:`connector.base.ClientBase`."""
         super().__init__(endpoint, **options)
@@ -77,6 +79,7 @@ class AsyncClient(ClientBase):
         self._acks: dict[bytes, list[int]] = {}  # acked this loop turn, per topic: one ACK each at the flush
         # A command's reply goes to its future, or to the futures of the publishes it confirms.
         self._waiting: dict[bytes, asyncio.Future[mc0.Ok | mc0.Error] | Confirms] = {}
+        self._events: dict[bytes, Any] = {}  # what each command waiting for its answer sent (to send again)
         self._in_flight = 0  # confirmed publishes queued or sent and not yet settled
         self._confirm_room = asyncio.Event()  # set whenever confirmations settle
         self._context = zmq.asyncio.Context()
@@ -109,11 +112,20 @@ class AsyncClient(ClientBase):
             while True:
                 try:
                     answer = await asyncio.wait_for(reply, max(0.0, deadline - loop.time()))
-                    break
                 except ConnectorError:
                     if self._connecting is reply:
                         raise
                     reply = self._connecting  # the reader gave up on a silent broker and sent a new CONNECT
+                    continue
+                if isinstance(answer, mc0.Ok) and leader_of(answer) is not None and self._move(leader_of(answer)):
+                    self._moving = False
+                    reply = self._open()  # a cluster member that does not lead: connect to the leader
+                    continue
+                if self._connecting is not reply:
+                    reply = self._connecting  # moved meanwhile (a member that could not be reached)
+                    continue
+                break
+            self._moves_in_row = 0
             self._core.connected(reply_or_raise(answer, "CONNECT"))
             self._ready = self._established = True
         except TimeoutError:
@@ -348,17 +360,22 @@ class AsyncClient(ClientBase):
         self._check()
         self._flush()  # keep order: everything published before this command goes first
         core = self._core
-        command_id, frames = core.command(event)  # records a SUB or UNSUB (undone if the SUB is refused)
         future: asyncio.Future[mc0.Ok | mc0.Error] = asyncio.get_running_loop().create_future()
-        self._waiting[command_id] = future
-        self._send(frames, time.monotonic())
+        self._command(event, future)
         wait = self.timeout if timeout is None else timeout
         try:
             reply = await asyncio.wait_for(future, wait)
         except TimeoutError:
-            self._waiting.pop(command_id, None)
             raise ConnectorError(f"no answer to {what} within {wait:g}s") from None
         return reply_or_raise(reply, what)
+
+    def _command(self, event: Any, future: asyncio.Future[mc0.Ok | mc0.Error]) -> None:
+        """Send ``event`` with a fresh ID; its answer goes to ``future`` (sent again to a cluster's leader if
+        a follower refuses it)."""
+        command_id, frames = self._core.command(event)  # records a SUB or UNSUB (undone if refused)
+        self._waiting[command_id] = future
+        self._events[command_id] = event
+        self._send(frames, time.monotonic())
 
     def _open(self) -> asyncio.Future[mc0.Ok | mc0.Error]:
         """A new DEALER, CONNECT, and SUB for everything subscribed before; returns the CONNECT's reply."""
@@ -378,9 +395,28 @@ class AsyncClient(ClientBase):
         loop.call_soon(self._monitor_readable)
         self._watch = self._new_watch()
         self._unsent.clear()
+        self._events.clear()
         self._handshake(time.monotonic())
+        # What a follower refused goes to the leader now, ahead of what was queued after it.
+        resend, self._resend = self._resend, []
+        for item in resend:
+            if type(item) is Confirms:
+                assert item.items is not None
+                for publish, future in zip(reversed(item.items), reversed(item.futures), strict=True):
+                    self._outbox.appendleft(QueuedConfirm(publish, future))
+                self._schedule_flush()
+            else:
+                future, event = item
+                if not future.done():
+                    self._command(event, future)
         assert self._connecting is not None
         return self._connecting
+
+    def _follow_move(self) -> None:
+        """A move to another broker is due (a LEADER answer, or one that cannot be reached): connect there."""
+        if self._moving and not self._closed and not self._closing:
+            self._moving = False
+            self._open()
 
     def _handshake(self, now: float) -> None:
         orphans = list(self._waiting)
@@ -458,7 +494,8 @@ class AsyncClient(ClientBase):
                     start = 0
                     for command_id, frames, count in self._core.pack_confirms([c.item for c in run]):
                         futures = [c.future for c in run[start : start + count]]
-                        self._waiting[command_id] = Confirms(futures, self._release_confirms)
+                        items = [c.item for c in run[start : start + count]]
+                        self._waiting[command_id] = Confirms(futures, self._release_confirms, items)
                         start += count
                         self._send(frames, now)
                 else:
@@ -505,6 +542,9 @@ class AsyncClient(ClientBase):
         if raw is None or self._closed or self._paused:
             return  # a paused reader polls on its own timer
         self._read(raw, time.monotonic())
+        if self._moving:
+            self._follow_move()
+            return
         if raw.get(zmq.EVENTS) & zmq.POLLIN:
             self._schedule_read()  # the read budget ran out: the rest on the next turn
 
@@ -525,6 +565,9 @@ class AsyncClient(ClientBase):
             now = time.monotonic()
             if not paused:
                 self._read(raw, now)
+            if self._moving:
+                self._follow_move()
+                continue
             if core.noop_due(now):
                 self._send(mc0.encode(mc0.Noop()), now)
             if not self._watch.connected:
@@ -534,16 +577,26 @@ class AsyncClient(ClientBase):
             alive = paused and bool(raw.get(zmq.EVENTS) & zmq.POLLIN)
             if core.broker_silent(now) and not alive:
                 self.reconnects += 1
+                if len(self.endpoints) > 1:
+                    self._move(None)
                 self._open()
 
     def _reconnected(self, future: asyncio.Future[mc0.Ok | mc0.Error]) -> None:
         if not future.cancelled() and future.exception() is None:
             reply = future.result()
+            if isinstance(reply, mc0.Ok) and leader_of(reply) is not None and self._move(leader_of(reply)):
+                return  # a cluster member that does not lead: the reader connects to the leader
             if isinstance(reply, mc0.Ok):
+                self._moves_in_row = 0
                 self._core.connected(reply)
 
     def _resolve(self, reply: mc0.Ok | mc0.Error) -> None:
         waiting = self._waiting.pop(reply.id, None)  # type: ignore[arg-type] - the caller checked the id
+        event = self._events.pop(reply.id, None)  # type: ignore[arg-type]
+        resendable = type(waiting) is Confirms or (waiting is not None and event is not None)
+        if resendable and not self._closing and self._redirected(reply):
+            self._resend.append(waiting if type(waiting) is Confirms else (waiting, event))
+            return
         if type(waiting) is Confirms:
             waiting.settle(reply)
         elif waiting is not None and not waiting.done():  # type: ignore[union-attr]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from socket import create_connection
 from types import MappingProxyType
@@ -30,6 +30,10 @@ READ_BUDGET = 512
 #: Reconnect attempts while the broker is away: the first after this many ms, doubling up to the second.
 RECONNECT_FIRST_MS = 20
 RECONNECT_MAX_MS = 200
+#: Moves from broker to broker in a row (LEADER answers, endpoints that cannot be reached) before a command a
+#: follower refused fails instead of following once more: a cluster electing a leader takes a few of them.
+MAX_REDIRECTS = 50
+
 #: Confirmed publishes in flight per client by default (NATS JetStream's publish_async bounds 4,000; ours is
 #: the broker's batch size, so a full window is one PUTS CONFIRM each and one fsync on a strong topic).
 DEFAULT_MAX_CONFIRMS = 1024
@@ -55,11 +59,13 @@ class Confirms:
     path that forgets a command fails its futures. ``release(n)`` gives the client back n slots of its
     ``max_confirms`` once they are settled: once per command, not once per message."""
 
-    __slots__ = ("futures", "release")
+    __slots__ = ("futures", "items", "release")
 
-    def __init__(self, futures: list[_Future], release: Callable[[int], None]) -> None:
+    def __init__(self, futures: list[_Future], release: Callable[[int], None],
+                 items: list[Publish] | None = None) -> None:
         self.futures = futures
         self.release = release
+        self.items = items  # what was sent: sent again to a cluster's leader when a follower refused it
 
     def settle(self, reply: mc0.Ok | mc0.Error) -> None:
         for future, result in zip(self.futures, confirm_results(reply, len(self.futures)), strict=True):
@@ -118,6 +124,35 @@ def group_outbox(items: Iterable[Any]) -> Iterator[tuple[type, list[Any]]]:
             yield this, [item]
     if run:
         yield kind, run  # type: ignore[misc]
+
+
+def parse_endpoints(endpoint: str | Sequence[str]) -> list[str]:
+    """The brokers a client may connect to: one address, several separated by commas (a cluster's members),
+    or a list of them; each in the forms of :mod:`connector.addresses`."""
+    parts = endpoint.split(",") if isinstance(endpoint, str) else list(endpoint)
+    out: list[str] = []
+    try:
+        for part in parts:
+            if part.strip():
+                address = addresses.zmq_endpoint(part, what="broker endpoint")
+                if address not in out:
+                    out.append(address)
+    except addresses.AddressError as error:
+        raise ConnectorError(str(error)) from None
+    if not out:
+        raise ConnectorError("no broker endpoint given")
+    return out
+
+
+def leader_of(reply: mc0.Ok | mc0.Error) -> str | None:
+    """The cluster leader's endpoint a broker that does not lead names in its answer (LEADER), if any."""
+    raw = reply.headers.get(mc0.LEADER)
+    if not raw:
+        return None
+    try:
+        return addresses.zmq_endpoint(raw.decode("utf-8", "replace"), what="LEADER")
+    except addresses.AddressError:
+        return None
 
 
 def resolve_credentials(
@@ -260,7 +295,7 @@ class ClientBase:
 
     def __init__(
         self,
-        endpoint: str = DEFAULT_ENDPOINT,
+        endpoint: str | Sequence[str] = DEFAULT_ENDPOINT,
         *,
         keys: str | Path | None = None,
         credentials: Credentials | None = None,
@@ -273,11 +308,15 @@ class ClientBase:
     ) -> None:
         if max_confirms < 1:
             raise ValueError("max_confirms must be at least 1")
-        try:
-            self.endpoint = addresses.zmq_endpoint(endpoint, what="broker endpoint")
-        except addresses.AddressError as error:
-            raise ConnectorError(str(error)) from None
+        #: The brokers this client may use (a cluster's members), and the one it uses now.
+        self.endpoints = parse_endpoints(endpoint)
+        self.endpoint = self.endpoints[0]
         self.timeout = timeout
+        #: Times the client moved to another broker (a LEADER answer, or one it could not reach).
+        self.moves = 0
+        self._moving = False  # a move is due: the I/O side opens a connection to self.endpoint
+        self._moves_in_row = 0
+        self._resend: list[Any] = []  # commands a follower refused, sent again once connected to the leader
         self.reconnects = 0
         self._credentials = resolve_credentials(keys, credentials, curve)
         self._core = ClientCore(ttl)
@@ -325,6 +364,8 @@ class ClientBase:
                 got = True
             elif reply is not None and reply.id is not None:
                 self._resolve(reply)
+            elif isinstance(reply, mc0.Error) and leader_of(reply) not in (None, self.endpoint):
+                self._move(leader_of(reply))  # a cluster member that stopped leading sends its clients away
         if got:
             self._arrived.set()
         return count
@@ -358,6 +399,9 @@ class ClientBase:
             self._handshake(now)
             return
         self.connection_problem = verdict.reason  # type: ignore[union-attr] - an Unreachable
+        if len(self.endpoints) > 1 and self._moves_in_row < MAX_REDIRECTS * len(self.endpoints):
+            self._move(None)  # a cluster: another member may lead now
+            return
         if not self._established:
             self._unreachable(verdict.reason)  # type: ignore[union-attr]
 
@@ -365,6 +409,34 @@ class ClientBase:
         """Read the broker's mechanism from its greeting (a plain TCP probe, a second at most) and act on the
         verdict. The blocking client does it on its I/O thread; the asyncio client in a worker thread."""
         self._verdict(self._watch.mechanism(broker_mechanism(self.endpoint)), now)
+
+    def _move(self, leader: str | None) -> bool:
+        """Connect to another broker next: ``leader`` (a LEADER answer named it), or the next endpoint of the
+        list. The I/O side does it (``_moving``) once it is done reading. False when moves in a row are used
+        up (the caller then fails what it was doing)."""
+        if self._moves_in_row >= MAX_REDIRECTS * len(self.endpoints):
+            return False
+        if leader is not None:
+            if leader not in self.endpoints:
+                self.endpoints.append(leader)
+            self.endpoint = leader
+        else:
+            index = self.endpoints.index(self.endpoint) if self.endpoint in self.endpoints else -1
+            self.endpoint = self.endpoints[(index + 1) % len(self.endpoints)]
+        self._moves_in_row += 1
+        self.moves += 1
+        self._moving = True
+        return True
+
+    def _redirected(self, reply: mc0.Ok | mc0.Error) -> bool:
+        """A broker that does not lead its cluster refused a command, naming the leader: move there (True: the
+        command is to be sent again there, nothing of it was stored)."""
+        if not isinstance(reply, mc0.Error):
+            return False
+        leader = leader_of(reply)
+        if leader is None:
+            return False
+        return self._move(leader if leader != self.endpoint else None)
 
     def _handshake(self, now: float) -> None:
         """The connection came back (the broker restarted, or dropped us): CONNECT and subscribe again on this

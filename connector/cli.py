@@ -80,7 +80,8 @@ def _client_options(func: Any) -> Any:
                         help="Folder with broker.key and client.key_secret.")(func)
     func = click.option("--broker", "endpoint", default=DEFAULT_ENDPOINT, envvar="MC0_BROKER",
                         show_envvar=True, show_default=True,
-                        help="The broker's mc0 address: tcp://HOST:PORT, HOST:PORT or a port.")(func)
+                        help="The broker's mc0 address: tcp://HOST:PORT, HOST:PORT or a port; a cluster's "
+                             "members separated by commas (the client follows the leader).")(func)
     return func
 
 
@@ -118,9 +119,16 @@ def _connect(endpoint: str, keys_dir: Path, no_curve: bool, **options: Any) -> C
 @click.option("--allow-any-client", is_flag=True, help="CURVE encryption without the client allow-list.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               help="Logging level [default: INFO].")
+@click.option("--cluster-node", metavar="HOST:PORT",
+              help="This broker's Raft address: it joins a cluster (docs/cluster.md).")
+@click.option("--cluster-peer", "cluster_peers", metavar="HOST:PORT", multiple=True,
+              help="Another broker's Raft address (once per broker of the cluster).")
+@click.option("--advertise", metavar="ADDRESS",
+              help="The mc0 address clients and the other brokers reach this broker at (in a cluster).")
 def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, data_dir: Path | None,
            sexp: str | None, msgq: str | None, rstreams: str | None, lumberjack: str | None,
-           http: str | None, no_curve: bool, allow_any_client: bool, log_level: str | None) -> None:
+           http: str | None, no_curve: bool, allow_any_client: bool, log_level: str | None,
+           cluster_node: str | None, cluster_peers: tuple[str, ...], advertise: str | None) -> None:
     """Run the broker until SIGINT or SIGTERM."""
     from broker import config as broker_config
     from broker import server
@@ -130,7 +138,12 @@ def broker(config_file: Path | None, bind: str | None, keys_dir: Path | None, da
         data_dir=data_dir, log_level=log_level.upper() if log_level else None,
         curve=False if no_curve else None, allow_any_client=True if allow_any_client else None, sexp=sexp,
         msgq=msgq, rstreams=rstreams, lumberjack=lumberjack, http=http,
+        cluster_node=broker_config.raft_address(cluster_node, "--cluster-node") if cluster_node else None,
+        cluster_peers=tuple(broker_config.raft_address(peer, "--cluster-peer") for peer in cluster_peers)
+        or None,
+        advertise=broker_config.bind_endpoint(advertise, "--advertise") if advertise else None,
     )
+    broker_config.check_cluster(config)
     for name in broker_config.GATEWAYS:
         config.gateway_address(name)  # a malformed address is a one-line error before anything starts
     config.http_address  # noqa: B018 - likewise

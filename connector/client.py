@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Unpack
@@ -35,6 +35,7 @@ from connector.base import (
     TopicSettings,
     close_socket,
     group_outbox,
+    leader_of,
     make_socket,
     reply_or_raise,
     stats_event,
@@ -169,8 +170,11 @@ class Client(ClientBase):
     ...     print(client.receive(timeout=1).text)
     """
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, **options: Unpack[ClientOptions]) -> None:
-        """Connect and wait for the broker's OK. Options: see :class:`connector.base.ClientBase`."""
+    def __init__(self, endpoint: str | Sequence[str] = DEFAULT_ENDPOINT,
+                 **options: Unpack[ClientOptions]) -> None:
+        """Connect and wait for the broker's OK. ``endpoint``: one broker, or a cluster's members (a list, or
+        addresses separated by commas): the client connects to the leader and follows it. Options: see
+        :class:`connector.base.ClientBase`."""
         super().__init__(endpoint, **options)
         self._outbox: deque[Publish | mc0.Ack | _Request | QueuedConfirm] = deque()
         self._in_flight = 0  # confirmed publishes queued or sent and not yet settled (guarded by _room)
@@ -615,6 +619,15 @@ class Client(ClientBase):
         self._watch = self._new_watch()
         self._unsent.clear()
         self._handshake(time.monotonic())
+        # What a follower refused goes to the leader now, ahead of what was queued after it.
+        resend, self._resend = self._resend, []
+        for item in reversed(resend):
+            if type(item) is Confirms:
+                assert item.items is not None
+                for publish, future in zip(reversed(item.items), reversed(item.futures), strict=True):
+                    self._outbox.appendleft(QueuedConfirm(publish, future))
+            else:
+                self._outbox.appendleft(item)
 
     def _handshake(self, now: float) -> None:
         orphans = list(self._waiting)
@@ -635,7 +648,10 @@ class Client(ClientBase):
     def _on_connected(self, future: Future[mc0.Ok]) -> None:
         with contextlib.suppress(BaseException):
             reply = future.result()
+            if isinstance(reply, mc0.Ok) and leader_of(reply) is not None and self._move(leader_of(reply)):
+                return  # a cluster member that does not lead: connect to the leader instead
             if isinstance(reply, mc0.Ok):
+                self._moves_in_row = 0
                 self._core.connected(reply)
                 self._established = True
                 if not self._connected.done():
@@ -675,6 +691,10 @@ class Client(ClientBase):
                 self._verdict(self._watch.check(now), now)
             if not self._paused_reading:
                 self._read(socket, now)
+            if self._moving and self._closing is None:
+                self._moving = False
+                self._open()  # another broker of the cluster (the leader, or the next one to try)
+                continue
             if self._closing is not None and self._closing.future.done():
                 return  # DISCONNECT answered (or failed): everything sent before it reached the broker
             self._write(now)
@@ -684,6 +704,8 @@ class Client(ClientBase):
                 core.last_heard = now  # silence counts on a live connection only: ZeroMQ is reconnecting
             if core.broker_silent(now) and not self._data_waiting(socket):
                 self.reconnects += 1
+                if len(self.endpoints) > 1:
+                    self._move(None)
                 self._open()
 
     def _data_waiting(self, socket: zmq.Socket) -> bool:
@@ -692,8 +714,13 @@ class Client(ClientBase):
 
     def _resolve(self, reply: mc0.Ok | mc0.Error) -> None:
         request = self._waiting.pop(reply.id, None)  # type: ignore[arg-type] - the caller checked the id
-        if request is not None:
-            request.settle(reply)
+        if request is None:
+            return
+        resendable = type(request) is Confirms or (type(request) is _Request and request.event is not None)
+        if resendable and self._closing is None and self._redirected(reply):
+            self._resend.append(request)  # refused by a follower: nothing was stored, the leader gets it
+            return
+        request.settle(reply)
 
     def _write(self, now: float) -> None:
         """Send what callers queued, in order, up to and including the DISCONNECT of a close()."""
@@ -753,7 +780,8 @@ class Client(ClientBase):
             start = 0
             for command_id, frames, count in self._core.pack_confirms([c.item for c in confirms]):
                 futures = [c.future for c in confirms[start : start + count]]
-                self._waiting[command_id] = Confirms(futures, self._release_confirms)
+                items = [c.item for c in confirms[start : start + count]]
+                self._waiting[command_id] = Confirms(futures, self._release_confirms, items)
                 start += count
                 self._send(frames, now)
 

@@ -462,8 +462,14 @@ class ClientCore:
             self.incarnations[name] = incarnation
             if before is None or before == incarnation:
                 continue
-            self.log_changes.append((name, before, incarnation))
             start = first[index] if index < len(first) else b""
+            last = self.last_ids.get(name)
+            if start.isdigit() and last is not None and int(start) - 1 >= last:
+                # A successor that holds everything read (a cluster's new leader epoch): nothing repeats.
+                log.debug("topic %s: the log's identity is %s now, a successor of %s holding every id read",
+                          name, incarnation, before)
+                continue
+            self.log_changes.append((name, before, incarnation))
             if start.isdigit():
                 self.last_ids[name] = int(start) - 1
             log.warning("topic %s: the broker's log is another one than the one read before (incarnation %s, "

@@ -63,7 +63,8 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("broker", EVERY, False, DEFAULT_BROKER,
-           "the mc0 endpoint (what kafka.bootstrap.servers is to Kafka)"),
+           "the mc0 endpoint, or a cluster's members separated by commas (what kafka.bootstrap.servers is "
+           "to Kafka): readers and writers follow the cluster's leader"),
     Option("curve", EVERY, False, "true", "`false` for a broker run with `--no-curve`"),
     Option("keys", EVERY, False, "keys", "a keys folder with `broker.key` and `client.key_secret`"),
     Option("serverKey", EVERY, False, "", "CURVE keys as Z85 text instead of a folder (all three together)"),

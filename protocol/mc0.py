@@ -74,6 +74,12 @@ START_ID = b"START-ID"  # on the OK to a FETCH: where the reply starts (FROM rai
 PRODUCER = b"PRODUCER"  # <opaque bytes>: who publishes; with SEQUENCE, the broker stores each entry once
 SEQUENCE = b"SEQUENCE"  # <n>: the first entry's sequence number (entry i has n + i), per producer and topic
 DUPLICATES = b"DUPLICATES"  # on the OK to an idempotent PUTS: how many leading entries were stored before
+# A cluster (docs/cluster.md).
+LEADER = b"LEADER"  # on an ERROR from a broker that does not lead its cluster: the leader's mc0 endpoint
+REPLICA = b"REPLICA"  # on FETCH: the fetcher is this cluster member (its Raft address), copying the log
+EPOCH = b"EPOCH"  # on a replica's FETCH: the leader epoch it follows (from a new leader: the one it takes)
+LINEAGE = b"LINEAGE"  # on the OK to a replica's FETCH: the log identity's lineage, "incarnation:until ..."
+PRODUCERS = b"PRODUCERS"  # on the OK to a replica's FETCH: msgpack of the idempotent batches in its range
 # STATS paging.
 PREFIX = b"PREFIX"  # <bytes>: only topics whose names start with these bytes
 AFTER = b"AFTER"  # <topic name>: only topics after this one in byte order (the previous page's "topics_next")
@@ -315,6 +321,8 @@ class Fetch:
     at_time: int | None = None  # AT-TIME ms: start at the first message stored at or after it (not with FROM)
     records: bool = False  # FORMAT records: the stored records as they lie in the log
     incarnation: bytes | None = None  # INCARNATION: the log the reader knows; another one is answered at once
+    replica: bytes | None = None  # REPLICA: a cluster member copying the log (sees past the majority gate)
+    epoch: int | None = None  # EPOCH: with REPLICA, the leader epoch the member follows
 
 
 class FetchItem(NamedTuple):
@@ -530,6 +538,12 @@ def _decode_fetch(headers: Headers, command_id: bytes | None) -> Fetch:
             raise ProtocolError(f"FETCH FORMAT must be records, not {_text(raw)!r}", command_id=command_id)
         fetch.records = True
     fetch.incarnation = headers.pop(INCARNATION, None)
+    fetch.replica = headers.pop(REPLICA, None)
+    raw = headers.pop(EPOCH, None)
+    if raw is not None:
+        if fetch.replica is None:
+            raise ProtocolError("FETCH takes EPOCH only with REPLICA", command_id=command_id)
+        fetch.epoch = _unsigned(EPOCH, raw, command_id)
     return fetch
 
 
@@ -970,7 +984,7 @@ def encode(event: Event, *, delimiter: bool = True) -> Frames:
             _with_id(out, command_id)
             out += (b"", topic)
         case Fetch(topic, start, max_messages, max_bytes, command_id, headers, wait, at_time, records,
-                   incarnation):
+                   incarnation, replica, epoch):
             out += (b"FETCH", TOPIC, topic)
             if start is not None:
                 out += (FROM, b"%d" % start)
@@ -986,6 +1000,10 @@ def encode(event: Event, *, delimiter: bool = True) -> Frames:
                 out += (FORMAT, FORMAT_RECORDS)
             if incarnation is not None:
                 out += (INCARNATION, incarnation)
+            if replica is not None:
+                out += (REPLICA, replica)
+                if epoch is not None:
+                    out += (EPOCH, b"%d" % epoch)
             _headers(out, headers)
             _with_id(out, command_id)
         case Connect(version, ttl, command_id, extensions, headers):
@@ -1028,6 +1046,28 @@ def encode(event: Event, *, delimiter: bool = True) -> Frames:
         case _:
             raise TypeError(f"not an mc0 event: {event!r}")
     return out
+
+
+def encode_lineage(lineage: Sequence[tuple[str, int]]) -> bytes:
+    """A log identity's lineage as the LINEAGE header says it: ``incarnation:until`` pairs, oldest first."""
+    return " ".join(f"{incarnation}:{until}" for incarnation, until in lineage).encode("ascii")
+
+
+def decode_lineage(raw: bytes) -> tuple[tuple[str, int], ...]:
+    """The inverse of :func:`encode_lineage`; ProtocolError for anything it would not write."""
+    out = []
+    for pair in raw.decode("ascii", "replace").split():
+        incarnation, colon, until = pair.partition(":")
+        if not colon or not until.isdigit() or not incarnation:
+            raise ProtocolError(f"LINEAGE entry {pair!r} is not incarnation:until")
+        out.append((incarnation, int(until)))
+    return tuple(out)
+
+
+def leader_error(message: str, leader: bytes | None, command_id: bytes | None) -> Error:
+    """The ERROR a broker that does not lead its cluster answers with: what happened, and ``LEADER`` (the
+    leader's mc0 endpoint) when it knows one, so a client can go there."""
+    return Error(message.encode(), command_id, {LEADER: leader} if leader else {})
 
 
 def error_reply(error: ProtocolError) -> Error:

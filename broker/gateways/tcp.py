@@ -96,6 +96,8 @@ class Gateway:
                          "over_budget": 0, "silent": 0, "messages_in": 0, "messages_out": 0, "bytes_in": 0,
                          "bytes_out": 0}
         self.counters.update(dict.fromkeys(getattr(connection, "counters", ()), 0))
+        #: Why this door takes no connection now (a cluster member that does not lead), or None to take them.
+        self.refusing: Callable[[], str | None] | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -143,6 +145,11 @@ class Gateway:
                     continue
                 connection.tick(now)
             self.hub.schedule()
+
+    def close_all(self, why: str) -> None:
+        """Close every connection (after what was written has gone out), saying why in the log."""
+        for connection in list(self.connections):
+            connection.close(why)
 
     def close(self) -> None:
         self.pause()
@@ -268,6 +275,10 @@ class Connection(asyncio.Protocol):
                 self.quickack = sock
             except OSError:
                 pass  # not a TCP socket (a test's pipe): nothing to re-arm
+        refusing = self.gateway.refusing
+        why = refusing() if refusing is not None else None
+        if why is not None:
+            self.close(why)  # a cluster's follower: these doors are the leader's (docs/cluster.md)
 
     def data_received(self, data: bytes) -> None:
         if self.closing:

@@ -153,6 +153,11 @@ class TopicLog(Protocol):
         """Write anything buffered and fsync everything written since the last fsync; no-op when clean."""
         ...
 
+    def write_ahead(self) -> None:
+        """Write what is buffered, without the fsync the next :meth:`commit` does (a cluster's leader lets its
+        followers read it meanwhile)."""
+        ...
+
     def read(self, start_id: int, max_messages: int, max_bytes: int) -> list[Message]:
         """Written messages from ``start_id`` on, bounded by count and body bytes (at least one if any)."""
         ...

@@ -497,6 +497,20 @@ class FileStore:
         self._logs[topic] = segment_log
         return segment_log
 
+    def set_identity(self, topic: bytes, identity: LogIdentity) -> None:
+        """Give an open topic's log another identity, recorded in its meta file (atomically) before this
+        returns: a cluster's new epoch, or the identity of the leader a follower copies."""
+        segment_log = self._logs.get(topic)
+        if segment_log is None:
+            raise StoreError(f"topic {topic!r} has no open log")
+        if segment_log.identity == identity:
+            return
+        directory = segment_log.directory
+        stored, _, lost = read_topic_meta(directory)
+        write_file_atomically(directory / META_FILE,
+                              encode_meta(topic, segment_log.spec, stored.topic_id, identity, lost))
+        segment_log.identity = identity
+
     def _identity(self, segment_log: SegmentLog, identity: LogIdentity | None) -> LogIdentity:
         """Which log this is now (docs/storage.md, "Log identity"): a new incarnation for a log created with
         no segments (new, or its files lost) or without a recorded identity (older files); a successor

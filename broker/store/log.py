@@ -53,10 +53,12 @@ from broker.store.segment import (
     SEGMENT_HEADER_SIZE,
     Corrupt,
     Segment,
+    decode_payload,
     encode_segment_header,
     fsync,
     fsync_directory,
     list_directory,
+    open_file,
     parse_segment_file_name,
     pread_exact,
     write_all,
@@ -359,22 +361,106 @@ class SegmentLog:
         message_id = message.id
         if message_id != self._next_id:
             raise StoreError(f"{self.directory}: append of id {message_id}, the log expects {self._next_id}")
+        payload = self._pack([message.timestamp, message.headers, message.body])
+        crc = _crc32(payload, _crc32(message_id.to_bytes(8, "big")))
+        self._add_record(message_id, _pack_head(len(payload), crc, message_id), payload, message.timestamp)
+
+    def _add_record(self, message_id: int, head: bytes, payload: bytes | memoryview, timestamp: int) -> None:
+        """Buffer one encoded record at the end of the log (rolling and indexing as the format says)."""
         if self._active_size >= self._segment_bytes:
             self._roll()
-        payload = self._pack([message.timestamp, message.headers, message.body])
         position = self._active_size
         if position - self._last_entry >= self.index_interval:
             active = self._segments[-1]
             active.ids.append(message_id)  # type: ignore[union-attr]
             active.positions.append(position)  # type: ignore[union-attr]
             self._last_entry = position
-        length = len(payload)
         buf = self._buf
-        buf += _pack_head(length, _crc32(payload, _crc32(message_id.to_bytes(8, "big"))), message_id)
+        buf += head
         buf += payload
-        self._active_size = position + RECORD_HEAD_SIZE + length
+        self._active_size = position + RECORD_HEAD_SIZE + len(payload)
         self._next_id = message_id + 1
-        self._last_timestamp = message.timestamp
+        self._last_timestamp = timestamp
+
+    def append_records(self, records: bytes, start_id: int, count: int) -> None:
+        """Append ``count`` records numbered by another log (a cluster leader's), exactly as they lie in
+        ``records`` (docs/storage.md, "Records"): ids from ``start_id``, which must be this log's next id.
+        Every record is checked first (length, id, CRC, payload shape): StoreError and nothing appended if
+        one is not what it claims. Buffered like :meth:`append`; durable at the next commit."""
+        if self._failure is not None:
+            self._reopen()
+        if start_id != self._next_id:
+            raise StoreError(f"{self.directory}: records from id {start_id}, the log expects {self._next_id}")
+        view = memoryview(records)
+        checked: list[tuple[int, bytes, memoryview, int]] = []
+        position = 0
+        for record_id in range(start_id, start_id + count):
+            if position + RECORD_HEAD_SIZE > len(records):
+                raise StoreError(f"{self.directory}: replicated records end inside record {record_id}")
+            length, crc, found = _unpack_head(records, position)
+            end = position + RECORD_HEAD_SIZE + length
+            if found != record_id or end > len(records):
+                raise StoreError(f"{self.directory}: replicated record at byte {position} has id {found}, "
+                                 f"expected {record_id}")
+            if _crc32(view[position + 8 : end]) != crc:
+                raise StoreError(f"{self.directory}: replicated record {record_id} fails its CRC")
+            try:
+                timestamp, _, _ = decode_payload(view[position + RECORD_HEAD_SIZE : end])
+            except ValueError as error:
+                raise StoreError(f"{self.directory}: replicated record {record_id}: {error}") from None
+            checked.append((record_id, records[position : position + RECORD_HEAD_SIZE],
+                            view[position + RECORD_HEAD_SIZE : end], timestamp))
+            position = end
+        if position != len(records):
+            raise StoreError(f"{self.directory}: {len(records) - position} bytes after the last replicated "
+                             "record")
+        for record_id, head, payload, timestamp in checked:
+            self._add_record(record_id, head, payload, timestamp)
+
+    def truncate(self, from_id: int) -> int:
+        """Cut the log's suffix from ``from_id`` on, durably (files cut or deleted and fsynced, with their
+        directory, before this returns), then read the log's state back from its files, as at a start; returns
+        how many messages went. The ids cut may be given to other messages only under a new log identity: the
+        caller's business (a cluster's new epoch)."""
+        if from_id >= self._next_id:
+            return 0
+        self._use()
+        self.sync()  # what is buffered goes to the files first: one state to cut, the files'
+        cut = self._next_id - max(from_id, self.first_id)
+        self._cursors.clear()
+        self._last_chunk = None
+        kept = 0
+        try:
+            for segment in reversed(self._segments):
+                if segment.base >= from_id:
+                    segment.delete()
+                    continue
+                kept += 1
+                if segment.last_id >= from_id:
+                    self._readable(segment)
+                    position = self._record_position(segment, from_id)
+                    try:
+                        os.truncate(segment.path, position)
+                        segment.index_path.unlink(missing_ok=True)  # rebuilt from the log when it opens
+                    except OSError as exc:
+                        raise StoreError(f"{segment.path}: cannot truncate: {exc}") from exc
+                    fd = open_file(segment.path, os.O_RDONLY)
+                    try:
+                        fsync(fd, segment.path)
+                    finally:
+                        os.close(fd)
+                break
+            if not kept:
+                Segment(self.directory, from_id).create_empty()  # everything went: go on at from_id
+            fsync_directory(self.directory)
+        finally:
+            self._close_all()
+            self._open_sealed.clear()
+        self._reset()
+        self._open()
+        log.warning("%s: %d messages from id %d cut: they were not on a majority of the cluster",
+                    self.directory, cut, from_id)
+        return cut
 
     def _roll(self) -> None:
         """Start a new segment at the next id; the full one is sealed by the next write."""
@@ -489,6 +575,12 @@ class SegmentLog:
             self._write()
         if self._strong and self._unsynced_files():
             self._fsync_written()
+
+    def write_ahead(self) -> None:
+        """Write what is buffered without fsyncing it (readers see it); the next :meth:`commit` fsyncs. A
+        failure is the commit's: the log is back to what its files hold (StoreError)."""
+        if self._buf or self._sealing or self._acks.pending or self.producers.pending:
+            self._mending(self._write)
 
     def make_durable(self) -> None:
         """fsync the active segment whatever this process wrote: after an unclean stop its bytes may be the

@@ -20,6 +20,7 @@ import logging
 import os
 import struct
 import zlib
+from bisect import bisect_left
 from pathlib import Path
 
 from broker.producers import MAX_PRODUCERS, ProducerWindow
@@ -33,6 +34,12 @@ _TAIL = struct.Struct(">QQI")  # last sequence, first id, count
 _CRC = struct.Struct(">I")
 #: Past this size the journal is rewritten as the window: at most MAX_PRODUCERS records of ~30 bytes.
 COMPACT_BYTES = 4 << 20
+#: Batches remembered in memory, by id, for a cluster's followers (:meth:`ProducerJournal.entries`): about
+#: 10 MB at most per topic with idempotent publishers; a follower further behind gets the window instead.
+MAX_HISTORY = 100_000
+
+#: One stored idempotent batch: first id, count, producer, last sequence.
+Entry = tuple[int, int, bytes, int]
 
 
 def encode_record(producer: bytes, last_sequence: int, first_id: int, count: int) -> bytes:
@@ -52,10 +59,44 @@ class ProducerJournal(ProducerWindow):
         self.size = 0
         self.compact_bytes = COMPACT_BYTES
         self._fd: int | None = None
+        # The batches stored, in id order (ids never overlap): what a cluster's follower copies with the
+        # records they describe (entries()). Bounded: the oldest half goes past MAX_HISTORY.
+        self.history: list[Entry] = []
+        self._history_ids: list[int] = []
 
     def record(self, producer: bytes, last_sequence: int, first_id: int, count: int) -> None:
         super().record(producer, last_sequence, first_id, count)
         self.pending += encode_record(producer, last_sequence, first_id, count)
+        self._remember(first_id, count, producer, last_sequence)
+
+    def _remember(self, first_id: int, count: int, producer: bytes, last_sequence: int) -> None:
+        if self._history_ids and first_id <= self._history_ids[-1]:
+            index = bisect_left(self._history_ids, first_id)  # a replicated batch again: replaces its entry
+            del self.history[index:], self._history_ids[index:]
+        self.history.append((first_id, count, producer, last_sequence))
+        self._history_ids.append(first_id)
+        if len(self.history) > MAX_HISTORY:
+            del self.history[: MAX_HISTORY // 2], self._history_ids[: MAX_HISTORY // 2]
+
+    def entries(self, start: int, stop: int) -> list[Entry]:
+        """The batches that stored ids in ``[start, stop)``, in id order (a batch may begin before ``start``
+        or end after ``stop``: the caller cuts it). Ids older than the history are answered with the window:
+        each producer's last batch, as one entry of its last id."""
+        ids = self._history_ids
+        if not ids or start < ids[0]:
+            window = [(last_id, 1, producer, sequence) for producer, (sequence, last_id) in self.last.items()
+                      if start <= last_id < stop]
+            window.sort()
+            return window + [entry for entry in self.history if entry[0] < stop and entry[0] >= start
+                             and entry not in window]
+        index = max(0, bisect_left(ids, start) - 1)
+        out = []
+        for entry in self.history[index:]:
+            if entry[0] >= stop:
+                break
+            if entry[0] + entry[1] > start:
+                out.append(entry)
+        return out
 
     # ------------------------------------------------------------------------------------------- files
 
@@ -72,6 +113,7 @@ class ProducerJournal(ProducerWindow):
         size = os.fstat(fd).st_size
         data = pread_exact(fd, size, 0, self.path)
         good, dropped = 0, 0
+        replayed: dict[int, Entry] = {}
         while good + 5 <= len(data):
             length = data[good + 4]
             end = good + 5 + length + _TAIL.size
@@ -87,7 +129,10 @@ class ProducerJournal(ProducerWindow):
                     last_sequence, count = last_sequence - lost, count - lost
                     dropped += 1
                 ProducerWindow.record(self, producer, last_sequence, first_id, count)
+                replayed[first_id] = (first_id, count, producer, last_sequence)  # a later one replaces it
             good = end
+        self.history = sorted(replayed.values())[-MAX_HISTORY:]
+        self._history_ids = [entry[0] for entry in self.history]
         if good < size:
             try:
                 os.ftruncate(fd, good)
@@ -136,6 +181,9 @@ class ProducerJournal(ProducerWindow):
         """Rewrite the journal as the window, atomically: tmp file, fsync, rename, fsync the directory."""
         data = b"".join(encode_record(producer, sequence, last_id, 1)
                         for producer, (sequence, last_id) in self.last.items())
+        self.history = sorted((last_id, 1, producer, sequence)
+                              for producer, (sequence, last_id) in self.last.items())
+        self._history_ids = [entry[0] for entry in self.history]
         fd = replace_file(self.path, data)
         self.close()
         self._fd = fd

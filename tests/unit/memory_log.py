@@ -81,6 +81,9 @@ class MemoryLog:
         if self.spec.sync is Sync.STRONG:
             self.fsyncs += 1
 
+    def write_ahead(self) -> None:
+        self.committed = len(self.messages)  # readable now; commit() counts the fsync
+
     def read(self, start_id: int, max_messages: int, max_bytes: int) -> list[Message]:
         self.reads.append((start_id, max_messages, max_bytes))
         out: list[Message] = []

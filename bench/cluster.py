@@ -1,0 +1,340 @@
+"""``python -m bench cluster``: confirmed publishes to a strong topic on a three-broker cluster (one machine)
+against a single broker, same run, and how long a failover takes.
+
+1. **Confirmed publishes**, 100-byte bodies into a strong topic (fsynced before each OK: on a single broker by
+   itself, in a cluster by the leader and at least one follower), with the connector: ``publish(...,
+   confirm=True)`` in a loop (1 in flight) and ``publish_async`` with ``max_confirms=100`` (100 in flight).
+   Targets: the cluster at least 0.5 x the single broker, both ways.
+2. **Failover**: SIGKILL the leader while a publisher (connected to every member) publishes; the time from the
+   kill to the first publish confirmed by the new leader, p50 and p99 over ``--trials`` kills (the killed
+   broker is restarted between trials).
+
+The brokers are ``mc0 broker`` processes of this checkout (``ClusterProcesses``, which ``tests/cluster`` uses
+too) on loopback ports, each with its own data directory, every door but mc0 off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from bench.throughput import BODY_SIZE, free_port
+from connector import Client, ConnectorError
+from connector import keys as key_files
+
+#: Targets (see the module docstring).
+CLUSTER_VS_SINGLE = 0.5
+TOPIC = "durable.bench"
+
+#: Seconds a cluster may take to elect a leader and have it serve (Raft timeouts of 0.5 to 1 s, then the
+#: take-over's round of questions), generous for a loaded two-core machine.
+ELECTION = 20.0
+#: Seconds a broker process may take to start or to stop.
+LIFECYCLE = 20.0
+
+
+@dataclass
+class Member:
+    """One broker of the cluster."""
+
+    index: int
+    raft: str  # HOST:PORT
+    port: int  # the mc0 door's
+    data_dir: Path
+    config: Path
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    paused: bool = False
+    starts: int = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+@dataclass
+class Cluster:
+    """Brokers in processes of their own: start, SIGKILL, SIGSTOP/SIGCONT, STATS, who leads."""
+
+    members: list[Member]
+    curve: bool
+    keys_dir: Path | None
+    context: zmq.Context = field(default_factory=zmq.Context)
+
+    @property
+    def endpoints(self) -> str:
+        return ",".join(member.endpoint for member in self.members)
+
+    def client_options(self) -> dict[str, Any]:
+        return {"keys": self.keys_dir} if self.curve else {"curve": False}
+
+    def start(self, member: Member) -> None:
+        command = [sys.executable, "-c", "from connector.cli import main; main()", "broker", "--config",
+                   str(member.config)]
+        if not self.curve:
+            command.append("--no-curve")
+        log = member.log_path.open("ab")
+        member.process = subprocess.Popen(command, stdout=log, stderr=log, cwd=member.data_dir.parent,
+                                          env=dict(os.environ))
+        log.close()
+        member.paused = False
+        member.starts += 1
+        deadline = time.monotonic() + LIFECYCLE
+        while self.stats(member, timeout=0.5) is None:
+            assert member.alive, f"broker {member.index} exited: {member.log()[-3000:]}"
+            assert time.monotonic() < deadline, f"broker {member.index} did not answer: {member.log()[-3000:]}"
+            time.sleep(0.1)
+
+    def kill(self, member: Member) -> None:
+        assert member.process is not None
+        if member.paused:
+            member.process.send_signal(signal.SIGCONT)
+        member.process.kill()
+        member.process.wait(LIFECYCLE)
+        member.paused = False
+
+    def pause(self, member: Member) -> None:
+        assert member.process is not None
+        member.process.send_signal(signal.SIGSTOP)
+        member.paused = True
+
+    def resume(self, member: Member) -> None:
+        assert member.process is not None
+        member.process.send_signal(signal.SIGCONT)
+        member.paused = False
+
+    def stop_all(self) -> None:
+        for member in self.members:
+            if member.alive:
+                assert member.process is not None
+                if member.paused:
+                    self.resume(member)
+                member.process.send_signal(signal.SIGTERM)
+        for member in self.members:
+            if member.process is not None:
+                try:
+                    member.process.wait(LIFECYCLE)
+                except subprocess.TimeoutExpired:
+                    member.process.kill()
+                    member.process.wait()
+
+    def stats(self, member: Member, timeout: float = 1.0) -> dict[str, Any] | None:
+        """The member's STATS (``limits.cluster`` holds its view of the cluster), or None if it does not
+        answer within ``timeout``."""
+        if not member.alive or member.paused:
+            return None
+        socket = self.context.socket(zmq.DEALER)
+        socket.linger = 0
+        if self.curve:
+            assert self.keys_dir is not None
+            pair = key_files.client_pair(self.keys_dir)
+            socket.curve_serverkey = key_files.broker_public(self.keys_dir)
+            socket.curve_publickey = pair.public
+            socket.curve_secretkey = pair.secret
+        try:
+            socket.connect(member.endpoint)
+            socket.send_multipart([b"", b"STATS", b"ID", b"s", b"LIMIT", b"1"])
+            if not socket.poll(int(timeout * 1000)):
+                return None
+            frames = socket.recv_multipart()
+            return json.loads(frames[-1]) if frames[1:2] == [b"OK"] else None
+        finally:
+            socket.close(linger=0)
+
+    def leader(self, timeout: float = ELECTION, exclude: tuple[Member, ...] = ()) -> Member:
+        """The member that serves as leader, once one does (and the others agree on its epoch)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for member in self.members:
+                if member in exclude:
+                    continue
+                stats = self.stats(member, timeout=0.5)
+                if stats is not None and stats["limits"]["cluster"]["serving"]:
+                    return member
+            time.sleep(0.1)
+        logs = "\n".join(f"--- broker {m.index}\n{m.log()[-2000:]}" for m in self.members)
+        raise AssertionError(f"no leader within {timeout} s\n{logs}")
+
+    def settled(self, timeout: float = ELECTION) -> Member:
+        """The leader, once every running member names it as leader of the same epoch."""
+        deadline = time.monotonic() + timeout
+        while True:
+            leader = self.leader(max(0.1, deadline - time.monotonic()))
+            epoch = self.cluster_view(leader)["epoch"]
+            views = [self.stats(member) for member in self.members if member.alive and not member.paused]
+            if all(view is not None and view["limits"]["cluster"]["leader"] == leader.raft
+                   and view["limits"]["cluster"]["epoch"] == epoch for view in views):
+                return leader
+            assert time.monotonic() < deadline, f"the members do not agree on a leader: {views}"
+            time.sleep(0.1)
+
+    def cluster_view(self, member: Member) -> dict[str, Any]:
+        stats = self.stats(member)
+        assert stats is not None, f"broker {member.index} does not answer"
+        return stats["limits"]["cluster"]
+
+
+def make_cluster(folder: Path, *, size: int = 3, curve: bool = False, settings: str = "",
+                 clustered: bool = True) -> Cluster:
+    """``size`` brokers under ``folder`` (not started): a cluster, or with ``clustered`` false one plain
+    broker (the baseline the benchmark compares with)."""
+    tmp_path = folder
+    keys_dir = None
+    if curve:
+        keys_dir = tmp_path / "keys"
+        key_files.generate(keys_dir)  # one key pair for every member (docs/cluster.md), and a client
+    rafts = [f"127.0.0.1:{free_port()}" for _ in range(size)]
+    members = []
+    for index in range(size):
+        folder = tmp_path / f"broker{index}"
+        folder.mkdir(parents=True)
+        port = free_port()
+        peers = ", ".join(f'"{raft}"' for other, raft in enumerate(rafts) if other != index)
+        config = folder / "mc0.toml"
+        config.write_text(
+            "[broker]\n"
+            f'bind = "tcp://127.0.0.1:{port}"\n'
+            f'data_dir = "{folder / "data"}"\n'
+            + (f'keys_dir = "{keys_dir}"\n' if keys_dir else "")
+            + 'sexp = "off"\nmsgq = "off"\nrstreams = "off"\nlumberjack = "off"\nhttp = "off"\n'
+            + (f'cluster_node = "{rafts[index]}"\ncluster_peers = [{peers}]\ncluster_commit_timeout = 3.0\n'
+               if clustered else "")
+            + settings
+        )
+        members.append(Member(index, rafts[index], port, folder / "data", config, folder / "broker.log"))
+    return Cluster(members, curve, keys_dir)
+
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+
+
+def confirmed_rate(cluster: Cluster, count: int, in_flight: int) -> tuple[float, bool]:
+    """Confirmed publishes per second through the connector (given every member), and whether every OK
+    said fsync."""
+    body = b"x" * BODY_SIZE
+    with Client(cluster.endpoints, **cluster.client_options(), timeout=60, max_confirms=in_flight) as client:
+        client.publish(TOPIC, body, confirm=True)  # the topic exists everywhere before the clock starts
+        durable = True
+        start = time.perf_counter()
+        if in_flight == 1:
+            for _ in range(count):
+                reply = client.publish(TOPIC, body, confirm=True)
+                durable = durable and reply is not None and reply["DURABILITY"] == "fsync"
+        else:
+            futures = [client.publish_async(TOPIC, body) for _ in range(count)]
+            durable = all(future.result(60)["DURABILITY"] == "fsync" for future in futures)
+        seconds = time.perf_counter() - start
+    return count / seconds, durable
+
+
+def failover_seconds(cluster: Cluster, client: Client) -> float:
+    """SIGKILL the leader; seconds until a publish is confirmed again (by the new leader). The killed broker
+    is started again (as a follower) before this returns."""
+    leader = cluster.settled()
+    client.publish(TOPIC, b"before", confirm=True)
+    killed = time.monotonic()
+    cluster.kill(leader)
+    while True:
+        try:
+            client.publish(TOPIC, b"after", confirm=True, timeout=2)
+            break
+        except ConnectorError:
+            if time.monotonic() - killed > 60:
+                raise
+    seconds = time.monotonic() - killed
+    cluster.start(leader)
+    cluster.settled()
+    return seconds
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+@dataclass
+class Report:
+    rates: dict[str, float] = field(default_factory=dict)
+    durable: bool = True
+    failovers: list[float] = field(default_factory=list)
+
+    def ratio(self, in_flight: int) -> float:
+        return self.rates[f"cluster {in_flight}"] / self.rates[f"single {in_flight}"]
+
+
+def run(*, confirms: int, pipelined: int, trials: int, repeat: int, base: Path | None = None) -> Report:
+    report = Report()
+    runs: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="mc0-bench-cluster-", dir=base) as scratch:
+        single = make_cluster(Path(scratch) / "single", size=1, clustered=False)
+        cluster = make_cluster(Path(scratch) / "cluster")
+        try:
+            for group in (single, cluster):
+                for member in group.members:
+                    group.start(member)
+            cluster.settled()
+            for _ in range(repeat):  # interleaved: both see the same machine
+                for label, group in (("single", single), ("cluster", cluster)):
+                    for in_flight, count in ((1, confirms), (100, pipelined)):
+                        rate, durable = confirmed_rate(group, count, in_flight)
+                        runs.setdefault(f"{label} {in_flight}", []).append(rate)
+                        report.durable = report.durable and durable
+            with Client(cluster.endpoints, **cluster.client_options(), timeout=10) as client:
+                for _ in range(trials):
+                    report.failovers.append(failover_seconds(cluster, client))
+        finally:
+            for group in (single, cluster):
+                group.stop_all()
+                group.context.term()
+    report.rates = {label: statistics.median(rates) for label, rates in runs.items()}
+    return report
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench cluster", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--confirms", type=int, default=1_000, help="messages per 1-in-flight run")
+    parser.add_argument("--pipelined", type=int, default=20_000, help="messages per 100-in-flight run")
+    parser.add_argument("--trials", type=int, default=20, help="leader kills for the failover figures")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
+    args = parser.parse_args(argv)
+    print(f"python {platform.python_version()}, pyzmq {zmq.pyzmq_version()}, {BODY_SIZE}-byte messages into "
+          f"a strong topic, 3 brokers on one machine ({os.cpu_count()} cores), median of {args.repeat}")
+    report = run(confirms=args.confirms, pipelined=args.pipelined, trials=args.trials, repeat=args.repeat)
+    for label, rate in report.rates.items():
+        print(f"{'confirmed, ' + label.replace(' ', ', ', 1) + ' in flight':<40}{rate:>12,.0f} msg/s")
+    if report.failovers:
+        print(f"{'failover (kill -> first confirmed)':<40}p50 {percentile(report.failovers, 0.5):.2f} s, "
+              f"p99 {percentile(report.failovers, 0.99):.2f} s over {len(report.failovers)} kills")
+    if not report.durable:
+        print("WRONG: confirmations without DURABILITY fsync")
+    print()
+    for in_flight in (1, 100):
+        ratio = report.ratio(in_flight)
+        print(f"target cluster {in_flight} in flight >= {CLUSTER_VS_SINGLE} x single broker ({ratio:.2f}): "
+              f"{'met' if ratio >= CLUSTER_VS_SINGLE else 'NOT met'}")
+    return 0 if report.durable else 1

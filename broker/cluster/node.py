@@ -1,0 +1,471 @@
+"""This broker as a member of a cluster: its role, the leader's majority gate, followers' copies, failover.
+
+One leader serves the whole cluster: the Raft leader (:mod:`broker.cluster.raft`), once it has taken a new
+epoch. What it does, and what it must not do, on the broker's loop:
+
+* **Leading.** Every persistent topic is *gated* (:meth:`Engine.gate`): its readers get ids below the
+  high watermark only (the first id not yet on a majority). Followers acknowledge by fetching; each FETCH
+  from a replica moves that replica's position, the watermark follows (:func:`state.high_watermark`), and
+  the gate with it (:meth:`Engine.release`). The mc0 door holds the OK of a confirmed publish to a strong
+  topic until the gate covers its messages (:meth:`confirm`), and turns it into an ERROR when no majority
+  takes them within ``cluster_commit_timeout``.
+* **Following.** It refuses what only the leader may do (publishes, subscriptions, client FETCHes,
+  declares) with an ERROR naming the leader (``LEADER``), and copies every persistent topic from the leader
+  (:mod:`broker.cluster.replicator`).
+* **Taking over.** When Raft makes it leader, it asks the other brokers what each topic holds, announcing the
+  epoch it is about to take (they copy nothing from an older leader from then on), and needs a majority of
+  answers (itself included). From the most up-to-date replica of each topic (:func:`state.most_advanced`)
+  it copies what it lacks, after cutting any suffix of its own that replica does not share. Then every
+  topic's log gets a successor identity at its next id, and the ``take_over`` command bumps the epoch with
+  them. It serves once that command is applied. docs/cluster.md says why no majority-acknowledged message is
+  lost and no id reused.
+
+This module holds the cluster's policy; it must not reach into the engine's or the store's internals beyond
+the hooks they offer (gate, release, append_replicated, truncate, set_identity) nor speak PySyncObj itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import zmq.asyncio
+
+from broker.cluster.link import Link, LinkError
+from broker.cluster.raft import RaftNode, Role
+from broker.cluster.replicator import Replicator, record_producers
+from broker.cluster.state import (
+    ClusterState,
+    ReplicaEnd,
+    high_watermark,
+    majority,
+    most_advanced,
+    shared_until,
+)
+from broker.config import BrokerConfig
+from broker.engine import Engine, EngineError, Topic
+from broker.store import LogIdentity
+from broker.store.files import FileStore, spec_from_json, spec_to_json
+from broker.topics import Sync
+from protocol import ProtocolError, mc0
+
+log = logging.getLogger("mc0.cluster")
+
+#: Seconds between reports of this broker's durable positions to the replicated state (coarse on purpose:
+#: a Raft command per message would cost a round trip per message; the positions are for STATS and people).
+REPORT_EVERY = 2.0
+#: Seconds a new leader waits for each other broker's answer while it takes over.
+ASK_TIMEOUT = 1.0
+#: Verbs a follower refuses (the leader serves them): what reads or writes topics.
+LEADER_ONLY = (mc0.Put, mc0.Puts, mc0.Sub, mc0.Declare, mc0.Delete, mc0.Ack)
+
+
+def raft_password(config: BrokerConfig) -> str | None:
+    """The password of the Raft traffic: with CURVE on, derived from the cluster's shared broker secret key
+    and the cluster's name; with CURVE off, ``cluster_secret`` (or none: Raft in the clear)."""
+    if config.curve:
+        secret = (Path(config.keys_dir) / "broker.key_secret").read_bytes()
+        return hashlib.sha256(b"mc0 cluster raft\0" + config.cluster_name.encode() + b"\0" + secret).hexdigest()
+    return config.cluster_secret or None
+
+
+class Cluster:
+    """The cluster as this broker's door, engine and hub see it (:class:`broker.router.ClusterGate`)."""
+
+    def __init__(self, config: BrokerConfig, engine: Engine, store: FileStore, schedule: Callable[[], None],
+                 flush: Callable[[], None], context: zmq.asyncio.Context, endpoint: str) -> None:
+        self.config = config
+        self.engine = engine
+        self.store = store
+        self.schedule = schedule  # the hub's flush soon: released OKs and reads go out
+        self.flush = flush  # the hub's flush now (a follower commits what it copied before acknowledging)
+        self.context = context
+        self.node = config.cluster_node
+        self.endpoint = config.advertised(endpoint)
+        self.size = 1 + len(config.cluster_peers)
+        self.commit_timeout = config.cluster_commit_timeout
+        self.state = ClusterState()
+        self.role = Role(False, None, 1, self.size)
+        self.serving = False  # leading an epoch this broker took
+        self.fence = 0  # the highest epoch a new leader announced: nothing copied from an older one
+        self.taking_over: asyncio.Task[None] | None = None
+        self.replicator: Replicator | None = None
+        self.positions: dict[bytes, dict[str, int]] = {}  # topic -> replica -> next id it acknowledged
+        self.raft: RaftNode | None = None
+        self.joined = False
+        self.reported: dict[str, int] = {}
+        self.takeovers = 0
+        # Called once a leader is known after this broker stopped leading, with that leader's endpoint: the
+        # doors send their clients there (broker.server sets it).
+        self.on_demoted: Callable[[str | None], None] | None = None
+        self._demoted = False
+        engine.on_persistent = self.on_persistent
+
+    # ------------------------------------------------------------------------------------------ running
+
+    async def run(self) -> None:
+        """Start Raft, join, and report positions until cancelled."""
+        loop = asyncio.get_running_loop()
+        directory = Path(self.config.data_dir) / ".cluster"
+        password = raft_password(self.config)
+        self.raft = await asyncio.to_thread(
+            RaftNode, self.node, list(self.config.cluster_peers), loop=loop, on_state=self.on_state,
+            on_role=self.on_role, directory=directory, timeout=self.config.cluster_timeout, password=password)
+        log.info("cluster member %s (mc0 at %s) with %s; Raft traffic %s", self.node, self.endpoint,
+                 ", ".join(self.config.cluster_peers), "encrypted" if password else "in the clear")
+        try:
+            while True:
+                if not self.joined or self.state.endpoints.get(self.node) != self.endpoint:
+                    self.raft.submit(("join", self.node, self.endpoint), self._joined)
+                self._report()
+                await asyncio.sleep(REPORT_EVERY if self.joined else 0.2)
+        finally:
+            self.close()
+
+    def _joined(self, result: bool | None, error: str | None) -> None:
+        self.joined = error is None
+
+    def _report(self) -> None:
+        positions = {topic.name.hex(): topic.committed_id for topic in self.engine.topics.values()
+                     if topic.log is not None}
+        changed = {name: value for name, value in positions.items() if self.reported.get(name) != value}
+        if changed and self.raft is not None and self.joined:
+            self.reported.update(changed)
+            self.raft.submit(("positions", self.node, changed))
+
+    def close(self) -> None:
+        if self.taking_over is not None:
+            self.taking_over.cancel()
+        if self.replicator is not None:
+            self.replicator.close()
+            self.replicator = None
+        if self.raft is not None:
+            self.raft.close()
+            self.raft = None
+
+    # ------------------------------------------------------------------------------- what Raft tells us
+
+    def on_role(self, role: Role) -> None:
+        self.role = role
+        if role.leading and not self.serving and self.taking_over is None:
+            self.taking_over = asyncio.get_running_loop().create_task(self._take_over(), name="take over")
+        if not role.leading and self.serving:
+            self._step_down(f"Raft elected {role.leader or 'nobody yet'}")
+
+    def on_state(self, command: tuple[Any, ...], state: ClusterState) -> None:
+        before = self.state.epoch
+        self.state = state
+        kind = command[0]
+        if kind == "take_over" and state.leader != self.node and self.serving:
+            self._step_down(f"{state.leader} took epoch {state.epoch}")
+        if state.leader == self.node and state.epoch != before and not self.serving:
+            self._serve()
+        if state.leader != self.node and state.leader is not None:
+            self._follow()
+        if kind in ("topic", "snapshot", "take_over") and self.replicator is not None:
+            for name_hex, spec in state.topics.items():
+                self._ensure_topic(bytes.fromhex(name_hex), spec)
+                self.replicator.follow(bytes.fromhex(name_hex))
+
+    # --------------------------------------------------------------------------------------- following
+
+    def _follow(self) -> None:
+        leader = self.state.leader
+        endpoint = self.state.endpoints.get(leader or "")
+        if leader == self.node or endpoint is None:
+            return  # no other leader yet (this broker led the epoch the state still names)
+        if self.taking_over is not None and not self.taking_over.done():
+            return
+        if self._demoted and self.on_demoted is not None:
+            self._demoted = False
+            self.on_demoted(endpoint)
+        current = self.replicator
+        if current is not None and current.epoch == self.state.epoch and current.link.endpoint == endpoint:
+            return
+        if current is not None:
+            current.close()
+        keys_dir = Path(self.config.keys_dir) if self.config.curve else None
+        self.replicator = Replicator(self.engine, Link(self.context, endpoint, keys_dir), node=self.node,
+                                     epoch=self.state.epoch, flush=self.flush, set_identity=self.store.set_identity,
+                                     fenced=lambda: self.fence)
+        for name_hex, spec in self.state.topics.items():
+            self._ensure_topic(bytes.fromhex(name_hex), spec)
+        for topic in list(self.engine.topics.values()):
+            if topic.log is not None:
+                self.replicator.follow(topic.name)
+        log.info("following %s (%s), epoch %d", leader, endpoint, self.state.epoch)
+
+    def _ensure_topic(self, name: bytes, spec: dict[str, Any]) -> None:
+        if name in self.engine.topics:
+            return
+        try:
+            self.engine.declare(name, spec_from_json(spec))
+        except (EngineError, ValueError, TypeError):
+            with contextlib.suppress(EngineError):
+                self.engine.topic(name)
+
+    def leader(self) -> bytes | None:
+        if self.serving:
+            return None
+        endpoint = self.state.endpoints.get(self.state.leader or "") if self.state.leader != self.node else None
+        return endpoint.encode() if endpoint else None
+
+    def tcp_refusal(self) -> str | None:
+        """Why a TCP door of this broker takes no connection now (a follower's doors: one line in its log)."""
+        if self.serving:
+            return None
+        endpoint = self.state.endpoints.get(self.state.leader or "") if self.state.leader != self.node else None
+        return ("this broker does not lead the cluster: the TCP doors are the leader's"
+                + (f" (mc0 at {endpoint})" if endpoint else ""))
+
+    def refusal(self, event: mc0.Event) -> mc0.Error | None:
+        """A follower's answer to what only the leader serves: ERROR with the leader's endpoint."""
+        if self.serving:
+            return None
+        if isinstance(event, LEADER_ONLY) or (type(event) is mc0.Fetch and event.replica is None):
+            leader = self.state.leader if self.state.leader != self.node else None
+            endpoint = self.state.endpoints.get(leader or "")
+            where = (f"the leader is {endpoint}" if endpoint else
+                     f"no leader is known ({self.role.reachable} of {self.size} brokers reachable): try again "
+                     "once a majority is")
+            return mc0.leader_error(f"this broker does not lead the cluster ({where})",
+                                    endpoint.encode() if endpoint else None, getattr(event, "id", None))
+        return None
+
+    # ----------------------------------------------------------------------------------------- leading
+
+    def _serve(self) -> None:
+        self.serving = True
+        self.positions.clear()
+        if self.replicator is not None:
+            self.replicator.close()
+            self.replicator = None
+        for topic in list(self.engine.topics.values()):
+            if topic.log is not None:
+                self.engine.gate(topic, 1)
+                self._register(topic)
+        log.info("leading the cluster: epoch %d, mc0 at %s", self.state.epoch, self.endpoint)
+        self.schedule()
+
+    def _step_down(self, why: str) -> None:
+        """Stop serving. The gates stay where they are (readers never see what a majority may not hold);
+        the doors stop taking anything at once (refusal), and send their clients to the leader once it is
+        known (on_demoted)."""
+        self.serving = False
+        self._demoted = True
+        log.warning("no longer leading the cluster: %s", why)
+        if self.on_demoted is not None:
+            self.on_demoted(None)  # the TCP doors close now: they must not publish into a follower's logs
+        self.schedule()  # held OKs become ERRORs now
+        self._follow()
+
+    def on_persistent(self, topic: Topic) -> None:
+        if self.serving:
+            self.engine.gate(topic, 1)
+            self._register(topic)
+        elif self.replicator is not None:
+            self.replicator.follow(topic.name)
+
+    def _register(self, topic: Topic) -> None:
+        name_hex = topic.name.hex()
+        if name_hex not in self.state.topics and self.raft is not None:
+            self.raft.submit(("topic", name_hex, spec_to_json(topic.spec)))
+
+    def replica_fetch(self, event: mc0.Fetch) -> None:
+        epoch = event.epoch or 0
+        node = (event.replica or b"").decode("utf-8", "replace")
+        if epoch > self.fence:
+            self.fence = epoch  # a new leader is collecting what we hold: copy nothing older from now on
+            if self.serving and epoch > self.state.epoch:
+                self._step_down(f"{node} is taking epoch {epoch}")
+        if not self.serving:
+            return  # a new leader reading our log: served as it is
+        if epoch != self.state.epoch:
+            raise EngineError(f"this leader serves epoch {self.state.epoch}, not {epoch}")
+        if event.start is None:
+            return
+        topic = self.engine.topics.get(event.topic)
+        if topic is None or topic.log is None or topic.visible_until is None:
+            return
+        if event.incarnation != topic.log.identity.incarnation.encode():
+            return  # its log is not (yet) a copy of this one: the answer tells it where to cut, it holds nothing
+        replicas = self.positions.setdefault(event.topic, {})
+        if replicas.get(node, 0) >= event.start:
+            return
+        replicas[node] = event.start
+        watermark = high_watermark([topic.committed_id, *replicas.values()], self.size)
+        if self.engine.release(event.topic, watermark):
+            self.schedule()
+
+    def replica_extra(self, topic: bytes, start: int, count: int) -> dict[bytes, bytes]:
+        local = self.engine.topics.get(topic)
+        if local is None or local.log is None:
+            return {}
+        extra = {mc0.LINEAGE: mc0.encode_lineage(local.log.identity.lineage)}
+        if count:
+            entries = local.log.producers.entries(start, start + count)
+            if entries:
+                extra[mc0.PRODUCERS] = msgpack.packb(entries, use_bin_type=True)
+        return extra
+
+    def confirm(self, needs: dict[bytes, int], now: float, deadline: float) -> bool | str:
+        if not self.serving:
+            return (f"not replicated to a majority of the cluster ({self.role.reachable} of {self.size} brokers "
+                    "reachable): this broker stopped leading before a majority held the message, which may "
+                    "or may not survive; publish it again with PRODUCER/SEQUENCE (idempotent) once a leader "
+                    "serves")
+        topics = self.engine.topics
+        for name, last in needs.items():
+            topic = topics.get(name)
+            if topic is None or topic.visible_until is None or topic.spec.sync is not Sync.STRONG:
+                continue
+            if topic.visible_until <= last:
+                if now < deadline:
+                    return False
+                return (f"not replicated to a majority of the cluster ({self.role.reachable} of {self.size} "
+                        f"brokers reachable) within {self.commit_timeout:g}s: it may or may not survive a "
+                        "failover; publish it again with PRODUCER/SEQUENCE (idempotent) once a majority is "
+                        "back")
+        return True
+
+    # ------------------------------------------------------------------------------------- taking over
+
+    async def _take_over(self) -> None:
+        try:
+            while self.role.leading and not self.serving:
+                try:
+                    if await self._try_take_over():
+                        return
+                except (LinkError, EngineError, ProtocolError) as error:
+                    log.warning("taking over the cluster failed (%s): trying again", error)
+                await asyncio.sleep(self.config.cluster_timeout)
+        finally:
+            self.taking_over = None
+
+    async def _try_take_over(self) -> bool:
+        epoch = self.state.epoch + 1
+        self.fence = max(self.fence, epoch)
+        if self.replicator is not None:
+            self.replicator.close()
+            self.replicator = None
+        names = {bytes.fromhex(name_hex) for name_hex in self.state.topics}
+        names |= {topic.name for topic in self.engine.topics.values() if topic.log is not None}
+        for name in names:
+            self._ensure_topic(name, self.state.topics.get(name.hex(), {}))
+        names = {name for name in names if (topic := self.engine.topics.get(name)) and topic.log is not None}
+        keys_dir = Path(self.config.keys_dir) if self.config.curve else None
+        peers = {node: endpoint for node, endpoint in self.state.endpoints.items() if node != self.node}
+        links = {node: Link(self.context, endpoint, keys_dir) for node, endpoint in peers.items()}
+        try:
+            ends = await self._ask(links, names, epoch)
+            answered = 1 + sum(1 for node in links if ends.get(node) is not None)
+            if answered < majority(self.size):
+                log.warning("taking over epoch %d: %d of %d brokers answered, a majority is %d", epoch,
+                            answered, self.size, majority(self.size))
+                return False
+            identities: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}
+            for name in sorted(names):
+                await self._catch_up(name, ends, links, epoch)
+                topic = self.engine.topics[name]
+                assert topic.log is not None
+                identity = topic.log.identity.successor(topic.next_id)
+                self.store.set_identity(name, identity)
+                identities[name.hex()] = (identity.incarnation, identity.lineage)
+        finally:
+            for link in links.values():
+                link.close()
+        if not self.role.leading:
+            return False
+        outcome: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        assert self.raft is not None
+        self.raft.submit(("take_over", self.node, epoch, identities),
+                         lambda result, error: outcome.done() or outcome.set_result(bool(result) and not error))
+        if not await asyncio.wait_for(outcome, 10 * self.config.cluster_timeout + 5):
+            return False
+        self.takeovers += 1
+        return True
+
+    async def _ask(self, links: dict[str, Link], names: set[bytes],
+                   epoch: int) -> dict[str, dict[bytes, ReplicaEnd] | None]:
+        """What each other broker holds of each topic (None for one that did not answer everything)."""
+
+        async def one(node: str, link: Link) -> dict[bytes, ReplicaEnd] | None:
+            out = {}
+            try:
+                for name in names:
+                    reply = await link.request(mc0.Fetch(name, max_messages=0, replica=self.node.encode(),
+                                                         epoch=epoch), ASK_TIMEOUT)
+                    if isinstance(reply, mc0.Error):
+                        return None
+                    result = mc0.decode_fetch_reply(reply)
+                    incarnation = result.incarnation.decode("ascii", "replace")
+                    lineage = mc0.decode_lineage(reply.headers.get(mc0.LINEAGE, b""))
+                    if incarnation == mc0.NO_INCARNATION.decode():
+                        incarnation = ""
+                    out[name] = ReplicaEnd(node, result.next_id, incarnation, lineage)
+            except (LinkError, ProtocolError):
+                return None
+            return out
+
+        nodes = list(links)
+        answers = await asyncio.gather(*(one(node, links[node]) for node in nodes))
+        return dict(zip(nodes, answers, strict=True))
+
+    async def _catch_up(self, name: bytes, ends: dict[str, dict[bytes, ReplicaEnd] | None],
+                        links: dict[str, Link], epoch: int) -> None:
+        """Make this broker's log of ``name`` hold what the most up-to-date replica holds."""
+        topic = self.engine.topics[name]
+        assert topic.log is not None
+        identity = topic.log.identity
+        mine = ReplicaEnd(self.node, topic.next_id, identity.incarnation, identity.lineage)
+        candidates = [mine] + [answer[name] for answer in ends.values() if answer is not None and name in answer]
+        best = most_advanced(candidates, lambda incarnation: self.state.epoch_of(name.hex(), incarnation))
+        if best.node == self.node:
+            return
+        cut = shared_until(mine, best)
+        if cut < topic.next_id:
+            self.engine.truncate(name, cut)
+            log.warning("taking over: cut topic %r from id %d (the most up-to-date replica, %s, does not hold "
+                        "that suffix)", name.decode("utf-8", "replace"), cut, best.node)
+        link = links[best.node]
+        while topic.next_id < best.next_id:
+            reply = await link.request(
+                mc0.Fetch(name, topic.next_id, 10_000, 4 << 20, records=True, replica=self.node.encode(),
+                          epoch=epoch), ASK_TIMEOUT * 5)
+            if isinstance(reply, mc0.Error):
+                raise EngineError(reply.message.decode("utf-8", "replace"))
+            records = mc0.decode_records_reply(reply)
+            if not records.count:
+                break
+            record_producers(topic.log, reply.headers.get(mc0.PRODUCERS), records.start_id,
+                             records.start_id + records.count)
+            self.engine.append_replicated(name, records.payload, records.start_id, records.count)
+            self.flush()
+        self.store.set_identity(name, LogIdentity(best.incarnation, best.lineage) if best.incarnation
+                                else topic.log.identity)
+        log.info("taking over: topic %r copied from %s up to id %d", name.decode("utf-8", "replace"),
+                 best.node, topic.next_id - 1)
+
+    # -------------------------------------------------------------------------------------------- stats
+
+    def stats(self) -> dict[str, Any]:
+        watermarks = {}
+        for topic in self.engine.topics.values():
+            if topic.visible_until is not None:
+                watermarks[topic.name.decode("utf-8", "replace")] = topic.visible_until
+        return {
+            "node": self.node, "endpoint": self.endpoint, "size": self.size, "epoch": self.state.epoch,
+            "leader": self.state.leader, "leader_endpoint": self.state.endpoints.get(self.state.leader or ""),
+            "serving": self.serving, "raft_leader": self.role.leading, "reachable": self.role.reachable,
+            "takeovers": self.takeovers, "high_watermarks": watermarks,
+            "copied": self.replicator.copied if self.replicator is not None else 0,
+            # The leader's view: each follower's acknowledged next id per topic.
+            "replicas": {name.decode("utf-8", "replace"): dict(replicas)
+                         for name, replicas in self.positions.items()},
+        }

@@ -1,0 +1,168 @@
+"""Consensus through PySyncObj: membership, leader election and the cluster's replicated state.
+
+Not ours to write: PySyncObj's Raft runs in a thread of its own (``autoTick``) and replicates a log of
+commands; :class:`RaftNode` embeds it in the broker. The one thing that crosses from that thread to the
+broker's loop is a call through ``loop.call_soon_threadsafe``: each applied command with a copy of the state
+after it (:meth:`RaftNode.on_state`), and a change in who leads or how many brokers this one reaches
+(:meth:`RaftNode.on_role`). The loop submits commands with :meth:`RaftNode.submit`, which only queues them
+(PySyncObj's queue is thread-safe) and reports the outcome the same way.
+
+Raft's own log lives in the data directory (``.cluster/raft.journal`` and ``.cluster/raft.dump``), so a
+restarted broker keeps its term, its vote and the state. With CURVE on, PySyncObj's ``password`` option
+encrypts and authenticates the Raft traffic (Fernet: AES-128-CBC with HMAC-SHA256, key derived from the
+password with PBKDF2); see docs/cluster.md for what that protects and what not.
+
+This module must not know about the engine, the store or mc0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+
+from broker.cluster.state import ClusterState
+
+log = logging.getLogger("mc0.cluster")
+
+#: PySyncObj's state codes (pysyncobj.syncobj._RAFT_STATE), as the role callbacks name them.
+LEADER_STATE = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    """What this broker's Raft says now: whether it leads, which node it believes leads, and how many brokers
+    of the cluster (itself included) it is connected to."""
+
+    leading: bool
+    leader: str | None
+    reachable: int
+    size: int
+
+
+class _ReplicatedState(SyncObjConsumer):
+    """The replicated object: one command method, applied in log order on every broker."""
+
+    def __init__(self, applied: Callable[[tuple[Any, ...], ClusterState], None]) -> None:
+        self._applied = applied
+        super().__init__()  # what exists now is not serialized with the state (PySyncObj's rule)
+        self.state = ClusterState()
+
+    @replicated
+    def command(self, command: tuple[Any, ...]) -> bool:
+        changed = self.state.apply(command)
+        self._applied(command, self.state.copy())
+        return changed
+
+    def _deserialize(self, data: dict[str, Any]) -> None:
+        super()._deserialize(data)  # a full dump loaded: the state as a whole
+        self._applied(("snapshot",), self.state.copy())
+
+
+def password_conf(password: str | None, timeout: float, directory: Path,
+                  on_state_changed: Callable[[int, int], None]) -> SyncObjConf:
+    """PySyncObj's settings: Raft timeouts scaled from ``timeout`` (the shortest election timeout, seconds),
+    the journal and dump files in ``directory``, and the password when one is given."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return SyncObjConf(
+        password=password,
+        raftMinTimeout=timeout,
+        raftMaxTimeout=2 * timeout,
+        appendEntriesPeriod=timeout / 5,
+        # A connection silent this long is dead; PySyncObj needs it at least raftMaxTimeout.
+        connectionTimeout=max(2 * timeout, 1.0),
+        connectionRetryTime=timeout,
+        # A leader that hears from no majority for this long steps down (PySyncObj's default is 30 s: a
+        # partitioned leader would believe it leads for that long).
+        leaderFallbackTimeout=2 * timeout,
+        journalFile=str(directory / "raft.journal"),
+        fullDumpFile=str(directory / "raft.dump"),
+        useFork=False,  # a forked copy of a broker (ZeroMQ threads, open logs) is not something to make
+        onStateChanged=on_state_changed,
+        commandsWaitLeader=True,
+        logCompactionMinEntries=10_000,
+        dynamicMembershipChange=False,
+    )
+
+
+class RaftNode:
+    """PySyncObj embedded in the broker: what the loop needs of it, and nothing that blocks the loop."""
+
+    def __init__(
+        self,
+        node: str,
+        peers: list[str],
+        *,
+        loop: asyncio.AbstractEventLoop,
+        on_state: Callable[[tuple[Any, ...], ClusterState], None],
+        on_role: Callable[[Role], None],
+        directory: Path,
+        timeout: float,
+        password: str | None,
+    ) -> None:
+        self.node = node
+        self.peers = [peer for peer in peers if peer != node]
+        self.loop = loop
+        self._on_state = on_state
+        self._on_role = on_role
+        self._last_role: Role | None = None
+        self._consumer = _ReplicatedState(self._applied)
+        conf = password_conf(password, timeout, directory, lambda _old, _new: self._tick())
+        self._sync = SyncObj(node, self.peers, conf=conf, consumers=[self._consumer])
+        self._sync.addOnTickCallback(self._tick)
+
+    # ------------------------------------------------------------------------------ in PySyncObj's thread
+
+    def _applied(self, command: tuple[Any, ...], state: ClusterState) -> None:
+        self._post(self._on_state, command, state)
+
+    def _tick(self) -> None:
+        """Each Raft tick (every 50 ms): tell the loop when the role or the reachable count changed."""
+        sync = self._sync if hasattr(self, "_sync") else None
+        if sync is None:
+            return
+        leader = sync._getLeader()
+        reachable = 1 + sum(1 for peer in sync.otherNodes if sync.isNodeConnected(peer))
+        role = Role(sync._isLeader(), None if leader is None else leader.id, reachable, 1 + len(self.peers))
+        if role != self._last_role:
+            self._last_role = role
+            self._post(self._on_role, role)
+
+    def _post(self, callback: Callable[..., None], *arguments: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(callback, *arguments)
+        except RuntimeError:
+            pass  # the loop is closed: the broker is stopping
+
+    # ------------------------------------------------------------------------------------ from the loop
+
+    def submit(self, command: tuple[Any, ...],
+               done: Callable[[bool | None, str | None], None] | None = None) -> None:
+        """Queue ``command`` for the Raft log; ``done(result, error)`` on the loop once it was applied (result:
+        whether it changed the state) or failed (error says why)."""
+
+        def callback(result: Any, error: int) -> None:
+            if done is not None:
+                why = None if error == FAIL_REASON.SUCCESS else _FAILURES.get(error, f"failure {error}")
+                self._post(done, result, why)
+
+        self._consumer.command(command, callback=callback)
+
+    def close(self) -> None:
+        self._sync.destroy()
+
+
+_FAILURES = {
+    FAIL_REASON.QUEUE_FULL: "the Raft command queue is full",
+    FAIL_REASON.MISSING_LEADER: "no Raft leader",
+    FAIL_REASON.DISCARDED: "discarded by a new Raft leader",
+    FAIL_REASON.NOT_LEADER: "the Raft leader changed",
+    FAIL_REASON.LEADER_CHANGED: "the Raft leader changed",
+    FAIL_REASON.REQUEST_DENIED: "denied",
+    FAIL_REASON.UNKNOWN_OUTCOME: "unknown outcome",
+}

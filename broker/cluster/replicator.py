@@ -1,0 +1,148 @@
+"""A follower's copy of the leader's logs: one long-polling FETCH per persistent topic, records appended with
+the leader's ids and timestamps, acknowledged by the next FETCH's FROM.
+
+Like a Kafka follower: the follower asks the leader for each topic's records from its own next id
+(``FETCH ... FORMAT records WAIT ... REPLICA <node> EPOCH <epoch> INCARNATION <its log identity>``). The
+leader answers as soon as it has committed something past that id. The follower checks and appends the
+records (the store checks every CRC), commits them as its topic's sync level says (a strong topic fsyncs),
+and only then asks for more: the FROM of that next FETCH tells the leader that everything below it is as
+durable here as the topic promises. If the leader's log is another one than the follower's (a new epoch),
+the leader answers from where the two logs part: the follower cuts its log there, durably, takes the
+leader's log identity, and copies on.
+
+Idempotent publishers' batches travel with the records (``PRODUCERS``), so the producer window of a
+follower that becomes leader is the one the old leader had for the same messages.
+
+This module must not know about Raft; the cluster (:mod:`broker.cluster.node`) starts and stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import msgpack
+
+from broker.cluster.link import Link, LinkError
+from broker.engine import Engine, EngineError
+from broker.store import LogIdentity, TopicLog
+from protocol import ProtocolError, mc0
+
+log = logging.getLogger("mc0.cluster")
+
+#: How long a FETCH waits in the leader for something new (ms), and the most records and bytes one brings.
+WAIT_MS = 1000
+FETCH_RECORDS = 10_000
+FETCH_BYTES = 4 << 20
+#: Seconds between attempts after the leader refused or did not answer.
+RETRY = 0.2
+
+
+def record_producers(log: TopicLog, raw: bytes | None, start: int, stop: int) -> None:
+    """Record, in a copy's producer journal, the idempotent batches that stored the copied ids ``[start,
+    stop)`` (a PRODUCERS header): each cut at ``stop``, since the rest of a batch comes with the next
+    records and is recorded again whole then. A batch cut here and never completed (its leader died) leaves
+    the producer's window at what this copy holds: a retry stores the rest, and only the rest."""
+    if not raw:
+        return
+    window = log.producers
+    for first_id, count, producer, last_sequence in msgpack.unpackb(raw):
+        over = first_id + count - stop
+        if over > 0:
+            count -= over
+            last_sequence -= over
+        if count > 0 and first_id + count > start:
+            window.record(producer, last_sequence, first_id, count)
+
+
+class Replicator:
+    """Copies every persistent topic from one leader, for one epoch."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        link: Link,
+        *,
+        node: str,
+        epoch: int,
+        flush: Callable[[], None],
+        set_identity: Callable[[bytes, LogIdentity], None],
+        fenced: Callable[[], int],
+    ) -> None:
+        self.engine = engine
+        self.link = link
+        self.node = node.encode()
+        self.epoch = epoch
+        self.flush = flush  # the hub's turn: commit (fsync for strong topics) before the next FETCH acks
+        self.set_identity = set_identity
+        self.fenced = fenced  # the highest epoch a candidate leader announced: copy nothing from below it
+        self.tasks: dict[bytes, asyncio.Task[None]] = {}
+        self.copied = 0  # records appended so far
+        self.closed = False
+
+    def follow(self, topic: bytes) -> None:
+        """Copy ``topic`` too (idempotent)."""
+        if topic not in self.tasks:
+            self.tasks[topic] = asyncio.get_running_loop().create_task(
+                self._copy(topic), name=f"replicate {topic.decode('utf-8', 'replace')}")
+
+    async def _copy(self, topic: bytes) -> None:
+        # Checked each time round: a cancel that meets a failing request can be swallowed (asyncio.wait_for).
+        while not self.closed:
+            try:
+                if not await self._step(topic):
+                    await asyncio.sleep(RETRY)
+            except asyncio.CancelledError:
+                raise
+            except (LinkError, EngineError, ProtocolError) as error:
+                log.info("copying %r from %s: %s", topic.decode("utf-8", "replace"), self.link.endpoint, error)
+                await asyncio.sleep(RETRY)
+
+    async def _step(self, topic: bytes) -> bool:
+        """One FETCH and what its answer asks for; False when the leader refused it."""
+        local = self.engine.topics.get(topic)
+        if local is None or local.log is None:
+            return False
+        identity = local.log.identity
+        event = mc0.Fetch(topic, local.next_id, FETCH_RECORDS, FETCH_BYTES, wait=WAIT_MS, records=True,
+                          incarnation=identity.incarnation.encode(), replica=self.node, epoch=self.epoch)
+        reply = await self.link.request(event, WAIT_MS / 1000 + 5)
+        if isinstance(reply, mc0.Error):
+            log.debug("leader refused a fetch of %r: %s", topic, reply.message.decode("utf-8", "replace"))
+            return False
+        if self.fenced() > self.epoch or self.closed:
+            return False  # a new leader is taking over: nothing more from this one
+        records = mc0.decode_records_reply(reply)
+        incarnation = records.incarnation.decode("ascii", "replace")
+        lineage = mc0.decode_lineage(reply.headers.get(mc0.LINEAGE, b""))
+        if local.next_id != event.start:
+            return True  # changed under us (a truncation): ask again
+        if incarnation != identity.incarnation:
+            # The leader's log is another one: cut ours where they part, take its identity, copy on.
+            cut = self.engine.truncate(topic, records.start_id)
+            if cut:
+                log.warning("topic %r: cut %d messages from id %d to follow the leader's log",
+                            topic.decode("utf-8", "replace"), cut, records.start_id)
+            self.set_identity(topic, LogIdentity(incarnation, lineage))
+        elif records.start_id != local.next_id:
+            return False
+        if records.count:
+            if records.start_id != local.next_id:
+                raise EngineError(f"topic {topic!r}: the leader's log starts at {records.start_id}, this one "
+                                  f"goes on at {local.next_id}")
+            record_producers(local.log, reply.headers.get(mc0.PRODUCERS), records.start_id,
+                             records.start_id + records.count)
+            self.engine.append_replicated(topic, records.payload, records.start_id, records.count)
+            self.copied += records.count
+        self.flush()  # committed (fsynced for strong topics) before the next FETCH acknowledges it
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+        for task in self.tasks.values():
+            task.cancel()
+        self.tasks.clear()
+        with contextlib.suppress(Exception):
+            self.link.close()

@@ -1,0 +1,20 @@
+"""A smoke test of ``python -m bench cluster`` with tiny counts: every figure positive, every confirmation
+fsync, failovers timed. It measures nothing (the counts are far too small for the ratios to mean anything);
+it proves that the benchmark still runs against the current brokers and connector."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import cluster
+
+
+@pytest.mark.timeout(180)
+def test_cluster_benchmark_runs(tmp_path):
+    report = cluster.run(confirms=30, pipelined=300, trials=2, repeat=1, base=tmp_path)
+    assert report.durable
+    assert set(report.rates) == {"single 1", "single 100", "cluster 1", "cluster 100"}
+    assert all(rate > 0 for rate in report.rates.values())
+    assert len(report.failovers) == 2 and all(0 < seconds < 60 for seconds in report.failovers)
+    assert report.ratio(1) > 0 and report.ratio(100) > 0
+    assert list(tmp_path.iterdir()) == []  # the brokers' folders are removed afterwards

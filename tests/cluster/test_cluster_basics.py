@@ -1,0 +1,124 @@
+"""A three-broker cluster: strong publishes confirmed on a majority, followers that name the leader, a
+follower paused (SIGSTOP) while publishes go on, two of three gone (strong publishes refused, nothing
+confirmed that is not on a majority), and a restarted replica that catches up. Real broker processes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+from cluster_harness import Cluster, cluster_factory  # noqa: F401 - the fixture
+
+from connector import Client, ConnectorError
+from connector import keys as key_files
+
+
+def _followers(cluster: Cluster, leader: object) -> list:
+    return [member for member in cluster.members if member is not leader]
+
+
+@pytest.mark.timeout(90)
+def test_followers_name_the_leader_and_the_client_follows(cluster_factory) -> None:  # noqa: F811
+    cluster: Cluster = cluster_factory(curve=True)  # inter-broker links and Raft under CURVE's keys
+    leader = cluster.leader()
+    follower = _followers(cluster, leader)[0]
+    with Client(follower.endpoint, **cluster.client_options(), timeout=10) as client:
+        assert client.endpoint == leader.endpoint  # the follower's OK to CONNECT named the leader
+        reply = client.publish("durable.basics", "one", confirm=True)
+        assert reply is not None and reply["DURABILITY"] == "fsync"
+    # A publish sent to the follower itself, by hand: ERROR with LEADER, one line saying what happened.
+    socket = cluster.context.socket(zmq.DEALER)
+    socket.linger = 0
+    pair = key_files.client_pair(cluster.keys_dir)
+    socket.curve_serverkey = key_files.broker_public(cluster.keys_dir)
+    socket.curve_publickey, socket.curve_secretkey = pair.public, pair.secret
+    socket.connect(follower.endpoint)
+    try:
+        socket.send_multipart([b"", b"PUT", b"TOPIC", b"durable.basics", b"ID", b"p1", b"", b"two"])
+        assert socket.poll(5000), "the follower did not answer"
+        frames = socket.recv_multipart()
+    finally:
+        socket.close(linger=0)
+    assert frames[1] == b"ERROR", frames
+    headers = dict(zip(frames[2::2], frames[3::2], strict=False))
+    assert headers[b"LEADER"] == leader.endpoint.encode()
+    assert b"does not lead the cluster" in headers[b"MESSAGE"] and headers[b"ID"] == b"p1"
+    view = cluster.cluster_view(follower)
+    assert view["leader_endpoint"] == leader.endpoint and not view["serving"]
+
+
+@pytest.mark.timeout(120)
+def test_a_paused_follower_does_not_stop_strong_publishes_and_catches_up(cluster_factory) -> None:  # noqa: F811
+    cluster: Cluster = cluster_factory()
+    leader = cluster.leader()
+    paused, other = _followers(cluster, leader)
+    with Client(cluster.endpoints, **cluster.client_options(), timeout=10) as client:
+        client.publish("durable.pause", "before", confirm=True)
+        cluster.pause(paused)
+        started = time.monotonic()
+        for n in range(50):
+            reply = client.publish("durable.pause", f"m{n}", confirm=True, timeout=5)
+            assert reply is not None and reply["DURABILITY"] == "fsync"
+        assert time.monotonic() - started < 20  # a majority (leader and one follower) confirms them
+        cluster.resume(paused)
+        last = int(reply["MESSAGE-ID"])
+    deadline = time.monotonic() + 20
+    while True:  # the paused follower acknowledges everything once it runs again
+        replicas = cluster.cluster_view(leader)["replicas"].get("durable.pause", {})
+        if replicas.get(paused.raft, 0) > last:
+            break
+        assert time.monotonic() < deadline, f"the resumed follower did not catch up: {replicas}"
+        time.sleep(0.2)
+    assert replicas.get(other.raft, 0) > last
+
+
+@pytest.mark.timeout(120)
+def test_two_of_three_gone_refuses_strong_publishes(cluster_factory) -> None:  # noqa: F811
+    cluster: Cluster = cluster_factory()
+    leader = cluster.leader()
+    with Client(leader.endpoint, **cluster.client_options(), timeout=10) as client:
+        client.publish("durable.minority", "on a majority", confirm=True)
+        for member in _followers(cluster, leader):
+            cluster.pause(member)
+        with pytest.raises(ConnectorError) as refused:
+            client.publish("durable.minority", "alone", confirm=True, timeout=15)
+    text = str(refused.value)
+    assert "majority of the cluster" in text and "of 3 brokers reachable" in text, text
+    assert "\n" not in text
+    # The refused message was not confirmed; once the others are back, the cluster serves again.
+    for member in _followers(cluster, leader):
+        cluster.resume(member)
+    with Client(cluster.endpoints, **cluster.client_options(), timeout=20) as client:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                reply = client.publish("durable.minority", "back", confirm=True, timeout=5)
+                break
+            except ConnectorError:
+                assert time.monotonic() < deadline, "the cluster did not serve again"
+        assert reply is not None
+        messages = client.fetch("durable.minority", 1).messages
+    bodies = [message.body for message in messages]
+    assert bodies[0] == b"on a majority" and bodies[-1] == b"back"
+    assert len(bodies) == len(set(bodies))
+
+
+@pytest.mark.timeout(120)
+def test_a_restarted_replica_catches_up(cluster_factory) -> None:  # noqa: F811
+    cluster: Cluster = cluster_factory()
+    leader = cluster.leader()
+    victim = _followers(cluster, leader)[0]
+    with Client(cluster.endpoints, **cluster.client_options(), timeout=10) as client:
+        client.publish("durable.restart", "first", confirm=True)
+        cluster.kill(victim)
+        futures = [client.publish_async("durable.restart", f"m{n}") for n in range(500)]
+        last = max(int(future.result(20)["MESSAGE-ID"]) for future in futures)
+        cluster.start(victim)
+    deadline = time.monotonic() + 30
+    while True:
+        replicas = cluster.cluster_view(cluster.leader())["replicas"].get("durable.restart", {})
+        if replicas.get(victim.raft, 0) > last:
+            break
+        assert time.monotonic() < deadline, f"the restarted replica did not catch up: {replicas}"
+        time.sleep(0.2)

@@ -1,0 +1,170 @@
+"""SIGKILL the leader of a three-broker cluster again and again while a careful publisher publishes confirmed,
+idempotent batches to a strong topic and a subscriber reads it: every confirmed message is there once, in
+order, under the id its OK gave; no id names two messages; the subscriber resumes across every failover; the
+replicas' logs agree. Real broker processes; the failover times are printed."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from cluster_harness import Cluster, cluster_factory  # noqa: F401 - the fixture
+
+from broker.store.files import FileStore
+from broker.topics import Persistence, Sync, TopicSpec
+from connector import Client, ConnectorError
+
+TOPIC = "durable.failover"
+BATCH = 5  # messages per idempotent batch
+KILLS = 10
+#: Confirmed batches between two kills: the publisher must be under way when the leader dies.
+BETWEEN = 8
+
+
+class Publisher(threading.Thread):
+    """Publishes numbered idempotent batches, each sent again (same producer, same sequence) until confirmed:
+    what a careful user does when a failover loses an answer."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(daemon=True, name="careful publisher")
+        self.cluster = cluster
+        self.stop = threading.Event()
+        self.confirmed: list[tuple[int, int | None]] = []  # (sequence of a batch, MESSAGE-ID of its last)
+        self.retries = 0
+        self.first_after: list[float] = []  # confirmation times, to measure failovers
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with Client(self.cluster.endpoints, **self.cluster.client_options(), timeout=5) as client:
+                sequence = 0
+                while not self.stop.is_set():
+                    items = [(TOPIC, f"{sequence + n}", None) for n in range(BATCH)]
+                    try:
+                        reply = client.publish_batch(items, producer="careful", sequence=sequence, timeout=5)
+                    except ConnectorError:
+                        self.retries += 1
+                        time.sleep(0.02)
+                        continue
+                    last = reply.get("MESSAGE-ID")
+                    self.confirmed.append((sequence, None if last is None else int(last)))
+                    self.first_after.append(time.monotonic())
+                    sequence += BATCH
+        except BaseException as error:  # reported by the test
+            self.error = error
+
+
+class Subscriber(threading.Thread):
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(daemon=True, name="subscriber")
+        self.cluster = cluster
+        self.stop = threading.Event()
+        self.received: list[tuple[int, bytes]] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with Client(self.cluster.endpoints, **self.cluster.client_options(), timeout=10) as client:
+                client.subscribe(TOPIC, replay="beginning")
+                while not self.stop.is_set():
+                    message = client.receive(timeout=0.2)
+                    if message is not None:
+                        assert message.id is not None
+                        self.received.append((message.id, message.body))
+        except BaseException as error:
+            self.error = error
+
+
+def _stored(data_dir: Path) -> list[tuple[int, bytes]]:
+    """What a stopped replica's log of TOPIC holds, read from its files."""
+    store = FileStore(data_dir)
+    log = store.open(TOPIC.encode(), TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG))
+    out = []
+    position = log.first_id
+    while position < log.next_id:
+        messages = log.read(position, 10_000, 1 << 24)
+        out += [(message.id, message.body) for message in messages]
+        position = messages[-1].id + 1
+    store.close()
+    return out
+
+
+@pytest.mark.timeout(240)
+def test_sigkill_the_leader_ten_times_loses_and_repeats_nothing(cluster_factory) -> None:  # noqa: F811
+    cluster: Cluster = cluster_factory()
+    publisher, subscriber = Publisher(cluster), Subscriber(cluster)
+    subscriber.start()
+    publisher.start()
+    failovers: list[float] = []
+    try:
+        for kill in range(KILLS):
+            wanted = len(publisher.confirmed) + BETWEEN
+            deadline = time.monotonic() + 40
+            while len(publisher.confirmed) < wanted:
+                assert publisher.error is None, publisher.error
+                assert time.monotonic() < deadline, f"kill {kill}: the publisher is stuck at " \
+                    f"{len(publisher.confirmed)} batches"
+                time.sleep(0.02)
+            leader = cluster.settled()
+            before = len(publisher.confirmed)
+            killed_at = time.monotonic()
+            cluster.kill(leader)
+            while len(publisher.confirmed) == before:  # kill -> first confirmed publish on the new leader
+                assert time.monotonic() - killed_at < 40, f"kill {kill}: no confirmation after the failover"
+                time.sleep(0.005)
+            failovers.append(publisher.first_after[before] - killed_at)
+            cluster.start(leader)  # back as a follower: it cuts what it had alone and copies on
+        deadline = time.monotonic() + 20
+        final = len(publisher.confirmed) + BETWEEN
+        while len(publisher.confirmed) < final:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        publisher.stop.set()
+        publisher.join(20)
+    assert publisher.error is None, publisher.error
+    leader = cluster.settled()
+    with Client(leader.endpoint, **cluster.client_options(), timeout=10) as client:
+        log: list[tuple[int, bytes]] = []
+        start = 1
+        while True:
+            result = client.fetch(TOPIC, start, max_messages=10_000)
+            log += [(message.id, message.body) for message in result.messages]
+            if not result.messages:
+                break
+            start = result.messages[-1].id + 1
+    ids = [message_id for message_id, _ in log]
+    assert ids == list(range(1, len(ids) + 1)), "ids are not dense from 1"
+    bodies = [int(body) for _, body in log]
+    assert len(bodies) == len(set(bodies)), "a message is stored twice (a duplicate)"
+    assert bodies == sorted(bodies), "messages are out of order"
+    by_body = {int(body): message_id for message_id, body in log}
+    for sequence, last_id in publisher.confirmed:
+        for n in range(BATCH):
+            assert sequence + n in by_body, f"confirmed message {sequence + n} is lost"
+        if last_id is not None:  # the OK said which id: that id still names this message
+            assert by_body[sequence + BATCH - 1] == last_id, "an id was given to another message"
+    # The subscriber read across every failover: in order, no id twice, each the stored message.
+    last_confirmed = max(by_body[sequence + BATCH - 1] for sequence, _ in publisher.confirmed)
+    deadline = time.monotonic() + 30
+    while not subscriber.received or subscriber.received[-1][0] < last_confirmed:
+        assert subscriber.error is None, subscriber.error
+        assert time.monotonic() < deadline, "the subscriber did not resume after the failovers"
+        time.sleep(0.05)
+    subscriber.stop.set()
+    subscriber.join(20)
+    received_ids = [message_id for message_id, _ in subscriber.received]
+    assert received_ids == sorted(set(received_ids)), "the subscriber got an id twice or out of order"
+    stored = dict(log)
+    assert all(stored[message_id] == body for message_id, body in subscriber.received)
+    assert received_ids[0] == 1 and received_ids == list(range(1, len(received_ids) + 1))
+    cluster.stop_all()
+    for member in cluster.members:  # every replica's log agrees with the leader's on every id it holds
+        for message_id, body in _stored(member.data_dir):
+            assert stored.get(message_id) == body, f"broker {member.index} holds another message {message_id}"
+    failovers.sort()
+    print(f"\n{KILLS} failovers (kill -> first confirmed publish): p50 {statistics.median(failovers):.2f} s, "
+          f"max {failovers[-1]:.2f} s; publisher retries {publisher.retries}; {len(log)} messages")

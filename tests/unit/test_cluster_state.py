@@ -1,0 +1,136 @@
+"""The cluster's pure parts (broker/cluster/state.py): the replicated state's commands, the majority
+watermark, the up-to-date rule a new leader picks its source by, and where two logs part; and the cluster's
+configuration. No processes, no sockets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.cluster.state import (
+    ClusterState,
+    ReplicaEnd,
+    high_watermark,
+    last_epoch,
+    majority,
+    most_advanced,
+    shared_until,
+)
+from broker.config import DEFAULTS, ConfigError, check_cluster, load, raft_address
+
+
+def test_majorities() -> None:
+    assert [majority(size) for size in (1, 2, 3, 4, 5)] == [1, 2, 2, 3, 3]
+
+
+@pytest.mark.parametrize(("positions", "size", "watermark"), [
+    ([10, 7, 3], 3, 7),  # the second highest of three: on the leader and one follower
+    ([10, 7], 3, 7),  # a follower not heard from holds nothing
+    ([10], 3, 1),  # the leader alone is no majority
+    ([10, 10, 10], 3, 10),
+    ([9, 8, 7, 6, 5], 5, 7),
+    ([5, 9], 2, 5),  # two brokers: both
+])
+def test_high_watermark_is_what_a_majority_holds(positions: list[int], size: int, watermark: int) -> None:
+    assert high_watermark(positions, size) == watermark
+
+
+def test_commands_apply_in_order_and_a_stale_take_over_changes_nothing() -> None:
+    state = ClusterState()
+    assert state.apply(("join", "a:1", "tcp://a:2"))
+    assert state.apply(("topic", b"t".hex(), {"sync": "strong"}))
+    assert state.apply(("take_over", "a:1", 1, {b"t".hex(): ("i1", ())}))
+    assert (state.epoch, state.leader) == (1, "a:1")
+    assert not state.apply(("take_over", "b:1", 1, {}))  # epoch 1 is taken
+    assert state.leader == "a:1"
+    assert not state.apply(("take_over", "b:1", 3, {}))  # an epoch is never skipped
+    assert state.apply(("take_over", "b:1", 2, {b"t".hex(): ("i2", (("i1", 40),))}))
+    assert state.epoch_of(b"t".hex(), "i1") == 1 and state.epoch_of(b"t".hex(), "i2") == 2
+    assert state.epoch_of(b"t".hex(), "unknown") == 0
+    assert state.apply(("positions", "a:1", {b"t".hex(): 41}))
+    assert state.positions == {"a:1": {b"t".hex(): 41}}
+    with pytest.raises(ValueError):
+        state.apply(("nonsense",))
+
+
+def test_identities_per_topic_are_bounded() -> None:
+    state = ClusterState()
+    for epoch in range(1, 40):
+        state.apply(("take_over", "a:1", epoch, {"74": (f"i{epoch}", ())}))
+    assert len(state.identities["74"]) == 16 and state.identities["74"][-1][1] == "i39"
+
+
+EPOCHS = {"old": 1, "new": 2}.get
+
+
+def epoch_of(incarnation: str) -> int:
+    return EPOCHS(incarnation, 0)
+
+
+def test_last_epoch_is_the_epoch_of_the_last_message() -> None:
+    # Took epoch 2's identity (whose leader took over at id 10) but holds only ids below 10: last epoch 1.
+    assert last_epoch(ReplicaEnd("a", 4, "new", (("old", 10),)), epoch_of) == 1
+    assert last_epoch(ReplicaEnd("a", 11, "new", (("old", 10),)), epoch_of) == 2
+    assert last_epoch(ReplicaEnd("a", 1, "new", (("old", 10),)), epoch_of) == 0  # empty
+    assert last_epoch(ReplicaEnd("a", 30, "old"), epoch_of) == 1
+
+
+def test_the_up_to_date_replica_wins_over_the_longer_one() -> None:
+    # An old leader wrote ids 10..20 alone in epoch 1; epoch 2's leader wrote 10..15 on a majority.
+    stale = ReplicaEnd("stale", 21, "old")
+    current = ReplicaEnd("current", 16, "new", (("old", 10),))
+    assert most_advanced([stale, current], epoch_of) is current
+    # A copy that took the new identity but holds only old messages is not ahead of an old log that is
+    # longer: the last message's epoch decides, then the length.
+    short = ReplicaEnd("short", 4, "new", (("old", 10),))
+    longer = ReplicaEnd("longer", 10, "old")
+    assert most_advanced([short, longer], epoch_of) is longer
+    with pytest.raises(ValueError):
+        most_advanced([], epoch_of)
+
+
+def test_where_two_logs_part() -> None:
+    mine = ReplicaEnd("me", 21, "old")
+    theirs = ReplicaEnd("them", 16, "new", (("old", 10),))
+    assert shared_until(mine, theirs) == 10  # my 10..20 is not theirs: cut there
+    assert shared_until(ReplicaEnd("me", 8, "old"), theirs) == 8  # all of mine is theirs
+    assert shared_until(ReplicaEnd("me", 5, "same"), ReplicaEnd("them", 9, "same")) == 5
+    assert shared_until(ReplicaEnd("me", 5, "x"), ReplicaEnd("them", 9, "y")) == 1  # unrelated logs
+    # Mine descends from theirs: we share what they held below where mine took over.
+    assert shared_until(ReplicaEnd("me", 30, "new", (("old", 10),)), ReplicaEnd("them", 12, "old")) == 10
+
+
+def test_cluster_settings_load_and_are_checked(tmp_path: Path) -> None:
+    path = tmp_path / "mc0.toml"
+    path.write_text('[broker]\ncluster_node = "127.0.0.1:7001"\ncluster_peers = ["127.0.0.1:7002", '
+                    '"localhost:7003"]\nadvertise = "10.0.0.1:61616"\ncluster_commit_timeout = 2.5\n')
+    config = load(path)
+    assert config.clustered and config.cluster_peers == ("127.0.0.1:7002", "localhost:7003")
+    assert config.advertised("tcp://*:61616") == "tcp://10.0.0.1:61616"
+    check_cluster(config)
+    assert not DEFAULTS.clustered  # no cluster without cluster_node: a single broker as before
+    check_cluster(DEFAULTS)
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ('cluster_peers = ["127.0.0.1:7002"]\n', "cluster_node is not"),
+    ('cluster_node = "127.0.0.1:7001"\n', "cluster_peers is empty"),
+    ('cluster_node = "127.0.0.1:7001"\ncluster_peers = ["127.0.0.1:7001"]\n', "own address"),
+    ('cluster_node = "127.0.0.1:0"\ncluster_peers = ["127.0.0.1:7002"]\n', "fixed port"),
+    ('cluster_node = "nowhere"\ncluster_peers = ["127.0.0.1:7002"]\n', "not an address"),
+    ('cluster_peers = [1]\n', "list of HOST:PORT"),
+    ('cluster_commit_timeout = 0\n', "greater than 0"),
+])
+def test_bad_cluster_settings_are_refused_in_one_line(tmp_path: Path, text: str, fragment: str) -> None:
+    path = tmp_path / "mc0.toml"
+    path.write_text("[broker]\n" + text)
+    with pytest.raises(ConfigError) as refused:
+        check_cluster(load(path))
+    assert fragment in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_broker_bound_everywhere_must_say_where_it_is_reached() -> None:
+    with pytest.raises(ConfigError, match="advertise"):
+        DEFAULTS.replace(cluster_node="127.0.0.1:7001").advertised("tcp://*:61616")
+    assert raft_address("[::1]:7001", "x") == "[::1]:7001"
