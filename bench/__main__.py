@@ -23,8 +23,8 @@ source, next to the connector reading it in one process, same run (see ``bench/s
 ``python -m bench monitoring [options]``: what a scrape of the monitoring endpoint costs the broker's loop
 with 10,000 topics, against no scraping, same run (see ``bench/monitoring.py``).
 
-``python -m bench cluster [options]``: confirmed publishes to a strong topic on a three-broker cluster against a
-single broker, same run, and failover times (see ``bench/cluster.py``).
+``python -m bench cluster [options]``: confirmed publishes to a strong topic on a three-broker cluster against
+a single broker, same run, and failover times (see ``bench/cluster.py``).
 
 ``python -m bench faults [--soak N]``: what clients can do to a broker, and that it still answers afterwards
 (see ``bench/faults.py``; ``tests/faults/`` runs the same scenarios in CI).

@@ -105,7 +105,8 @@ class Cluster:
         deadline = time.monotonic() + LIFECYCLE
         while self.stats(member, timeout=0.5) is None:
             assert member.alive, f"broker {member.index} exited: {member.log()[-3000:]}"
-            assert time.monotonic() < deadline, f"broker {member.index} did not answer: {member.log()[-3000:]}"
+            assert time.monotonic() < deadline, \
+                f"broker {member.index} did not answer: {member.log()[-3000:]}"
             time.sleep(0.1)
 
     def kill(self, member: Member) -> None:

@@ -109,7 +109,8 @@ def secure(
     pair = keys.broker_pair(keys_dir)
     authenticator = AsyncioAuthenticator(context, log=logging.getLogger("mc0.zap"))
     authenticator.start()
-    _configure(authenticator, keys_dir, allow_any_client, frozenset({pair.public}) if cluster else frozenset())
+    members = frozenset({pair.public}) if cluster else frozenset()
+    _configure(authenticator, keys_dir, allow_any_client, members)
     socket.curve_server = True
     socket.curve_publickey = pair.public
     socket.curve_secretkey = pair.secret

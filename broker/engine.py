@@ -951,8 +951,8 @@ class Engine:
         return written
 
     def gate(self, topic: Topic, until: int) -> None:
-        """Make ``topic`` a replicated topic: from now on its readers (subscribers, queues, FETCH) get only ids
-        below the gate, which :meth:`release` moves as the cluster's majority takes messages."""
+        """Make ``topic`` a replicated topic: from now on its readers (subscribers, queues, FETCH) get only
+        ids below the gate, which :meth:`release` moves as the cluster's majority takes messages."""
         if topic.visible_until is not None:
             return
         topic.visible_until = until

@@ -425,7 +425,8 @@ class RouterShell:
                     raise ProtocolError("FETCH needs an ID to answer to")
                 if event.replica is not None:
                     if self.cluster is None:
-                        raise EngineError("this broker is not in a cluster: REPLICA fetches go to cluster members")
+                        raise EngineError("this broker is not in a cluster: REPLICA fetches go to cluster "
+                                          "members")
                     self.cluster.replica_fetch(event)
                 # Answered after the commit (answer()), in this reply's place: see _FetchReply.
                 self.replies.append((session, _FetchReply(event, session.delimiter)))

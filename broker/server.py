@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import ctypes
 import ctypes.util
 import errno
+import functools
 import logging
 import signal
 import ssl

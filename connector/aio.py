@@ -117,7 +117,8 @@ class AsyncClient(ClientBase):
                         raise
                     reply = self._connecting  # the reader gave up on a silent broker and sent a new CONNECT
                     continue
-                if isinstance(answer, mc0.Ok) and leader_of(answer) is not None and self._move(leader_of(answer)):
+                leader = leader_of(answer) if isinstance(answer, mc0.Ok) else None
+                if leader is not None and self._move(leader):
                     self._moving = False
                     reply = self._open()  # a cluster member that does not lead: connect to the leader
                     continue
@@ -359,7 +360,6 @@ class AsyncClient(ClientBase):
     async def _call(self, event: Any, timeout: float | None, what: str) -> mc0.Ok:  # noqa: ASYNC109
         self._check()
         self._flush()  # keep order: everything published before this command goes first
-        core = self._core
         future: asyncio.Future[mc0.Ok | mc0.Error] = asyncio.get_running_loop().create_future()
         self._command(event, future)
         wait = self.timeout if timeout is None else timeout
@@ -584,7 +584,8 @@ class AsyncClient(ClientBase):
     def _reconnected(self, future: asyncio.Future[mc0.Ok | mc0.Error]) -> None:
         if not future.cancelled() and future.exception() is None:
             reply = future.result()
-            if isinstance(reply, mc0.Ok) and leader_of(reply) is not None and self._move(leader_of(reply)):
+            leader = leader_of(reply) if isinstance(reply, mc0.Ok) else None
+            if leader is not None and self._move(leader):
                 return  # a cluster member that does not lead: the reader connects to the leader
             if isinstance(reply, mc0.Ok):
                 self._moves_in_row = 0

@@ -48,7 +48,7 @@ class Link:
         self._reader: asyncio.Task[None] | None = None
         self.closed = False
 
-    async def request(self, event: mc0.Fetch | mc0.Noop, timeout: float) -> mc0.Ok | mc0.Error:
+    async def request(self, event: mc0.Fetch | mc0.Noop, timeout: float) -> mc0.Ok | mc0.Error:  # noqa: ASYNC109
         """Send ``event`` with a fresh ID and wait for its answer; LinkError after ``timeout`` seconds."""
         if self.closed:
             raise LinkError(f"the link to {self.endpoint} is closed")

@@ -71,7 +71,8 @@ def raft_password(config: BrokerConfig) -> str | None:
     and the cluster's name; with CURVE off, ``cluster_secret`` (or none: Raft in the clear)."""
     if config.curve:
         secret = (Path(config.keys_dir) / "broker.key_secret").read_bytes()
-        return hashlib.sha256(b"mc0 cluster raft\0" + config.cluster_name.encode() + b"\0" + secret).hexdigest()
+        material = b"mc0 cluster raft\0" + config.cluster_name.encode() + b"\0" + secret
+        return hashlib.sha256(material).hexdigest()
     return config.cluster_secret or None
 
 
@@ -192,7 +193,8 @@ class Cluster:
             current.close()
         keys_dir = Path(self.config.keys_dir) if self.config.curve else None
         self.replicator = Replicator(self.engine, Link(self.context, endpoint, keys_dir), node=self.node,
-                                     epoch=self.state.epoch, flush=self.flush, set_identity=self.store.set_identity,
+                                     epoch=self.state.epoch, flush=self.flush,
+                                     set_identity=self.store.set_identity,
                                      fenced=lambda: self.fence)
         for name_hex, spec in self.state.topics.items():
             self._ensure_topic(bytes.fromhex(name_hex), spec)
@@ -210,17 +212,23 @@ class Cluster:
             with contextlib.suppress(EngineError):
                 self.engine.topic(name)
 
+    def _leader_endpoint(self) -> str | None:
+        """The mc0 endpoint of the cluster's leader when that is another broker, None when unknown."""
+        if self.state.leader == self.node:
+            return None
+        return self.state.endpoints.get(self.state.leader or "")
+
     def leader(self) -> bytes | None:
         if self.serving:
             return None
-        endpoint = self.state.endpoints.get(self.state.leader or "") if self.state.leader != self.node else None
+        endpoint = self._leader_endpoint()
         return endpoint.encode() if endpoint else None
 
     def tcp_refusal(self) -> str | None:
         """Why a TCP door of this broker takes no connection now (a follower's doors: one line in its log)."""
         if self.serving:
             return None
-        endpoint = self.state.endpoints.get(self.state.leader or "") if self.state.leader != self.node else None
+        endpoint = self._leader_endpoint()
         return ("this broker does not lead the cluster: the TCP doors are the leader's"
                 + (f" (mc0 at {endpoint})" if endpoint else ""))
 
@@ -229,11 +237,10 @@ class Cluster:
         if self.serving:
             return None
         if isinstance(event, LEADER_ONLY) or (type(event) is mc0.Fetch and event.replica is None):
-            leader = self.state.leader if self.state.leader != self.node else None
-            endpoint = self.state.endpoints.get(leader or "")
+            endpoint = self._leader_endpoint()
             where = (f"the leader is {endpoint}" if endpoint else
-                     f"no leader is known ({self.role.reachable} of {self.size} brokers reachable): try again "
-                     "once a majority is")
+                     f"no leader is known ({self.role.reachable} of {self.size} brokers reachable): try "
+                     "again once a majority is")
             return mc0.leader_error(f"this broker does not lead the cluster ({where})",
                                     endpoint.encode() if endpoint else None, getattr(event, "id", None))
         return None
@@ -294,7 +301,7 @@ class Cluster:
         if topic is None or topic.log is None or topic.visible_until is None:
             return
         if event.incarnation != topic.log.identity.incarnation.encode():
-            return  # its log is not (yet) a copy of this one: the answer tells it where to cut, it holds nothing
+            return  # its log is not (yet) a copy of this one: the answer says where to cut; it holds nothing
         replicas = self.positions.setdefault(event.topic, {})
         if replicas.get(node, 0) >= event.start:
             return
@@ -316,7 +323,8 @@ class Cluster:
 
     def confirm(self, needs: dict[bytes, int], now: float, deadline: float) -> bool | str:
         if not self.serving:
-            return (f"not replicated to a majority of the cluster ({self.role.reachable} of {self.size} brokers "
+            return ("not replicated to a majority of the cluster "
+                    f"({self.role.reachable} of {self.size} brokers "
                     "reachable): this broker stopped leading before a majority held the message, which may "
                     "or may not survive; publish it again with PRODUCER/SEQUENCE (idempotent) once a leader "
                     "serves")
@@ -385,7 +393,8 @@ class Cluster:
         outcome: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         assert self.raft is not None
         self.raft.submit(("take_over", self.node, epoch, identities),
-                         lambda result, error: outcome.done() or outcome.set_result(bool(result) and not error))
+                         lambda result, error: outcome.done()
+                         or outcome.set_result(bool(result) and not error))
         if not await asyncio.wait_for(outcome, 10 * self.config.cluster_timeout + 5):
             return False
         self.takeovers += 1
@@ -424,15 +433,16 @@ class Cluster:
         assert topic.log is not None
         identity = topic.log.identity
         mine = ReplicaEnd(self.node, topic.next_id, identity.incarnation, identity.lineage)
-        candidates = [mine] + [answer[name] for answer in ends.values() if answer is not None and name in answer]
+        candidates = [mine] + [answer[name] for answer in ends.values()
+                               if answer is not None and name in answer]
         best = most_advanced(candidates, lambda incarnation: self.state.epoch_of(name.hex(), incarnation))
         if best.node == self.node:
             return
         cut = shared_until(mine, best)
         if cut < topic.next_id:
             self.engine.truncate(name, cut)
-            log.warning("taking over: cut topic %r from id %d (the most up-to-date replica, %s, does not hold "
-                        "that suffix)", name.decode("utf-8", "replace"), cut, best.node)
+            log.warning("taking over: cut topic %r from id %d (the most up-to-date replica, %s, does not "
+                        "hold that suffix)", name.decode("utf-8", "replace"), cut, best.node)
         link = links[best.node]
         while topic.next_id < best.next_id:
             reply = await link.request(

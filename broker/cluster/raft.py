@@ -18,6 +18,7 @@ This module must not know about the engine, the store or mc0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -134,17 +135,15 @@ class RaftNode:
             self._post(self._on_role, role)
 
     def _post(self, callback: Callable[..., None], *arguments: Any) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the broker is stopping
             self.loop.call_soon_threadsafe(callback, *arguments)
-        except RuntimeError:
-            pass  # the loop is closed: the broker is stopping
 
     # ------------------------------------------------------------------------------------ from the loop
 
     def submit(self, command: tuple[Any, ...],
                done: Callable[[bool | None, str | None], None] | None = None) -> None:
-        """Queue ``command`` for the Raft log; ``done(result, error)`` on the loop once it was applied (result:
-        whether it changed the state) or failed (error says why)."""
+        """Queue ``command`` for the Raft log; ``done(result, error)`` on the loop once it was applied
+        (result: whether it changed the state) or failed (error says why)."""
 
         def callback(result: Any, error: int) -> None:
             if done is not None:

@@ -97,7 +97,8 @@ class Replicator:
             except asyncio.CancelledError:
                 raise
             except (LinkError, EngineError, ProtocolError) as error:
-                log.info("copying %r from %s: %s", topic.decode("utf-8", "replace"), self.link.endpoint, error)
+                log.info("copying %r from %s: %s", topic.decode("utf-8", "replace"), self.link.endpoint,
+                         error)
                 await asyncio.sleep(RETRY)
 
     async def _step(self, topic: bytes) -> bool:

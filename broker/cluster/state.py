@@ -36,7 +36,7 @@ class ClusterState:
     leader: str | None = None  # the Raft address of the broker serving epoch ``epoch``
     endpoints: dict[str, str] = field(default_factory=dict)  # Raft address -> advertised mc0 endpoint
     topics: dict[str, dict[str, Any]] = field(default_factory=dict)  # name hex -> spec (storage.md's JSON)
-    # name hex -> [(epoch, incarnation, lineage)], oldest first: which log identity each epoch's leader gave it
+    # name hex -> [(epoch, incarnation, lineage)], oldest first: the log identity each epoch's leader gave it
     identities: dict[str, list[tuple[int, str, tuple[tuple[str, int], ...]]]] = field(default_factory=dict)
     positions: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> name hex -> durable next id
 
@@ -117,10 +117,11 @@ def last_epoch(end: ReplicaEnd, epoch_of: Callable[[str], int]) -> int:
     """The epoch in which the last message of a replica's log was written (0 for an empty log or one made
     before the cluster served).
 
-    A log takes a new identity when it follows a new leader, whose lineage records ``until``, the leader's next
-    id when it took over: ids from ``until`` on were written in the new epoch, ids below it in an earlier one.
-    So the last message (``next_id - 1``) belongs to the oldest identity of the chain whose ``until`` is above
-    it, or to the current identity if it is at or past every ``until``: Raft's "term of the last entry"."""
+    A log takes a new identity when it follows a new leader, whose lineage records ``until``, the leader's
+    next id when it took over: ids from ``until`` on were written in the new epoch, ids below it in an
+    earlier one. So the last message (``next_id - 1``) belongs to the oldest identity of the chain whose
+    ``until`` is above it, or to the current identity if it is at or past every ``until``: Raft's "term of the
+    last entry"."""
     last = end.next_id - 1
     if last < 1:
         return 0

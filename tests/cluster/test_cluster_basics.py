@@ -26,7 +26,8 @@ def test_followers_name_the_leader_and_the_client_follows(cluster_factory) -> No
     with Client(follower.endpoint, **cluster.client_options(), timeout=10) as client:
         assert client.endpoint == leader.endpoint  # the follower's OK to CONNECT named the leader
         reply = client.publish("durable.basics", "one", confirm=True)
-        assert reply is not None and reply["DURABILITY"] == "fsync"
+        assert reply is not None
+        assert reply["DURABILITY"] == "fsync"
     # A publish sent to the follower itself, by hand: ERROR with LEADER, one line saying what happened.
     socket = cluster.context.socket(zmq.DEALER)
     socket.linger = 0
@@ -43,9 +44,11 @@ def test_followers_name_the_leader_and_the_client_follows(cluster_factory) -> No
     assert frames[1] == b"ERROR", frames
     headers = dict(zip(frames[2::2], frames[3::2], strict=False))
     assert headers[b"LEADER"] == leader.endpoint.encode()
-    assert b"does not lead the cluster" in headers[b"MESSAGE"] and headers[b"ID"] == b"p1"
+    assert b"does not lead the cluster" in headers[b"MESSAGE"]
+    assert headers[b"ID"] == b"p1"
     view = cluster.cluster_view(follower)
-    assert view["leader_endpoint"] == leader.endpoint and not view["serving"]
+    assert view["leader_endpoint"] == leader.endpoint
+    assert not view["serving"]
 
 
 @pytest.mark.timeout(120)
@@ -59,7 +62,8 @@ def test_a_paused_follower_does_not_stop_strong_publishes_and_catches_up(cluster
         started = time.monotonic()
         for n in range(50):
             reply = client.publish("durable.pause", f"m{n}", confirm=True, timeout=5)
-            assert reply is not None and reply["DURABILITY"] == "fsync"
+            assert reply is not None
+            assert reply["DURABILITY"] == "fsync"
         assert time.monotonic() - started < 20  # a majority (leader and one follower) confirms them
         cluster.resume(paused)
         last = int(reply["MESSAGE-ID"])
@@ -84,7 +88,8 @@ def test_two_of_three_gone_refuses_strong_publishes(cluster_factory) -> None:  #
         with pytest.raises(ConnectorError) as refused:
             client.publish("durable.minority", "alone", confirm=True, timeout=15)
     text = str(refused.value)
-    assert "majority of the cluster" in text and "of 3 brokers reachable" in text, text
+    assert "majority of the cluster" in text, text
+    assert "of 3 brokers reachable" in text, text
     assert "\n" not in text
     # The refused message was not confirmed; once the others are back, the cluster serves again.
     for member in _followers(cluster, leader):
@@ -100,7 +105,8 @@ def test_two_of_three_gone_refuses_strong_publishes(cluster_factory) -> None:  #
         assert reply is not None
         messages = client.fetch("durable.minority", 1).messages
     bodies = [message.body for message in messages]
-    assert bodies[0] == b"on a majority" and bodies[-1] == b"back"
+    assert bodies[0] == b"on a majority"
+    assert bodies[-1] == b"back"
     assert len(bodies) == len(set(bodies))
 
 

@@ -160,7 +160,8 @@ def test_sigkill_the_leader_ten_times_loses_and_repeats_nothing(cluster_factory)
     assert received_ids == sorted(set(received_ids)), "the subscriber got an id twice or out of order"
     stored = dict(log)
     assert all(stored[message_id] == body for message_id, body in subscriber.received)
-    assert received_ids[0] == 1 and received_ids == list(range(1, len(received_ids) + 1))
+    assert received_ids[0] == 1
+    assert received_ids == list(range(1, len(received_ids) + 1))
     cluster.stop_all()
     for member in cluster.members:  # every replica's log agrees with the leader's on every id it holds
         for message_id, body in _stored(member.data_dir):

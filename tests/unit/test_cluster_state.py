@@ -46,11 +46,12 @@ def test_commands_apply_in_order_and_a_stale_take_over_changes_nothing() -> None
     assert state.leader == "a:1"
     assert not state.apply(("take_over", "b:1", 3, {}))  # an epoch is never skipped
     assert state.apply(("take_over", "b:1", 2, {b"t".hex(): ("i2", (("i1", 40),))}))
-    assert state.epoch_of(b"t".hex(), "i1") == 1 and state.epoch_of(b"t".hex(), "i2") == 2
+    assert state.epoch_of(b"t".hex(), "i1") == 1
+    assert state.epoch_of(b"t".hex(), "i2") == 2
     assert state.epoch_of(b"t".hex(), "unknown") == 0
     assert state.apply(("positions", "a:1", {b"t".hex(): 41}))
     assert state.positions == {"a:1": {b"t".hex(): 41}}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown cluster command"):
         state.apply(("nonsense",))
 
 
@@ -58,7 +59,8 @@ def test_identities_per_topic_are_bounded() -> None:
     state = ClusterState()
     for epoch in range(1, 40):
         state.apply(("take_over", "a:1", epoch, {"74": (f"i{epoch}", ())}))
-    assert len(state.identities["74"]) == 16 and state.identities["74"][-1][1] == "i39"
+    assert len(state.identities["74"]) == 16
+    assert state.identities["74"][-1][1] == "i39"
 
 
 EPOCHS = {"old": 1, "new": 2}.get
@@ -86,7 +88,7 @@ def test_the_up_to_date_replica_wins_over_the_longer_one() -> None:
     short = ReplicaEnd("short", 4, "new", (("old", 10),))
     longer = ReplicaEnd("longer", 10, "old")
     assert most_advanced([short, longer], epoch_of) is longer
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no replica"):
         most_advanced([], epoch_of)
 
 
@@ -106,7 +108,8 @@ def test_cluster_settings_load_and_are_checked(tmp_path: Path) -> None:
     path.write_text('[broker]\ncluster_node = "127.0.0.1:7001"\ncluster_peers = ["127.0.0.1:7002", '
                     '"localhost:7003"]\nadvertise = "10.0.0.1:61616"\ncluster_commit_timeout = 2.5\n')
     config = load(path)
-    assert config.clustered and config.cluster_peers == ("127.0.0.1:7002", "localhost:7003")
+    assert config.clustered
+    assert config.cluster_peers == ("127.0.0.1:7002", "localhost:7003")
     assert config.advertised("tcp://*:61616") == "tcp://10.0.0.1:61616"
     check_cluster(config)
     assert not DEFAULTS.clustered  # no cluster without cluster_node: a single broker as before
@@ -127,7 +130,8 @@ def test_bad_cluster_settings_are_refused_in_one_line(tmp_path: Path, text: str,
     path.write_text("[broker]\n" + text)
     with pytest.raises(ConfigError) as refused:
         check_cluster(load(path))
-    assert fragment in str(refused.value) and "\n" not in str(refused.value)
+    assert fragment in str(refused.value)
+    assert "\n" not in str(refused.value)
 
 
 def test_a_broker_bound_everywhere_must_say_where_it_is_reached() -> None:

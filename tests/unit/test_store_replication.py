@@ -37,7 +37,8 @@ def test_records_numbered_elsewhere_are_appended_as_they_are(tmp_path: Path) -> 
     data = b"".join(record(n, b"x" * 100 + b"%d" % n) for n in range(1, 40))  # crosses segments of 1 KiB
     log.append_records(data, 1, 39)
     log.commit()
-    assert log.next_id == 40 and log.segment_count > 1
+    assert log.next_id == 40
+    assert log.segment_count > 1
     log.close()
     again = SegmentLog(TOPIC, tmp_path, SPEC)
     assert bodies(again) == [(n, b"x" * 100 + b"%d" % n) for n in range(1, 40)]
@@ -68,7 +69,8 @@ def test_truncate_cuts_durably_across_segments(tmp_path: Path) -> None:
     log.commit()
     segments = log.segment_count
     assert log.truncate(25) == 35
-    assert log.next_id == 25 and log.segment_count < segments
+    assert log.next_id == 25
+    assert log.segment_count < segments
     log.append(Message(TOPIC, 25, b"new", {}, 5000))
     log.commit()
     log.close()
@@ -76,7 +78,8 @@ def test_truncate_cuts_durably_across_segments(tmp_path: Path) -> None:
     assert [message_id for message_id, _ in bodies(again)] == list(range(1, 26))
     assert bodies(again, 25) == [(25, b"new")]
     assert again.truncate(30) == 0  # nothing past the end
-    assert again.truncate(1) == 25 and again.next_id == 1
+    assert again.truncate(1) == 25
+    assert again.next_id == 1
 
 
 def test_truncate_forgets_the_producers_of_what_it_cut(tmp_path: Path) -> None:
@@ -88,7 +91,8 @@ def test_truncate_forgets_the_producers_of_what_it_cut(tmp_path: Path) -> None:
     log.commit()
     log.truncate(8)
     assert log.producers.last[b"p"] == (6, 7)  # the second batch holds ids 6 and 7 only now
-    assert log.producers.duplicates(b"p", 7, 3) == 0 and log.producers.duplicates(b"p", 5, 3) == 2
+    assert log.producers.duplicates(b"p", 7, 3) == 0
+    assert log.producers.duplicates(b"p", 5, 3) == 2
 
 
 def test_producer_entries_for_a_range(tmp_path: Path) -> None:
