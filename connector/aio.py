@@ -97,6 +97,7 @@ class AsyncClient(ClientBase):
         self._connecting: asyncio.Future[mc0.Ok | mc0.Error] | None = None  # the latest CONNECT's reply
         self._ready = False  # the broker answered CONNECT with OK
         self._closing = False  # close() is waiting for the OK to its DISCONNECT
+        self._move_timer: asyncio.TimerHandle | None = None  # a move that waits (see _follow_move)
 
     # ----------------------------------------------------------------------------------------- public methods
     # Per-call ``timeout`` arguments mirror the blocking Client's methods, hence the ASYNC109 exemptions.
@@ -332,6 +333,8 @@ class AsyncClient(ClientBase):
                     await self._call(mc0.Disconnect(), None, "DISCONNECT")
         finally:
             self._closed = True
+            if self._move_timer is not None:
+                self._move_timer.cancel()
             if self._reader is not None:
                 self._reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -413,10 +416,21 @@ class AsyncClient(ClientBase):
         return self._connecting
 
     def _follow_move(self) -> None:
-        """A move to another broker is due (a LEADER answer, or one that cannot be reached): connect there."""
-        if self._moving and not self._closed and not self._closing:
-            self._moving = False
-            self._open()
+        """A move to another broker is due (a LEADER answer, or one that cannot be reached): connect there,
+        now or once the wait a cluster choosing its leader asked for is over."""
+        wait = self._move_due(time.monotonic())
+        if wait is None or self._closed or self._closing:
+            return
+        if wait > 0:
+            if self._move_timer is None:
+                self._move_timer = asyncio.get_running_loop().call_later(wait, self._moved_later)
+            return
+        self._moving = False
+        self._open()
+
+    def _moved_later(self) -> None:
+        self._move_timer = None
+        self._follow_move()
 
     def _handshake(self, now: float) -> None:
         orphans = list(self._waiting)
@@ -567,6 +581,9 @@ class AsyncClient(ClientBase):
                 self._read(raw, now)
             if self._moving:
                 self._follow_move()
+                wait = self._move_due(time.monotonic())
+                if wait:  # the move waits (a cluster choosing its leader): so does the reader
+                    await asyncio.sleep(wait)
                 continue
             if core.noop_due(now):
                 self._send(mc0.encode(mc0.Noop()), now)

@@ -8,6 +8,7 @@ keyword options of ``declare`` are :class:`TopicSettings`, written once here for
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -142,6 +143,15 @@ def parse_endpoints(endpoint: str | Sequence[str]) -> list[str]:
     if not out:
         raise ConnectorError("no broker endpoint given")
     return out
+
+
+def retry_after(reply: mc0.Ok | mc0.Error) -> float | None:
+    """Seconds a cluster member that knows no leader yet asks a client to wait before sending again, if any
+    (RETRY-AFTER, at most a second)."""
+    raw = reply.headers.get(mc0.RETRY_AFTER)
+    if not raw or not raw.isdigit():
+        return None
+    return min(int(raw), 1000) / 1000
 
 
 def leader_of(reply: mc0.Ok | mc0.Error) -> str | None:
@@ -315,6 +325,7 @@ class ClientBase:
         #: Times the client moved to another broker (a LEADER answer, or one it could not reach).
         self.moves = 0
         self._moving = False  # a move is due: the I/O side opens a connection to self.endpoint
+        self._move_at = 0.0  # ... not before this monotonic time (a cluster electing a leader asked to wait)
         self._moves_in_row = 0
         self._resend: list[Any] = []  # commands a follower refused, sent again once connected to the leader
         self.reconnects = 0
@@ -410,10 +421,12 @@ class ClientBase:
         verdict. The blocking client does it on its I/O thread; the asyncio client in a worker thread."""
         self._verdict(self._watch.mechanism(broker_mechanism(self.endpoint)), now)
 
-    def _move(self, leader: str | None) -> bool:
+    def _move(self, leader: str | None, after: float = 0.0) -> bool:
         """Connect to another broker next: ``leader`` (a LEADER answer named it), or the next endpoint of the
-        list. The I/O side does it (``_moving``) once it is done reading. False when moves in a row are used
-        up (the caller then fails what it was doing)."""
+        list, ``after`` seconds from now. The I/O side does it (``_moving``) once it is done reading. False
+        when moves in a row are used up (the caller then fails what it was doing)."""
+        if self._moving and leader is None:
+            return True  # a move is due already (what the old connection still says changes nothing)
         if self._moves_in_row >= MAX_REDIRECTS * len(self.endpoints):
             return False
         if leader is not None:
@@ -426,7 +439,14 @@ class ClientBase:
         self._moves_in_row += 1
         self.moves += 1
         self._moving = True
+        self._move_at = time.monotonic() + after
         return True
+
+    def _move_due(self, now: float) -> float | None:
+        """None when no move is due; else the seconds until it may be made (0: now)."""
+        if not self._moving:
+            return None
+        return max(0.0, self._move_at - now)
 
     def _redirected(self, reply: mc0.Ok | mc0.Error) -> bool:
         """A broker that does not lead its cluster refused a command, naming the leader: move there (True: the
@@ -435,7 +455,10 @@ class ClientBase:
             return False
         leader = leader_of(reply)
         if leader is None:
-            return False
+            # No leader to name yet (an election, or a take-over): ask again after the wait the broker asked
+            # for, at the next member of the list (the same broker when there is one).
+            wait = retry_after(reply)
+            return wait is not None and self._move(None, after=wait)
         return self._move(leader if leader != self.endpoint else None)
 
     def _handshake(self, now: float) -> None:

@@ -676,6 +676,9 @@ class Client(ClientBase):
             timer = core.next_timer(time.monotonic())
             if not self._watch.connected:  # refused connects are judged on a timer, not only on events
                 timer = CHECK_EVERY if timer is None else min(timer, CHECK_EVERY)
+            move = self._move_due(time.monotonic())
+            if move is not None:
+                timer = move if timer is None else min(timer, move)
             events = dict(poller.poll(None if timer is None else int(timer * 1000) + 1))
             poller.register(socket, 0)  # unregisters; a no-op when paused reading left it unregistered
             poller.unregister(monitor)  # a reconnect may replace both
@@ -691,7 +694,7 @@ class Client(ClientBase):
                 self._verdict(self._watch.check(now), now)
             if not self._paused_reading:
                 self._read(socket, now)
-            if self._moving and self._closing is None:
+            if self._move_due(time.monotonic()) == 0 and self._closing is None:
                 self._moving = False
                 self._open()  # another broker of the cluster (the leader, or the next one to try)
                 continue

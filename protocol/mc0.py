@@ -76,6 +76,7 @@ SEQUENCE = b"SEQUENCE"  # <n>: the first entry's sequence number (entry i has n 
 DUPLICATES = b"DUPLICATES"  # on the OK to an idempotent PUTS: how many leading entries were stored before
 # A cluster (docs/cluster.md).
 LEADER = b"LEADER"  # on an ERROR from a broker that does not lead its cluster: the leader's mc0 endpoint
+RETRY_AFTER = b"RETRY-AFTER"  # on that ERROR when no leader serves yet (an election): ms before asking again
 REPLICA = b"REPLICA"  # on FETCH: the fetcher is this cluster member (its Raft address), copying the log
 EPOCH = b"EPOCH"  # on a replica's FETCH: the leader epoch it follows (from a new leader: the one it takes)
 LINEAGE = b"LINEAGE"  # on the OK to a replica's FETCH: the log identity's lineage, "incarnation:until ..."
@@ -1064,10 +1065,15 @@ def decode_lineage(raw: bytes) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def leader_error(message: str, leader: bytes | None, command_id: bytes | None) -> Error:
+def leader_error(message: str, leader: bytes | None, command_id: bytes | None,
+                 retry_ms: int | None = None) -> Error:
     """The ERROR a broker that does not lead its cluster answers with: what happened, and ``LEADER`` (the
-    leader's mc0 endpoint) when it knows one, so a client can go there."""
-    return Error(message.encode(), command_id, {LEADER: leader} if leader else {})
+    leader's mc0 endpoint) when it knows one, so a client can go there; else ``RETRY-AFTER`` when a leader is
+    being chosen, so a client can send the command again after that many ms (nothing of it was stored)."""
+    headers = {LEADER: leader} if leader else {}
+    if retry_ms is not None and not leader:
+        headers[RETRY_AFTER] = b"%d" % retry_ms
+    return Error(message.encode(), command_id, headers)
 
 
 def error_reply(error: ProtocolError) -> Error:

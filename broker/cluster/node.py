@@ -62,6 +62,8 @@ log = logging.getLogger("mc0.cluster")
 REPORT_EVERY = 2.0
 #: Seconds a new leader waits for each other broker's answer while it takes over.
 ASK_TIMEOUT = 1.0
+#: Milliseconds a client is told to wait before it sends a command again while a leader is being chosen.
+RETRY_MS = 100
 #: Verbs a follower refuses (the leader serves them): what reads or writes topics.
 LEADER_ONLY = (mc0.Put, mc0.Puts, mc0.Sub, mc0.Declare, mc0.Delete, mc0.Ack)
 
@@ -238,11 +240,19 @@ class Cluster:
             return None
         if isinstance(event, LEADER_ONLY) or (type(event) is mc0.Fetch and event.replica is None):
             endpoint = self._leader_endpoint()
-            where = (f"the leader is {endpoint}" if endpoint else
-                     f"no leader is known ({self.role.reachable} of {self.size} brokers reachable): try "
-                     "again once a majority is")
+            if endpoint:
+                where = f"the leader is {endpoint}"
+            elif self.role.leader == self.node:
+                where = "it was just elected and is catching up from the replicas: try again in a moment"
+            else:
+                where = (f"no leader is known ({self.role.reachable} of {self.size} brokers reachable): try "
+                         "again once a majority is")
+            # Without a leader to name but with a majority in reach, a leader is being chosen or is taking
+            # over, which is short: the client is told when to ask again. A minority's refusal is final.
+            electing = self.role.reachable * 2 > self.size
             return mc0.leader_error(f"this broker does not lead the cluster ({where})",
-                                    endpoint.encode() if endpoint else None, getattr(event, "id", None))
+                                    endpoint.encode() if endpoint else None, getattr(event, "id", None),
+                                    retry_ms=RETRY_MS if electing else None)
         return None
 
     # ----------------------------------------------------------------------------------------- leading

@@ -1,0 +1,125 @@
+"""A cluster member that knows no leader yet (an election, a take-over) refuses a command with an ERROR
+carrying RETRY-AFTER: the connector sends it again after that wait, on a new connection, and the caller sees
+only the OK. An ERROR without it (a minority's refusal) reaches the caller at once. Both clients, against a
+scripted ROUTER on loopback that stands in for the member."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import zmq
+
+from connector import AsyncClient, Client, ConnectorError
+from protocol import mc0
+
+REFUSAL = "this broker does not lead the cluster (it was just elected and is catching up from the replicas)"
+
+
+class ScriptedMember:
+    """Answers CONNECT with OK and each PUT in turn from ``answers`` ("retry", "final" or "ok"), recording
+    (verb, connection identity, monotonic time) for every command."""
+
+    def __init__(self, answers: list[str]) -> None:
+        self.answers = answers
+        self.seen: list[tuple[bytes, bytes, float]] = []
+        self.context = zmq.Context()
+        self.router = self.context.socket(zmq.ROUTER)
+        self.router.linger = 0
+        self.port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        router = self.router
+        while not self.stop.is_set():
+            if not router.poll(50):
+                continue
+            frames = router.recv_multipart()
+            identity, verb = frames[0], frames[2]
+            self.seen.append((verb, identity, time.monotonic()))
+            command_id = frames[frames.index(b"ID") + 1] if b"ID" in frames else None
+            if verb == b"CONNECT":
+                reply: mc0.Ok | mc0.Error = mc0.Ok(command_id)
+            elif verb == b"PUT":
+                answer = self.answers.pop(0)
+                if answer == "ok":
+                    reply = mc0.Ok(command_id, {b"MESSAGE-ID": b"1", b"DURABILITY": b"fsync"})
+                else:
+                    reply = mc0.leader_error(REFUSAL, None, command_id, 100 if answer == "retry" else None)
+            elif command_id is not None:
+                reply = mc0.Ok(command_id)
+            else:
+                continue
+            router.send_multipart([identity, *mc0.encode(reply)])
+
+    def puts(self) -> list[tuple[bytes, float]]:
+        return [(identity, at) for verb, identity, at in self.seen if verb == b"PUT"]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.router.close(linger=0)
+        self.context.term()
+
+
+@pytest.fixture
+def member_factory() -> Iterator[Callable[[list[str]], ScriptedMember]]:
+    made: list[ScriptedMember] = []
+
+    def make(answers: list[str]) -> ScriptedMember:
+        member = ScriptedMember(answers)
+        made.append(member)
+        return member
+
+    yield make
+    for member in made:
+        member.close()
+
+
+def _retried_after_the_wait(member: ScriptedMember) -> None:
+    (first, refused_at), (second, retried_at) = member.puts()
+    assert second != first, "the command was sent again on a new connection"
+    assert retried_at - refused_at >= 0.09, "sent again before the 100 ms the broker asked for"
+
+
+@pytest.mark.timeout(20)
+def test_a_refusal_with_retry_after_is_sent_again_after_the_wait(member_factory) -> None:
+    member = member_factory(["retry", "ok"])
+    with Client(f"tcp://127.0.0.1:{member.port}", curve=False, timeout=5) as client:
+        reply = client.publish("durable.t", b"one", confirm=True)
+    assert reply is not None
+    assert reply["MESSAGE-ID"] == "1"
+    _retried_after_the_wait(member)
+
+
+@pytest.mark.timeout(20)
+def test_a_refusal_without_retry_after_is_the_callers_at_once(member_factory) -> None:
+    member = member_factory(["final"])
+    with Client(f"tcp://127.0.0.1:{member.port}", curve=False, timeout=5) as client:
+        started = time.monotonic()
+        with pytest.raises(ConnectorError, match="does not lead the cluster"):
+            client.publish("durable.t", b"one", confirm=True)
+        assert time.monotonic() - started < 2
+    assert len(member.puts()) == 1
+
+
+@pytest.mark.timeout(20)
+def test_the_asyncio_client_sends_a_refused_command_again_after_the_wait(member_factory) -> None:
+    member = member_factory(["retry", "retry", "ok"])
+
+    async def publish() -> dict[str, str] | None:
+        async with AsyncClient(f"tcp://127.0.0.1:{member.port}", curve=False, timeout=5) as client:
+            return await client.publish("durable.t", b"one", confirm=True)
+
+    reply = asyncio.run(publish())
+    assert reply is not None
+    assert reply["MESSAGE-ID"] == "1"
+    puts = member.puts()
+    assert len(puts) == 3
+    assert len({identity for identity, _ in puts}) == 3
+    assert puts[2][1] - puts[0][1] >= 0.18
