@@ -10,14 +10,12 @@ knows nothing about segments.
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from broker.store import StoreError
-from broker.store.segment import fsync, open_file, pread_exact, replace_file, write_all
+from broker.store.journal import JournalFile
 
 log = logging.getLogger("mc0.store")
 
@@ -48,19 +46,16 @@ def coalesce(ids: Iterable[int]) -> list[tuple[int, int]]:
     return ranges
 
 
-class AckJournal:
+class AckJournal(JournalFile):
     """The acked ids of one topic, in memory and in ``queue.acks`` (created on the first write)."""
 
+    what = "ack journal"
+
     def __init__(self, path: Path) -> None:
-        self.path = path
+        super().__init__(path, COMPACT_BYTES)
         self.watermark = 0  # every id <= watermark is acked
         self.above: set[int] = set()  # acked ids > watermark + 1 (never watermark + 1: it would have moved)
         self.pending: list[int] = []  # acked since the last write
-        self.unsynced = False  # written since the last fsync
-        self.created = False  # the file was created since the last directory fsync
-        self.size = 0
-        self.compact_bytes = COMPACT_BYTES
-        self._fd: int | None = None
 
     # ------------------------------------------------------------------------------------------- state
 
@@ -107,16 +102,8 @@ class AckJournal:
         After a crash the log may have lost its unsynced tail while the journal kept acks for those ids; the
         ids will be given to new messages, so those acks must go, durably: the journal is rewritten.
         """
-        try:
-            fd = open_file(self.path, os.O_RDWR | os.O_APPEND)
-        except FileNotFoundError:
-            fd = None
-        except OSError as exc:
-            raise StoreError(f"{self.path}: cannot open: {exc}") from exc
-        if fd is not None:
-            self._fd = fd
-            size = os.fstat(fd).st_size
-            data = pread_exact(fd, size, 0, self.path)
+        data = self._read_existing()
+        if data is not None:
             good = 0
             reason = None
             while good + ACK_RECORD_SIZE <= len(data):
@@ -129,20 +116,7 @@ class AckJournal:
                     break
                 self._apply(first, last)
                 good += ACK_RECORD_SIZE
-            if good < size:
-                try:
-                    os.ftruncate(fd, good)
-                except OSError as exc:
-                    raise StoreError(f"{self.path}: cannot truncate: {exc}") from exc
-                fsync(fd, self.path)
-                log.warning(
-                    "%s: recovery truncated %d bytes of torn ack journal tail at byte %d (%s)",
-                    self.path,
-                    size - good,
-                    good,
-                    reason or "incomplete record",
-                )
-            self.size = good
+            self._keep(good, len(data), reason)
         self.raise_floor(first_id)
         if self.watermark >= next_id or any(acked >= next_id for acked in self.above):
             log.warning("%s: forgetting acks of ids >= %d, which the log no longer holds", self.path, next_id)
@@ -156,43 +130,12 @@ class AckJournal:
             return
         data = encode_ranges(coalesce(self.pending))
         self.pending = []
-        if self._fd is None:
-            try:
-                self._fd = open_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
-            except OSError as exc:
-                raise StoreError(f"{self.path}: cannot create: {exc}") from exc
-            self.created = True
-        write_all(self._fd, data, self.path)
-        self.size += len(data)
-        self.unsynced = True
+        self._append(data)
         if self.size > self.compact_bytes:
             self.compact()
 
-    def fsync(self) -> None:
-        if self.unsynced and self._fd is not None:
-            fsync(self._fd, self.path)
-        self.unsynced = False
-
     def compact(self) -> None:
-        """Rewrite the journal as its state, atomically: tmp file, fsync, rename, fsync the directory."""
+        """Rewrite the journal as its state: every id up to the watermark, then the ranges above it."""
         ranges = [(1, self.watermark)] if self.watermark else []
         ranges += coalesce(self.above)
-        data = encode_ranges(ranges)
-        fd = replace_file(self.path, data)
-        self.close()
-        self._fd = fd
-        self.size = len(data)
-        self.unsynced = False
-        self.created = False
-
-    @property
-    def open_files(self) -> int:
-        return self._fd is not None
-
-    def close(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            try:
-                os.close(fd)
-            except OSError as exc:
-                raise StoreError(f"{self.path}: close failed: {exc}") from exc
+        self._rewrite(encode_ranges(ranges))

@@ -17,15 +17,14 @@ This module owns that file; when to write and fsync is the log's business (:mod:
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import zlib
 from bisect import bisect_left
 from pathlib import Path
 
 from broker.producers import MAX_PRODUCERS, ProducerWindow
-from broker.store import StoreError
-from broker.store.segment import fsync, fsync_directory, open_file, pread_exact, replace_file, write_all
+from broker.store.journal import JournalFile
+from broker.store.segment import fsync_directory
 
 log = logging.getLogger("mc0.store")
 
@@ -47,18 +46,15 @@ def encode_record(producer: bytes, last_sequence: int, first_id: int, count: int
     return _CRC.pack(zlib.crc32(body)) + body
 
 
-class ProducerJournal(ProducerWindow):
+class ProducerJournal(ProducerWindow, JournalFile):
     """A topic's producer window, recorded in ``producers.journal`` (created by the first write)."""
 
+    what = "producer journal"
+
     def __init__(self, directory: Path, limit: int = MAX_PRODUCERS) -> None:
-        super().__init__(limit)
-        self.path = directory / JOURNAL_FILE
+        ProducerWindow.__init__(self, limit)
+        JournalFile.__init__(self, directory / JOURNAL_FILE, COMPACT_BYTES)
         self.pending = bytearray()  # records made since the last write
-        self.unsynced = False
-        self.created = False  # the file was created since the last directory fsync
-        self.size = 0
-        self.compact_bytes = COMPACT_BYTES
-        self._fd: int | None = None
         # The batches stored, in id order (ids never overlap): what a cluster's follower copies with the
         # records they describe (entries()). Bounded: the oldest half goes past MAX_HISTORY.
         self.history: list[Entry] = []
@@ -103,15 +99,9 @@ class ProducerJournal(ProducerWindow):
     def open(self, next_id: int) -> None:
         """Replay the journal: cut a torn tail, and forget what the log no longer holds (ids >= ``next_id``,
         lost with an unsynced tail)."""
-        try:
-            fd = open_file(self.path, os.O_RDWR | os.O_APPEND)
-        except FileNotFoundError:
+        data = self._read_existing()
+        if data is None:
             return
-        except OSError as exc:
-            raise StoreError(f"{self.path}: cannot open: {exc}") from exc
-        self._fd = fd
-        size = os.fstat(fd).st_size
-        data = pread_exact(fd, size, 0, self.path)
         good, dropped = 0, 0
         replayed: dict[int, Entry] = {}
         while good + 5 <= len(data):
@@ -133,15 +123,7 @@ class ProducerJournal(ProducerWindow):
             good = end
         self.history = sorted(replayed.values())[-MAX_HISTORY:]
         self._history_ids = [entry[0] for entry in self.history]
-        if good < size:
-            try:
-                os.ftruncate(fd, good)
-            except OSError as exc:
-                raise StoreError(f"{self.path}: cannot truncate: {exc}") from exc
-            fsync(fd, self.path)
-            log.warning("%s: recovery truncated %d bytes of torn producer journal tail", self.path,
-                        size - good)
-        self.size = good
+        self._keep(good, len(data))
         if dropped:
             log.warning("%s: %d producer records refer to messages the log no longer holds (ids >= %d): "
                         "forgotten", self.path, dropped, next_id)
@@ -154,20 +136,10 @@ class ProducerJournal(ProducerWindow):
         if not self.pending:
             return
         data, self.pending = self.pending, bytearray()
-        if self._fd is None:  # never written, or let go of while the store keeps few files open
-            try:
-                self.created = not self.path.exists()
-                self._fd = open_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
-            except OSError as exc:
-                raise StoreError(f"{self.path}: cannot open: {exc}") from exc
-        write_all(self._fd, data, self.path)
-        self.size += len(data)
-        self.unsynced = True
+        self._append(data)
 
     def fsync(self) -> None:
-        if self.unsynced and self._fd is not None:
-            fsync(self._fd, self.path)
-        self.unsynced = False
+        super().fsync()
         if self.created:
             fsync_directory(self.path.parent)
             self.created = False
@@ -178,27 +150,10 @@ class ProducerJournal(ProducerWindow):
             self.compact()
 
     def compact(self) -> None:
-        """Rewrite the journal as the window, atomically: tmp file, fsync, rename, fsync the directory."""
+        """Rewrite the journal as the window: one record per producer."""
         data = b"".join(encode_record(producer, sequence, last_id, 1)
                         for producer, (sequence, last_id) in self.last.items())
         self.history = sorted((last_id, 1, producer, sequence)
                               for producer, (sequence, last_id) in self.last.items())
         self._history_ids = [entry[0] for entry in self.history]
-        fd = replace_file(self.path, data)
-        self.close()
-        self._fd = fd
-        self.size = len(data)
-        self.unsynced = False
-        self.created = False
-
-    @property
-    def open_files(self) -> int:
-        return self._fd is not None
-
-    def close(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            try:
-                os.close(fd)
-            except OSError as exc:
-                raise StoreError(f"{self.path}: close failed: {exc}") from exc
+        self._rewrite(data)

@@ -1,0 +1,98 @@
+"""The file under a topic's journals (acks, producers): an append-only file of CRC-checked records beside the
+segments.
+
+:class:`JournalFile` owns the descriptor and what every journal does with it alike: open and read it whole at
+start, cut a torn tail durably, append (creating the file on the first write, or reopening it after the store
+let it go), fsync, and rewrite it atomically as a compact state. What the records mean, and when to write or
+fsync, belong to the journals (:mod:`broker.store.acks`, :mod:`broker.store.producers`) and the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from broker.store import StoreError
+from broker.store.segment import fsync, open_file, pread_exact, replace_file, write_all
+
+log = logging.getLogger("mc0.store")
+
+
+class JournalFile:
+    """One journal's file: ``size`` bytes of good records, ``unsynced`` after a write until the fsync, and
+    ``created`` while the file's name is new since the last fsync of its directory."""
+
+    #: What the journal is called in the log's warnings.
+    what = "journal"
+
+    def __init__(self, path: Path, compact_bytes: int) -> None:
+        self.path = path
+        self.compact_bytes = compact_bytes  # past this size the journal is rewritten as its state
+        self.size = 0
+        self.unsynced = False
+        self.created = False
+        self._fd: int | None = None
+
+    def _read_existing(self) -> bytes | None:
+        """Open the file, keep it open for appends, and return its bytes; None when there is no file."""
+        try:
+            fd = open_file(self.path, os.O_RDWR | os.O_APPEND)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot open: {exc}") from exc
+        self._fd = fd
+        return pread_exact(fd, os.fstat(fd).st_size, 0, self.path)
+
+    def _keep(self, good: int, size: int, reason: str | None = None) -> None:
+        """Keep the first ``good`` of the file's ``size`` bytes: a torn tail is cut, durably, and logged."""
+        if good < size:
+            assert self._fd is not None  # read by _read_existing
+            try:
+                os.ftruncate(self._fd, good)
+            except OSError as exc:
+                raise StoreError(f"{self.path}: cannot truncate: {exc}") from exc
+            fsync(self._fd, self.path)
+            log.warning("%s: recovery truncated %d bytes of torn %s tail at byte %d (%s)", self.path,
+                        size - good, self.what, good, reason or "incomplete record")
+        self.size = good
+
+    def _append(self, data: bytes | bytearray) -> None:
+        """One write of ``data`` at the end, creating the file if there is none (or reopening it after the
+        store let it go)."""
+        if self._fd is None:
+            try:
+                self.created = not self.path.exists()
+                self._fd = open_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+            except OSError as exc:
+                raise StoreError(f"{self.path}: cannot open: {exc}") from exc
+        write_all(self._fd, data, self.path)
+        self.size += len(data)
+        self.unsynced = True
+
+    def _rewrite(self, data: bytes) -> None:
+        """Replace the file by ``data``, atomically: tmp file, fsync, rename, fsync the directory."""
+        fd = replace_file(self.path, data)
+        self.close()
+        self._fd = fd
+        self.size = len(data)
+        self.unsynced = False
+        self.created = False
+
+    def fsync(self) -> None:
+        if self.unsynced and self._fd is not None:
+            fsync(self._fd, self.path)
+        self.unsynced = False
+
+    @property
+    def open_files(self) -> int:
+        return self._fd is not None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.close(fd)
+            except OSError as exc:
+                raise StoreError(f"{self.path}: close failed: {exc}") from exc
