@@ -237,3 +237,36 @@ def test_the_examples_of_a_page_run_as_written(
                 position = found + len(expected)
     finally:
         stop_groups(groups)
+
+
+# ---------------------------------------------------------------------------------------- the harness itself
+
+
+def test_a_page_may_name_its_own_ports(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("<!-- example-ports: 61701 7001 -->\n\n"
+                    "```sh\nmc0 stats --broker 61701 # 7001 617011\n```\n")
+    mapped = example_ports(page)
+    assert set(mapped) == {"61701", "7001"}
+    assert len(set(mapped.values())) == 2
+    assert not set(mapped.values()) & set(mapped)
+    text = localized(blocks(page)[0].text, mapped)
+    assert text == f"mc0 stats --broker {mapped['61701']} # {mapped['7001']} 617011\n"
+
+
+@pytest.mark.timeout(60)
+def test_what_a_block_leaves_running_is_stopped_with_the_page(tmp_path: Path) -> None:
+    block = Block(tmp_path / "page.md", 1, "sh", "sleep 300 > /dev/null 2>&1 &\necho $! > sleeper.pid\n")
+    groups: list[int] = []
+    run(block, tmp_path, dict(os.environ), {}, groups)
+    sleeper = int((tmp_path / "sleeper.pid").read_text())
+    os.kill(sleeper, 0)  # still running once the block is done: later blocks of the page may use it
+    stop_groups(groups)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.kill(sleeper, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "the block's background process outlived its page"
+        time.sleep(0.05)
