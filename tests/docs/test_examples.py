@@ -20,7 +20,8 @@ A page whose examples start brokers of their own (docs/cluster.md's three) names
 comment anywhere on the page, ``<!-- example-ports: 61701 61702 7001 -->``: each is read as a free loopback
 port, the same one in every block of the page. What a block leaves running in the background (``... &``) may
 serve the page's later blocks; it is stopped once the page is done (each block runs in a process group of its
-own, and the groups get SIGTERM, then SIGKILL), whether the page passed or not.
+own, and the groups get SIGTERM, then SIGKILL), whether the page passed or not. A background process sends
+its output to a file: the block's output, and so the block, ends only once every process holding it is gone.
 """
 
 from __future__ import annotations
