@@ -15,19 +15,30 @@ The broker is what ``mc0 broker`` starts in an empty folder: CURVE on with its k
 logs in ``./mc0-data``, the default topic rules. Only its ports differ, because tests never use the fixed
 ones: a default port written in a block (61616, 61617, ...) is read as this broker's, and ``MC0_BROKER``,
 ``MC0_SEXP``, ``MC0_MSGQ``, ``MC0_RSTREAMS``, ``MC0_LUMBERJACK`` and ``MC0_HTTP`` point the commands at it.
+
+A page whose examples start brokers of their own (docs/cluster.md's three) names the fixed ports they use in a
+comment anywhere on the page, ``<!-- example-ports: 61701 61702 7001 -->``: each is read as a free loopback
+port, the same one in every block of the page. What a block leaves running in the background (``... &``) may
+serve the page's later blocks; it is stopped once the page is done (each block runs in a process group of its
+own, and the groups get SIGTERM, then SIGKILL), whether the page passed or not. A background process sends
+its output to a file: the block's output, and so the block, ends only once every process holding it is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from conftest import free_port
 
 from broker.config import ConfigError, load
 
@@ -40,11 +51,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", ROOT / "keys" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUNS = {"sh", "python"}
 NOT_RUNNABLE = re.compile(r"^<!-- not-runnable: (.+) -->$")
+EXAMPLE_PORTS = re.compile(r"^<!-- example-ports: ([\d ]+) -->$", re.M)
 FENCE = re.compile(r"^\s*```([\w-]*)\s*$")  # indented too: a block inside a list item
 #: What a command looks like, so that one hidden in a block without a language is caught.
 COMMAND = re.compile(r"^\s*(\$ |mc0 |python3? |pip |docker |curl |printf |tail )")
 #: How long one block may run.
 BLOCK_TIMEOUT = 120
+#: Seconds the processes a page left in the background have to stop on SIGTERM before they get SIGKILL.
+STOP_GRACE = 10
 
 
 @dataclass
@@ -134,14 +148,40 @@ def environment(broker: Broker) -> dict[str, str]:
     return env
 
 
+def example_ports(page: Path) -> dict[str, str]:
+    """The page's own fixed ports (``<!-- example-ports: ... -->``), each mapped to a free loopback port."""
+    declared = [port for found in EXAMPLE_PORTS.findall(page.read_text()) for port in found.split()]
+    return {port: str(free_port()) for port in dict.fromkeys(declared)}
+
+
+def stop_groups(groups: list[int]) -> None:
+    """Stop what the page's blocks left running: SIGTERM to each block's process group, SIGKILL to what is
+    still there after STOP_GRACE seconds."""
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE
+    for group in groups:
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(group, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+
+
 def localized(text: str, broker_ports: dict[str, str]) -> str:
     for default, actual in broker_ports.items():
         text = re.sub(rf"(?<!\d){default}(?!\d)", actual, text)
     return text
 
 
-def run(block: Block, folder: Path, env: dict[str, str], broker_ports: dict[str, str]) -> str:
-    """Run one block as written (its ports made this broker's); returns what it printed."""
+def run(block: Block, folder: Path, env: dict[str, str], broker_ports: dict[str, str],
+        groups: list[int] | None = None) -> str:
+    """Run one block as written (its ports made this broker's); returns what it printed. The block runs in a
+    process group of its own, added to ``groups`` (what it leaves running is stopped with the page)."""
     text = localized(block.text, broker_ports)
     if block.language == "toml":
         path = folder / f"example-{block.line}.toml"
@@ -157,14 +197,18 @@ def run(block: Block, folder: Path, env: dict[str, str], broker_ports: dict[str,
         argv = [sys.executable, str(script)]
     else:
         argv = ["bash", "-e", "-o", "pipefail", "-c", text]
+    # One stream, as a terminal shows it: the output check follows the order things were said in.
+    process = subprocess.Popen(argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, stdin=subprocess.DEVNULL, start_new_session=True)
+    if groups is not None:
+        groups.append(process.pid)  # the block's process group: its id is the block's process id
     try:
-        # One stream, as a terminal shows it: the output check follows the order things were said in.
-        done = subprocess.run(argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=BLOCK_TIMEOUT, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"{block.where}: still running after {BLOCK_TIMEOUT} s:\n{block.text}\n{expired.output}")
-    output = done.stdout
-    assert done.returncode == 0, f"{block.where} exited {done.returncode}:\n{block.text}\n---\n{output}"
+        output, _ = process.communicate(timeout=BLOCK_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        stop_groups([process.pid])
+        output, _ = process.communicate()
+        pytest.fail(f"{block.where}: still running after {BLOCK_TIMEOUT} s:\n{block.text}\n{output}")
+    assert process.returncode == 0, f"{block.where} exited {process.returncode}:\n{block.text}\n---\n{output}"
     assert "Traceback" not in output, f"{block.where}:\n{output}"
     return output
 
@@ -182,11 +226,48 @@ def test_the_examples_of_a_page_run_as_written(
     folder.mkdir()
     broker = start_broker(curve=True, keys_dir=folder / "keys", data_dir=folder / "mc0-data")
     env = environment(broker)
-    broker_ports = ports(broker)
-    for block in examples:
-        output = run(block, folder, env, broker_ports)
-        position = 0
-        for expected in (localized(line, broker_ports) for line in block.expected):
-            found = output.find(expected, position)
-            assert found >= 0, f"{block.where}: {expected!r} not in what it printed (in order):\n{output}"
-            position = found + len(expected)
+    broker_ports = {**example_ports(page), **ports(broker)}
+    groups: list[int] = []
+    try:
+        for block in examples:
+            output = run(block, folder, env, broker_ports, groups)
+            position = 0
+            for expected in (localized(line, broker_ports) for line in block.expected):
+                found = output.find(expected, position)
+                assert found >= 0, f"{block.where}: {expected!r} not in what it printed (in order):\n{output}"
+                position = found + len(expected)
+    finally:
+        stop_groups(groups)
+
+
+# ---------------------------------------------------------------------------------------- the harness itself
+
+
+def test_a_page_may_name_its_own_ports(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("<!-- example-ports: 61701 7001 -->\n\n"
+                    "```sh\nmc0 stats --broker 61701 # 7001 617011\n```\n")
+    mapped = example_ports(page)
+    assert set(mapped) == {"61701", "7001"}
+    assert len(set(mapped.values())) == 2
+    assert not set(mapped.values()) & set(mapped)
+    text = localized(blocks(page)[0].text, mapped)
+    assert text == f"mc0 stats --broker {mapped['61701']} # {mapped['7001']} 617011\n"
+
+
+@pytest.mark.timeout(60)
+def test_what_a_block_leaves_running_is_stopped_with_the_page(tmp_path: Path) -> None:
+    block = Block(tmp_path / "page.md", 1, "sh", "sleep 300 > /dev/null 2>&1 &\necho $! > sleeper.pid\n")
+    groups: list[int] = []
+    run(block, tmp_path, dict(os.environ), {}, groups)
+    sleeper = int((tmp_path / "sleeper.pid").read_text())
+    os.kill(sleeper, 0)  # still running once the block is done: later blocks of the page may use it
+    stop_groups(groups)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.kill(sleeper, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "the block's background process outlived its page"
+        time.sleep(0.05)
