@@ -33,8 +33,8 @@ import click
 import pytest
 import yaml
 from click.testing import CliRunner
-from conftest import free_port
 
+from bench.throughput import free_port
 from broker.config import DEFAULTS
 from connector import Client, ConnectorError
 
