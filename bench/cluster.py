@@ -59,6 +59,7 @@ class Member:
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False
     starts: int = 0
+    lumberjack: int | None = None  # the Lumberjack door's port, when it has one
 
     @property
     def endpoint(self) -> str:
@@ -199,9 +200,10 @@ class Cluster:
 
 
 def make_cluster(folder: Path, *, size: int = 3, curve: bool = False, settings: str = "",
-                 clustered: bool = True) -> Cluster:
+                 clustered: bool = True, lumberjack: bool = False) -> Cluster:
     """``size`` brokers under ``folder`` (not started): a cluster, or with ``clustered`` false one plain
-    broker (the baseline the benchmark compares with)."""
+    broker (the baseline the benchmark compares with); with ``lumberjack`` each has that door on a loopback
+    port of its own (``Member.lumberjack``)."""
     tmp_path = folder
     keys_dir = None
     if curve:
@@ -213,6 +215,7 @@ def make_cluster(folder: Path, *, size: int = 3, curve: bool = False, settings: 
         folder = tmp_path / f"broker{index}"
         folder.mkdir(parents=True)
         port = free_port()
+        shipping = free_port() if lumberjack else None
         peers = ", ".join(f'"{raft}"' for other, raft in enumerate(rafts) if other != index)
         config = folder / "mc0.toml"
         config.write_text(
@@ -220,12 +223,14 @@ def make_cluster(folder: Path, *, size: int = 3, curve: bool = False, settings: 
             f'bind = "tcp://127.0.0.1:{port}"\n'
             f'data_dir = "{folder / "data"}"\n'
             + (f'keys_dir = "{keys_dir}"\n' if keys_dir else "")
-            + 'sexp = "off"\nmsgq = "off"\nrstreams = "off"\nlumberjack = "off"\nhttp = "off"\n'
+            + 'sexp = "off"\nmsgq = "off"\nrstreams = "off"\nhttp = "off"\n'
+            + (f'lumberjack = "127.0.0.1:{shipping}"\n' if shipping else 'lumberjack = "off"\n')
             + (f'cluster_node = "{rafts[index]}"\ncluster_peers = [{peers}]\ncluster_commit_timeout = 3.0\n'
                if clustered else "")
             + settings
         )
-        members.append(Member(index, rafts[index], port, folder / "data", config, folder / "broker.log"))
+        members.append(Member(index, rafts[index], port, folder / "data", config, folder / "broker.log",
+                              lumberjack=shipping))
     return Cluster(members, curve, keys_dir)
 
 

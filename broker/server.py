@@ -308,6 +308,7 @@ async def _serve(
             hub.ahead.append(router.answer_ahead)
             for gateway in gateways.values():
                 gateway.refusing = cluster.tcp_refusal
+                gateway.replication = cluster
         for gateway in gateways.values():
             await gateway.start()
             hub.add(gateway)

@@ -5,10 +5,11 @@ A thin shell over :mod:`protocol.lumberjack`; ``docs/lumberjack.md`` states the 
 message: its fields as a JSON object body, on the configured default topic or on the topic named by one of its
 fields. The ack accounting (:class:`protocol.lumberjack.AckWindow`) says when an ack is due; the shell holds
 every due ack until the hub's next commit (:meth:`Connection.after_commit`), so **an ACK is sent only once
-every event it covers is as durable as its topic's sync level promises**. v2 writers waiting on a batch get
-``2A 0`` keepalives from the gateway's tick, at most every 5 s; v1 writers never do. Malformed input closes
-the connection (the dialect has no error frame); events taken before it stay published, and nothing is
-acknowledged that was not stored.
+every event it covers is as durable as its topic's sync level promises**: on a cluster's leader, for a strong
+topic, once a majority of the cluster holds it (docs/cluster.md), else the connection closes unacked. v2
+writers waiting on a batch get ``2A 0`` keepalives from the gateway's tick, at most every 5 s; v1 writers
+never do. Malformed input closes the connection (the dialect has no error frame); events taken before it stay
+published, and nothing is acknowledged that was not stored.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ class LumberjackConnection(Connection):
         self.window = lumberjack.AckWindow(keepalive_interval=options.keepalive_interval)
         self.held: list[lumberjack.Ack] = []  # due, waiting for the commit of what they cover
         self.publishing: set[bytes] = set()  # topics given events since the last commit
+        # In a cluster: topic -> id of the last event published, as the held acks cover them, and until when
+        # they may wait for a majority.
+        self.last_ids: dict[bytes, int] = {}
+        self.needs: dict[bytes, int] = {}
+        self.replicated_by: float | None = None
 
     def handle(self, event: Any) -> None:
         now = self.hub.monotonic()
@@ -62,18 +68,21 @@ class LumberjackConnection(Connection):
             return
         topic = self.topic_of(event.fields)
         try:
-            self.publish_message(topic, _body(event), {})
+            message = self.publish_message(topic, _body(event), {})
         except EngineError as error:
             raise ProtocolError(f"event {event.seq} refused: {error}") from None
         if not self.publishing:
             self.after_commit()  # hear of this commit even with no ack due: it may fail to store the event
         self.publishing.add(topic)
+        self.last_ids[topic] = message.id
         self.gateway.counters["events"] += 1
         self.hold(self.window.event(event, now))
 
     def hold(self, acks: list[lumberjack.Ack]) -> None:
         if acks:
             self.held.extend(acks)
+            if self.gateway.replication is not None:
+                self.needs = dict(self.last_ids)  # every event so far: what the acks cover
             self.after_commit()
 
     def committed(self, now: float) -> None:
@@ -89,6 +98,19 @@ class LumberjackConnection(Connection):
             return
         if not self.held:
             return
+        replication = self.gateway.replication
+        if replication is not None:
+            if self.replicated_by is None:
+                self.replicated_by = now + replication.commit_timeout
+            verdict = replication.confirm(self.needs, now, self.replicated_by)
+            if verdict is False:
+                self.gateway.replicating.add(self)  # asked again after every turn until a majority holds it
+                return
+            self.replicated_by = None
+            if verdict is not True:
+                self.held = []
+                self.close(f"events not acknowledged: {verdict}")
+                return
         held, self.held = self.held, []
         self.write(b"".join(self.codec.send(ack) for ack in held))
         self.gateway.counters["acks"] += len(held)

@@ -54,6 +54,17 @@ TCP_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 SLICE_EVENTS = 512
 
 
+class Replication(Protocol):
+    """What a cluster (:mod:`broker.cluster`) says about acknowledgements; absent on a single broker."""
+
+    commit_timeout: float  # seconds an acknowledgement may wait for a majority
+
+    def confirm(self, needs: dict[bytes, int], now: float, deadline: float) -> bool | str:
+        """Whether an acknowledgement of messages up to ``needs`` (topic -> last id) may go: True, False
+        (wait), or why it cannot (the text of the refusal)."""
+        ...
+
+
 class Gateway:
     """One listening door: its server socket, its connections and their periodic tick."""
 
@@ -98,6 +109,9 @@ class Gateway:
         self.counters.update(dict.fromkeys(getattr(connection, "counters", ()), 0))
         #: Why this door takes no connection now (a cluster member that does not lead), or None to take them.
         self.refusing: Callable[[], str | None] | None = None
+        #: A cluster leader's: whether what a connection stored is held by a majority yet (its acks wait).
+        self.replication: Replication | None = None
+        self.replicating: set[Connection] = set()  # acks waiting for a majority: committed() again each turn
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -169,7 +183,12 @@ class Gateway:
             for connection in waiting:
                 if not connection.closing:
                     connection.committed(now)
-        return False
+        if self.replicating:
+            waiting, self.replicating = self.replicating, set()
+            for connection in waiting:
+                if not connection.closing:
+                    connection.committed(now)  # asks the cluster again; waits on if need be
+        return bool(self.replicating)  # the hub comes back on its retry timer as well as on every turn
 
     def stats(self) -> dict[str, Any]:
         where = f"{self.address[0]}:{self.address[1]}" if self.address else None
