@@ -412,7 +412,10 @@ class Cluster:
 
     async def _ask(self, links: dict[str, Link], names: set[bytes],
                    epoch: int) -> dict[str, dict[bytes, ReplicaEnd] | None]:
-        """What each other broker holds of each topic (None for one that did not answer everything)."""
+        """What the other brokers hold of each topic (None for one that did not answer everything), asked of
+        all at once and returned as soon as a majority, this broker included, has answered: every message a
+        majority took is on at least one broker of any majority, so waiting for the rest (a dead leader
+        answers only with the timeout) would add time and no message."""
 
         async def one(node: str, link: Link) -> dict[bytes, ReplicaEnd] | None:
             out = {}
@@ -432,9 +435,20 @@ class Cluster:
                 return None
             return out
 
-        nodes = list(links)
-        answers = await asyncio.gather(*(one(node, links[node]) for node in nodes))
-        return dict(zip(nodes, answers, strict=True))
+        asking = {asyncio.ensure_future(one(node, link)): node for node, link in links.items()}
+        out: dict[str, dict[bytes, ReplicaEnd] | None] = dict.fromkeys(links)
+        needed = majority(self.size) - 1  # answers besides this broker's own
+        pending = set(asking)
+        try:
+            while pending and sum(answer is not None for answer in out.values()) < needed:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    out[asking[task]] = task.result()
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        return out
 
     async def _catch_up(self, name: bytes, ends: dict[str, dict[bytes, ReplicaEnd] | None],
                         links: dict[str, Link], epoch: int) -> None:
