@@ -122,6 +122,10 @@ class Cluster:
             on_role=self.on_role, directory=directory, timeout=self.config.cluster_timeout, password=password)
         log.info("cluster member %s (mc0 at %s) with %s; Raft traffic %s", self.node, self.endpoint,
                  ", ".join(self.config.cluster_peers), "encrypted" if password else "in the clear")
+        if not password:
+            log.warning("Raft traffic is unauthenticated (CURVE off, no cluster_secret): anything that "
+                        "reaches %s can run code in this broker; allowed on loopback only, for trying a "
+                        "cluster out", self.node)
         try:
             while True:
                 if not self.joined or self.state.endpoints.get(self.node) != self.endpoint:

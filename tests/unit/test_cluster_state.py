@@ -114,6 +114,13 @@ def test_cluster_settings_load_and_are_checked(tmp_path: Path) -> None:
     check_cluster(config)
     assert not DEFAULTS.clustered  # no cluster without cluster_node: a single broker as before
     check_cluster(DEFAULTS)
+    # Without CURVE: on loopback to try it out, or anywhere with a secret.
+    path.write_text('[broker]\ncurve = false\ncluster_node = "127.0.0.1:7001"\n'
+                    'cluster_peers = ["[::1]:7002"]\n')
+    check_cluster(load(path))
+    path.write_text('[broker]\ncurve = false\ncluster_node = "10.0.0.1:7001"\n'
+                    'cluster_peers = ["10.0.0.2:7001"]\ncluster_secret = "long and random"\n')
+    check_cluster(load(path))
 
 
 @pytest.mark.parametrize(("text", "fragment"), [
@@ -124,6 +131,8 @@ def test_cluster_settings_load_and_are_checked(tmp_path: Path) -> None:
     ('cluster_node = "nowhere"\ncluster_peers = ["127.0.0.1:7002"]\n', "not an address"),
     ('cluster_peers = [1]\n', "list of HOST:PORT"),
     ('cluster_commit_timeout = 0\n', "greater than 0"),
+    ('curve = false\ncluster_node = "10.0.0.1:7001"\ncluster_peers = ["10.0.0.2:7001"]\n', "unauthenticated"),
+    ('curve = false\ncluster_node = "broker1:7001"\ncluster_peers = ["broker2:7001"]\n', "turn CURVE on"),
 ])
 def test_bad_cluster_settings_are_refused_in_one_line(tmp_path: Path, text: str, fragment: str) -> None:
     path = tmp_path / "mc0.toml"
