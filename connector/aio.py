@@ -612,9 +612,9 @@ class AsyncClient(ClientBase):
         waiting = self._waiting.pop(reply.id, None)  # type: ignore[arg-type] - the caller checked the id
         event = self._events.pop(reply.id, None)  # type: ignore[arg-type]
         resendable = type(waiting) is Confirms or (waiting is not None and event is not None)
-        if resendable and not self._closing and self._redirected(reply):
+        if not self._closing and self._redirected(reply) and resendable:
             self._resend.append(waiting if type(waiting) is Confirms else (waiting, event))
-            return
+            return  # (a refused resubscription: the move subscribes again where it goes)
         if type(waiting) is Confirms:
             waiting.settle(reply)
         elif waiting is not None and not waiting.done():  # type: ignore[union-attr]

@@ -720,10 +720,10 @@ class Client(ClientBase):
         if request is None:
             return
         resendable = type(request) is Confirms or (type(request) is _Request and request.event is not None)
-        if resendable and self._closing is None and self._redirected(reply):
+        if self._closing is None and self._redirected(reply) and resendable:
             self._resend.append(request)  # refused by a follower: nothing was stored, the leader gets it
             return
-        request.settle(reply)
+        request.settle(reply)  # (a refused resubscription: the move subscribes again where it goes)
 
     def _write(self, now: float) -> None:
         """Send what callers queued, in order, up to and including the DISCONNECT of a close()."""

@@ -20,16 +20,38 @@ REFUSAL = "this broker does not lead the cluster (it was just elected and is cat
 
 
 class ScriptedMember:
-    """Answers CONNECT with OK and each PUT in turn from ``answers`` ("retry", "final" or "ok"), recording
-    (verb, connection identity, monotonic time) for every command."""
+    """Answers CONNECT with OK and each PUT (and SUB) in turn from ``answers`` (``sub_answers``): "retry",
+    "final" or "ok" (SUBs are answered OK once their script is used up), recording (verb, connection
+    identity, monotonic time) for every command."""
 
-    def __init__(self, answers: list[str]) -> None:
+    def __init__(self, answers: list[str], sub_answers: list[str] | None = None) -> None:
         self.answers = answers
+        self.sub_answers = sub_answers or []
         self.seen: list[tuple[bytes, bytes, float]] = []
         self.context = zmq.Context()
         self.router = self.context.socket(zmq.ROUTER)
         self.router.linger = 0
         self.port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def restart(self) -> None:
+        """What a broker restart looks like to its clients: the listening socket goes, and a new one comes on
+        the same port (the clients' connections drop, ZeroMQ reconnects them)."""
+        self.stop.set()
+        self.thread.join(5)
+        self.router.close(linger=0)
+        self.router = self.context.socket(zmq.ROUTER)
+        self.router.linger = 0
+        deadline = time.monotonic() + 5
+        while True:  # libzmq lets go of the port in its own thread, a moment after close()
+            try:
+                self.router.bind(f"tcp://127.0.0.1:{self.port}")
+                break
+            except zmq.ZMQError:
+                assert time.monotonic() < deadline, f"port {self.port} was not free again within 5 s"
+                time.sleep(0.02)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -43,10 +65,10 @@ class ScriptedMember:
             identity, verb = frames[0], frames[2]
             self.seen.append((verb, identity, time.monotonic()))
             command_id = frames[frames.index(b"ID") + 1] if b"ID" in frames else None
-            if verb == b"CONNECT":
+            if verb == b"CONNECT" or (verb == b"SUB" and not self.sub_answers):
                 reply: mc0.Ok | mc0.Error = mc0.Ok(command_id)
-            elif verb == b"PUT":
-                answer = self.answers.pop(0)
+            elif verb in (b"PUT", b"SUB"):
+                answer = (self.answers if verb == b"PUT" else self.sub_answers).pop(0)
                 if answer == "ok":
                     reply = mc0.Ok(command_id, {b"MESSAGE-ID": b"1", b"DURABILITY": b"fsync"})
                 else:
@@ -68,11 +90,11 @@ class ScriptedMember:
 
 
 @pytest.fixture
-def member_factory() -> Iterator[Callable[[list[str]], ScriptedMember]]:
+def member_factory() -> Iterator[Callable[..., ScriptedMember]]:
     made: list[ScriptedMember] = []
 
-    def make(answers: list[str]) -> ScriptedMember:
-        member = ScriptedMember(answers)
+    def make(answers: list[str], sub_answers: list[str] | None = None) -> ScriptedMember:
+        member = ScriptedMember(answers, sub_answers)
         made.append(member)
         return member
 
@@ -123,3 +145,38 @@ def test_the_asyncio_client_sends_a_refused_command_again_after_the_wait(member_
     assert len(puts) == 3
     assert len({identity for identity, _ in puts}) == 3
     assert puts[2][1] - puts[0][1] >= 0.18
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_resubscription_refused_with_retry_after_is_made_again(member_factory, asynchronous: bool) -> None:
+    """After a failover the client subscribes again on its new connection; a member still choosing its leader
+    refuses that SUB with RETRY-AFTER, and the client must go on trying (else it would sit on a connection
+    with no subscription, receiving nothing)."""
+    member = member_factory([], ["ok", "retry"])
+
+    def subs() -> list[tuple[bytes, float]]:
+        return [(identity, at) for verb, identity, at in member.seen if verb == b"SUB"]
+
+    def wait_for_three_subs() -> None:
+        deadline = time.monotonic() + 10
+        while len(subs()) < 3:
+            assert time.monotonic() < deadline, f"the client subscribed {len(subs())} times, not 3"
+            time.sleep(0.02)
+
+    if asynchronous:
+        async def run() -> None:
+            async with AsyncClient(f"tcp://127.0.0.1:{member.port}", curve=False, timeout=5) as client:
+                await client.subscribe("durable.t")
+                member.restart()
+                await asyncio.to_thread(wait_for_three_subs)
+
+        asyncio.run(run())
+    else:
+        with Client(f"tcp://127.0.0.1:{member.port}", curve=False, timeout=5) as client:
+            client.subscribe("durable.t")
+            member.restart()
+            wait_for_three_subs()
+    (_, _), (refused_on, refused_at), (again_on, again_at) = subs()[:3]
+    assert again_on != refused_on, "subscribed again on a new connection"
+    assert again_at - refused_at >= 0.09, "subscribed again before the 100 ms the member asked for"
