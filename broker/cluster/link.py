@@ -16,11 +16,13 @@ import itertools
 from pathlib import Path
 
 import zmq
-import zmq.asyncio
 
 from connector import keys
-from connector.zsock import readable, recv_frames
+from connector.zsock import readable, recv_frames, send_frames
 from protocol import ProtocolError, mc0
+
+#: Seconds between attempts to send while the other broker is not connected yet (or its pipe is full).
+SEND_RETRY = 0.005
 
 
 class LinkError(Exception):
@@ -28,67 +30,85 @@ class LinkError(Exception):
 
 
 class Link:
-    """Requests to one other broker, answered by ID (several may be in flight)."""
+    """Requests to one other broker, answered by ID (several may be in flight).
 
-    def __init__(self, context: zmq.asyncio.Context, endpoint: str, keys_dir: Path | None) -> None:
+    Like the router, it drives its socket from the descriptor (``loop.add_reader`` on ``zmq.FD``, drained to
+    empty, and drained again after every send, which is what re-arms that edge-triggered descriptor) and
+    sends with plain int flags (:mod:`connector.zsock`): a follower sends a FETCH and reads an answer for
+    every message a strong topic takes, and ``zmq.asyncio``'s futures and flag enums cost it more than the
+    copying itself."""
+
+    def __init__(self, context: zmq.Context, endpoint: str, keys_dir: Path | None) -> None:
         self.endpoint = endpoint
-        self.socket = context.socket(zmq.DEALER)
-        self.socket.linger = 0
-        self.socket.reconnect_ivl = 20
-        self.socket.reconnect_ivl_max = 200
+        socket = context.socket(zmq.DEALER)
+        socket.linger = 0
+        socket.reconnect_ivl = 20
+        socket.reconnect_ivl_max = 200
         if keys_dir is not None:
             pair = keys.broker_pair(keys_dir)
-            self.socket.curve_serverkey = pair.public  # every member has the cluster's one broker key pair
-            self.socket.curve_publickey = pair.public
-            self.socket.curve_secretkey = pair.secret
-        self.socket.connect(endpoint)
-        self._raw = zmq.Socket.shadow(self.socket.underlying)
+            socket.curve_serverkey = pair.public  # every member has the cluster's one broker key pair
+            socket.curve_publickey = pair.public
+            socket.curve_secretkey = pair.secret
+        socket.connect(endpoint)
+        self._owner = socket  # an asyncio context's socket: never awaited here, only read and written raw
+        self._raw = zmq.Socket.shadow(socket.underlying)
         self._ids = itertools.count(1)
         self._waiting: dict[bytes, asyncio.Future[mc0.Ok | mc0.Error]] = {}
-        self._reader: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fd: int | None = None
         self.closed = False
 
     async def request(self, event: mc0.Fetch | mc0.Noop, timeout: float) -> mc0.Ok | mc0.Error:  # noqa: ASYNC109
         """Send ``event`` with a fresh ID and wait for its answer; LinkError after ``timeout`` seconds."""
         if self.closed:
             raise LinkError(f"the link to {self.endpoint} is closed")
-        if self._reader is None:
-            self._reader = asyncio.get_running_loop().create_task(self._read(), name=f"link {self.endpoint}")
+        loop = asyncio.get_running_loop()
+        if self._fd is None:
+            self._loop = loop
+            self._fd = self._raw.getsockopt(zmq.FD)
+            loop.add_reader(self._fd, self._drain)
         event.id = b"%d" % next(self._ids)
-        future: asyncio.Future[mc0.Ok | mc0.Error] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[mc0.Ok | mc0.Error] = loop.create_future()
         self._waiting[event.id] = future
+        deadline = loop.time() + timeout
         try:
             frames = mc0.encode(event)
-            try:
-                self._raw.send_multipart(frames, zmq.NOBLOCK)  # no future per send while the pipe has room
-            except zmq.Again:
-                await self.socket.send_multipart(frames)
-            return await asyncio.wait_for(future, timeout)
+            while True:
+                try:
+                    send_frames(self._raw, frames)
+                    break
+                except zmq.Again:  # not connected (yet), or the pipe is full: try again shortly
+                    if loop.time() >= deadline:
+                        raise TimeoutError from None
+                    await asyncio.sleep(SEND_RETRY)
+            self._drain()  # the answer may be in already; and the descriptor must be re-armed after a send
+            return await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
         except TimeoutError:
             raise LinkError(f"no answer from {self.endpoint} within {timeout:g}s") from None
         finally:
             self._waiting.pop(event.id, None)
 
-    async def _read(self) -> None:
-        while not self.closed:
-            await self.socket.poll(1000, zmq.POLLIN)
-            while readable(self._raw):
-                frames = recv_frames(self._raw)
-                try:
-                    event = mc0.decode(frames)
-                except ProtocolError:
-                    continue
-                if isinstance(event, mc0.Ok | mc0.Error) and event.id is not None:
-                    future = self._waiting.get(event.id)
-                    if future is not None and not future.done():
-                        future.set_result(event)
+    def _drain(self) -> None:
+        """Take every answer waiting on the socket (the descriptor's callback, and after each send)."""
+        raw = self._raw
+        while not self.closed and readable(raw):
+            frames = recv_frames(raw)
+            try:
+                event = mc0.decode(frames)
+            except ProtocolError:
+                continue
+            if isinstance(event, mc0.Ok | mc0.Error) and event.id is not None:
+                future = self._waiting.get(event.id)
+                if future is not None and not future.done():
+                    future.set_result(event)
 
     def close(self) -> None:
         self.closed = True
-        if self._reader is not None:
-            self._reader.cancel()
+        if self._fd is not None and self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._fd)
+        self._fd = None
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(LinkError(f"the link to {self.endpoint} was closed"))
         with contextlib.suppress(zmq.ZMQError):
-            self.socket.close(linger=0)
+            self._owner.close(linger=0)

@@ -321,8 +321,9 @@ class Cluster:
             return
         replicas[node] = event.start
         watermark = high_watermark([topic.committed_id, *replicas.values()], self.size)
-        if self.engine.release(event.topic, watermark):
-            self.schedule()
+        # No flush to schedule: this runs inside the router's turn, whose flush comes next and sends what the
+        # release allows (held OKs, gated deliveries) in the same loop iteration.
+        self.engine.release(event.topic, watermark)
 
     def replica_extra(self, topic: bytes, start: int, count: int) -> dict[bytes, bytes]:
         local = self.engine.topics.get(topic)

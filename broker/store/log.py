@@ -143,6 +143,9 @@ class SegmentLog:
         # Several, because the engine interleaves readers (a queue's dispatch, a redelivery, catching-up
         # subscribers); each continues without a seek.
         self._cursors: dict[int, tuple[Segment, bytes, int, int]] = {}
+        # Where the last write's first record lies (segment, id, byte position): a reader that keeps up (a
+        # cluster's follower, a tailing FETCH) starts there, and finds it without walking record heads.
+        self._tail: tuple[Segment, int, int] | None = None
         # The last chunk read (segment, chunk, file position): a seek that lands inside it needs no pread.
         self._last_chunk: tuple[Segment, bytes, int] | None = None
         self._acks = AckJournal(self.directory / ACK_FILE)
@@ -298,6 +301,7 @@ class SegmentLog:
 
     def _let_go(self) -> None:
         self._cursors.clear()
+        self._tail = None
         self._last_chunk = None
         for segment in (*self._open_sealed, *self._sealing, *self._segments[-1:]):
             segment.close()
@@ -428,6 +432,7 @@ class SegmentLog:
         self.sync()  # what is buffered goes to the files first: one state to cut, the files'
         cut = self._next_id - max(from_id, self.first_id)
         self._cursors.clear()
+        self._tail = None
         self._last_chunk = None
         kept = 0
         try:
@@ -513,7 +518,9 @@ class SegmentLog:
         self._sealing.clear()
         if self._buf:
             active = self._segments[-1]
+            first = active.last_id + 1
             self._write_to(active, self._buf)
+            self._tail = (active, first, active.size - len(self._buf))
             self._buf = bytearray()
             active.last_id = self._next_id - 1
             active.last_timestamp = self._last_timestamp
@@ -622,6 +629,7 @@ class SegmentLog:
         finally:
             self._closed = True
             self._cursors.clear()
+            self._tail = None
             self._last_chunk = None
             self._close_all()
             self._open_sealed.clear()
@@ -767,6 +775,7 @@ class SegmentLog:
             self._read_into(out, start_id, stop_id, max_bytes)
         except Corrupt as corrupt:
             self._cursors.clear()
+            self._tail = None
             self._last_chunk = None
             self._remember_damage(corrupt)
             if out:
@@ -777,6 +786,7 @@ class SegmentLog:
             return self.read(start_id, max_messages, max_bytes)  # stops before the hole now
         except StoreError:
             self._cursors.clear()
+            self._tail = None
             self._last_chunk = None
             raise
         return out
@@ -807,6 +817,7 @@ class SegmentLog:
                             # The index entry we seeked by is wrong (derived data): rebuild it and retry.
                             segment.rebuild_index(self.index_interval)
                             self._cursors.clear()
+                            self._tail = None
                             self._last_chunk = None
                             del out[:]
                             return self._read_into(out, start_id, stop_id, max_bytes)
@@ -931,6 +942,9 @@ class SegmentLog:
         last): from the index entry at or before it, walking record heads."""
         if record_id > segment.last_id:
             return segment.size
+        tail = self._tail
+        if tail is not None and tail[0] is segment and tail[1] == record_id:
+            return tail[2]
         ids, positions = segment.ids, segment.positions
         assert ids is not None
         assert positions is not None
@@ -942,6 +956,7 @@ class SegmentLog:
                 # The index entry we started from is wrong (derived data): rebuild it and try once more.
                 segment.rebuild_index(self.index_interval)
                 self._cursors.clear()
+                self._tail = None
                 self._last_chunk = None
                 return self._record_position(segment, record_id, retried=True)
             if found == record_id:

@@ -59,6 +59,25 @@ def test_records_are_the_stored_bytes_of_a_range_and_decode_to_what_read_returns
             (m.id, m.timestamp, m.headers, m.body) for m in expected]
 
 
+def test_a_reader_that_keeps_up_reads_each_write_where_it_landed(log: SegmentLog) -> None:
+    # The follower's pattern: read from the first id of each commit, right after it (the log remembers where
+    # that write began); across segment rolls, and after a truncation that rewrites the tail.
+    def tail_reads(batches: int) -> None:
+        for size in range(1, batches + 1):
+            first = log.next_id
+            fill(log, size % 5 + 1)
+            got_first, got, data = log.read_records(first, 10_000, 1 << 20)
+            assert got_first == first
+            assert 1 <= got <= log.next_id - first  # fewer when the write crossed into a new segment
+            assert [r.id for r in records.decode(data, got_first, got)] == list(range(first, first + got))
+            assert [r.body for r in records.decode(data, got_first, got)] == [
+                m.body for m in log.read(first, got, 1 << 20)]
+
+    tail_reads(60)
+    log.truncate(log.next_id - 3)
+    tail_reads(20)
+
+
 def test_a_records_read_stops_at_its_segment_its_count_and_its_bytes(log: SegmentLog) -> None:
     fill(log, 400)
     assert log.segment_count > 3
