@@ -614,7 +614,8 @@ class AsyncClient(ClientBase):
         resendable = type(waiting) is Confirms or (waiting is not None and event is not None)
         if not self._closing and self._redirected(reply) and resendable:
             self._resend.append(waiting if type(waiting) is Confirms else (waiting, event))
-            return  # (a refused resubscription: the move subscribes again where it goes)
+            return
+        # (A refused resubscription is settled here: the move subscribes again where it goes.)
         if type(waiting) is Confirms:
             waiting.settle(reply)
         elif waiting is not None and not waiting.done():  # type: ignore[union-attr]

@@ -723,7 +723,7 @@ class Client(ClientBase):
         if self._closing is None and self._redirected(reply) and resendable:
             self._resend.append(request)  # refused by a follower: nothing was stored, the leader gets it
             return
-        request.settle(reply)  # (a refused resubscription: the move subscribes again where it goes)
+        request.settle(reply)  # a refused resubscription too: the move subscribes again where it goes
 
     def _write(self, now: float) -> None:
         """Send what callers queued, in order, up to and including the DISCONNECT of a close()."""
