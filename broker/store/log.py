@@ -520,7 +520,8 @@ class SegmentLog:
             active = self._segments[-1]
             first = active.last_id + 1
             self._write_to(active, self._buf)
-            self._tail = (active, first, active.size - len(self._buf))
+            # A new segment's first write begins with its header: its first record lies just after.
+            self._tail = (active, first, max(active.size - len(self._buf), SEGMENT_HEADER_SIZE))
             self._buf = bytearray()
             active.last_id = self._next_id - 1
             active.last_timestamp = self._last_timestamp

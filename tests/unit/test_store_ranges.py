@@ -61,19 +61,25 @@ def test_records_are_the_stored_bytes_of_a_range_and_decode_to_what_read_returns
 
 def test_a_reader_that_keeps_up_reads_each_write_where_it_landed(log: SegmentLog) -> None:
     # The follower's pattern: read from the first id of each commit, right after it (the log remembers where
-    # that write began); across segment rolls, and after a truncation that rewrites the tail.
+    # that write began): commits of every size, so that some begin a new segment (whose first write starts
+    # with the segment's header) and some fill several; then after a truncation that rewrites the tail.
     def tail_reads(batches: int) -> None:
         for size in range(1, batches + 1):
             first = log.next_id
-            fill(log, size % 5 + 1)
-            got_first, got, data = log.read_records(first, 10_000, 1 << 20)
-            assert got_first == first
-            assert 1 <= got <= log.next_id - first  # fewer when the write crossed into a new segment
-            assert [r.id for r in records.decode(data, got_first, got)] == list(range(first, first + got))
-            assert [r.body for r in records.decode(data, got_first, got)] == [
-                m.body for m in log.read(first, got, 1 << 20)]
+            for _ in range(size % 7 + 1 if size % 9 else 120):  # now and then more than a segment holds
+                log.append(Message(TOPIC, log.next_id, b"%06d" % log.next_id, {}, 1000))
+            log.commit()
+            position = first
+            while position < log.next_id:
+                got_first, got, data = log.read_records(position, 10_000, 1 << 20)
+                assert got_first == position
+                assert 1 <= got <= log.next_id - position  # fewer where a segment ends
+                decoded = records.decode(data, got_first, got)
+                assert [r.body for r in decoded] == [b"%06d" % n for n in range(position, position + got)]
+                position += got
 
     tail_reads(60)
+    assert len(log._segments) > 3  # the commits crossed segments
     log.truncate(log.next_id - 3)
     tail_reads(20)
 
