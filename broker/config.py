@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import ipaddress
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,22 +222,15 @@ def check_cluster(config: BrokerConfig) -> None:
     if config.cluster_node in config.cluster_peers:
         raise ConfigError(f"cluster_peers lists this broker's own address {config.cluster_node}: list only "
                           "the others")
-    if not config.curve and not config.cluster_secret and not _loopback(config.cluster_node):
+    try:
+        host, _ = addresses.host_port(config.cluster_node, what="cluster_node")
+    except addresses.AddressError as error:
+        raise ConfigError(str(error)) from None
+    if not config.curve and not config.cluster_secret and not addresses.is_loopback(host):
         # PySyncObj unpickles what its peers send: unauthenticated Raft off loopback runs anyone's code.
         raise ConfigError(f"cluster_node {config.cluster_node} is reachable from other machines, and with "
                           "CURVE off and no cluster_secret its Raft traffic would be unauthenticated: turn "
                           "CURVE on or set cluster_secret")
-
-
-def _loopback(address: str) -> bool:
-    """Whether a ``HOST:PORT`` Raft address is this machine's loopback only."""
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name other machines may resolve
 
 
 def _enum(kind: type, raw: Any, where: str) -> Any:

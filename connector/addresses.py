@@ -20,6 +20,8 @@ is refused with one line that shows the expected forms.
 
 from __future__ import annotations
 
+import ipaddress
+
 #: The host a bare port means, by use: loopback for whatever connects (and for the TCP doors, which listen
 #: on loopback unless told otherwise); every interface for the mc0 door's bind, as its default does.
 LOOPBACK = "127.0.0.1"
@@ -45,6 +47,17 @@ def host_port(text: str, *, what: str, host: str = LOOPBACK) -> tuple[str, int]:
     if not colon or not name or "/" in rest or not port.isdigit():
         raise AddressError(f"{what}: {text!r} is not an address; use {FORMS} (e.g. {LOOPBACK}:61617)")
     return name, _port(port, text, what)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, without brackets or port) is this machine's loopback only: a
+    name other than ``localhost`` may resolve anywhere, so it is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def zmq_endpoint(text: str, *, what: str, bind: bool = False) -> str:

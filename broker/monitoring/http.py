@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import ipaddress
 import json
 import logging
 import mimetypes
@@ -48,6 +47,7 @@ from broker.config import BrokerConfig
 from broker.monitoring import views
 from broker.monitoring.metrics import BrokerCollector, version
 from broker.monitoring.snapshot import Snapshot, name_of, take
+from connector.addresses import is_loopback
 
 if TYPE_CHECKING:
     from broker.server import Broker
@@ -81,7 +81,7 @@ class Monitor:
     def __init__(self, host: str, port: int, *, topic_labels: int, data_dir: Path | None = None) -> None:
         self.server = _Server((host, port), self)
         self.address: tuple[str, int] = self.server.server_address[:2]  # type: ignore[assignment]
-        self.loopback = _is_loopback(host)
+        self.loopback = is_loopback(host)
         self.broker: Broker | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stopping = False
@@ -403,15 +403,6 @@ def _json(document: Any) -> bytes:
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _loopback_host(header: str) -> bool:
     """A Host header that names a loopback address (with or without a port)."""
     host = header.strip()
@@ -419,5 +410,5 @@ def _loopback_host(header: str) -> bool:
         host = host[1 : host.find("]")] if "]" in host else host
     else:
         host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    return _is_loopback(host.lower())
+    return is_loopback(host.lower())
 
