@@ -40,7 +40,9 @@ class Link:
 
     def __init__(self, context: zmq.Context, endpoint: str, keys_dir: Path | None) -> None:
         self.endpoint = endpoint
-        socket = context.socket(zmq.DEALER)
+        # A plain socket even from the broker's asyncio context: it is never awaited, only read and written
+        # without blocking from the loop's callbacks.
+        socket = zmq.Socket(context, zmq.DEALER)
         socket.linger = 0
         socket.reconnect_ivl = 20
         socket.reconnect_ivl_max = 200
@@ -50,8 +52,7 @@ class Link:
             socket.curve_publickey = pair.public
             socket.curve_secretkey = pair.secret
         socket.connect(endpoint)
-        self._owner = socket  # an asyncio context's socket: never awaited here, only read and written raw
-        self._raw = zmq.Socket.shadow(socket.underlying)
+        self._raw = socket
         self._ids = itertools.count(1)
         self._waiting: dict[bytes, asyncio.Future[mc0.Ok | mc0.Error]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -111,4 +112,4 @@ class Link:
             if not future.done():
                 future.set_exception(LinkError(f"the link to {self.endpoint} was closed"))
         with contextlib.suppress(zmq.ZMQError):
-            self._owner.close(linger=0)
+            self._raw.close(linger=0)
