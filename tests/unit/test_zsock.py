@@ -1,0 +1,55 @@
+"""Frame-set I/O without pyzmq's convenience layer (``connector.zsock``): frame sets arrive whole and in
+order, a large ``bytes`` payload (sent without a copy) arrives intact, and a large mutable buffer is copied
+when sent, so changing it afterwards changes nothing that was sent."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from connector.zsock import ZERO_COPY_MIN, readable, recv_frames, send_frames, send_to
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
+    context = zmq.Context()
+    left, right = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    left.bind("inproc://zsock-test")
+    right.connect("inproc://zsock-test")
+    yield left, right
+    left.close(linger=0)
+    right.close(linger=0)
+    context.term()
+
+
+def receive(socket: zmq.Socket) -> list[bytes]:
+    assert socket.poll(5000), "nothing arrived"
+    assert readable(socket)
+    return recv_frames(socket)
+
+
+def test_frame_sets_arrive_whole_and_in_order(pair: tuple[zmq.Socket, zmq.Socket]) -> None:
+    left, right = pair
+    assert not readable(right)
+    send_frames(left, [b"", b"PUT", b"TOPIC", b"t", b"", b"body"])
+    send_frames(left, [b"one"])
+    send_to(left, b"identity", [b"", b"OK"])
+    assert receive(right) == [b"", b"PUT", b"TOPIC", b"t", b"", b"body"]
+    assert receive(right) == [b"one"]
+    assert receive(right) == [b"identity", b"", b"OK"]
+    assert not readable(right)
+
+
+def test_a_large_payload_arrives_intact_and_a_mutable_one_is_copied(
+    pair: tuple[zmq.Socket, zmq.Socket],
+) -> None:
+    left, right = pair
+    large = bytes(range(256)) * (4 * ZERO_COPY_MIN // 256)  # sent without a copy
+    send_frames(left, [b"", b"OK", large])
+    assert receive(right) == [b"", b"OK", large]
+    mutable = bytearray(large)
+    send_frames(left, [b"", mutable])  # not bytes: copied, whatever its size
+    mutable[:] = bytes(len(mutable))
+    assert receive(right) == [b"", large]
