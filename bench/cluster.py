@@ -31,7 +31,7 @@ from typing import Any
 
 import zmq
 
-from bench.throughput import BODY_SIZE, free_port
+from bench.throughput import BODY_SIZE, free_ports
 from connector import Client, ConnectorError
 from connector import keys as key_files
 
@@ -209,13 +209,16 @@ def make_cluster(folder: Path, *, size: int = 3, curve: bool = False, settings: 
     if curve:
         keys_dir = tmp_path / "keys"
         key_files.generate(keys_dir)  # one key pair for every member (docs/cluster.md), and a client
-    rafts = [f"127.0.0.1:{free_port()}" for _ in range(size)]
+    # Every port at once: the brokers and their Raft bind them only when they start, and a port chosen alone
+    # could be chosen again meanwhile (a member's Raft port was once another's mc0 port).
+    ports = iter(free_ports(size * (3 if lumberjack else 2)))
+    rafts = [f"127.0.0.1:{next(ports)}" for _ in range(size)]
     members = []
     for index in range(size):
         folder = tmp_path / f"broker{index}"
         folder.mkdir(parents=True)
-        port = free_port()
-        shipping = free_port() if lumberjack else None
+        port = next(ports)
+        shipping = next(ports) if lumberjack else None
         peers = ", ".join(f'"{raft}"' for other, raft in enumerate(rafts) if other != index)
         config = folder / "mc0.toml"
         config.write_text(

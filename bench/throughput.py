@@ -16,6 +16,7 @@ shared and noisy.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import socket
@@ -33,9 +34,19 @@ QUIET = 2.0  # seconds without a delivery before a subscriber gives up (a baseli
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback ports: all held open until all are chosen, so that the system cannot
+    hand out one port twice to a caller that binds them only later (a cluster's brokers and their Raft)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+        return ports
 
 
 def stamped_body(seq: int) -> bytes:

@@ -522,7 +522,10 @@ class ComposeOnLoopback:
 
     def port(self, service: str, port: int) -> int:
         if (service, port) not in self.ports:
-            self.ports[(service, port)] = free_port()
+            chosen = free_port()
+            while chosen in self.ports.values():  # handed out already, but not bound yet (Raft binds late)
+                chosen = free_port()
+            self.ports[(service, port)] = chosen
         return self.ports[(service, port)]
 
     def argv(self, service: str, command: list[str]) -> list[str]:
