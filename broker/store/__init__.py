@@ -17,7 +17,7 @@ This module must not import the engine at run time (the engine imports it).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
@@ -143,6 +143,11 @@ class TopicLog(Protocol):
 
     def append(self, message: Message) -> None:
         """Append (buffered, ``message.id`` must be ``next_id``); durability comes from :meth:`commit`."""
+        ...
+
+    def append_batch(self, timestamp: int, items: Sequence[tuple[bytes, bytes, dict[bytes, bytes]]]) -> None:
+        """Append ``(topic, body, headers)`` entries as the next ids, as :meth:`append` would each; after a
+        StoreError, those before the one that failed stay appended (``next_id`` says how many)."""
         ...
 
     def commit(self) -> None:

@@ -34,7 +34,7 @@ import os
 import zlib
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
 from time import perf_counter
@@ -368,6 +368,21 @@ class SegmentLog:
         payload = self._pack([message.timestamp, message.headers, message.body])
         crc = _crc32(payload, _crc32(message_id.to_bytes(8, "big")))
         self._add_record(message_id, _pack_head(len(payload), crc, message_id), payload, message.timestamp)
+
+    def append_batch(self, timestamp: int, items: Sequence[tuple[bytes, bytes, dict[bytes, bytes]]]) -> None:
+        """Encode ``(topic, body, headers)`` entries as the next ids, all with ``timestamp``: what
+        :meth:`append` does for each, without a message object per entry. If a StoreError stops it, the
+        entries before the one that failed stay appended (:attr:`next_id` says how far it got)."""
+        if self._failure is not None:
+            self._reopen()
+        pack = self._pack
+        add = self._add_record
+        message_id = self._next_id
+        for _, body, headers in items:
+            payload = pack([timestamp, headers, body])
+            add(message_id, _pack_head(len(payload), _crc32(payload, _crc32(message_id.to_bytes(8, "big"))),
+                                       message_id), payload, timestamp)
+            message_id += 1
 
     def _add_record(self, message_id: int, head: bytes, payload: bytes | memoryview, timestamp: int) -> None:
         """Buffer one encoded record at the end of the log (rolling and indexing as the format says)."""

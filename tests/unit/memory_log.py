@@ -13,7 +13,7 @@ It counts what a test wants to check: commits, syncs, fsyncs, reads, ack calls.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from broker.engine import FIRST_MESSAGE_ID, Message
 from broker.producers import ProducerWindow
@@ -68,6 +68,10 @@ class MemoryLog:
         assert message.id == self._next_id, f"id {message.id} appended where {self._next_id} was due"
         self.messages.append(message)
         self._next_id = message.id + 1
+
+    def append_batch(self, timestamp: int, items: Sequence[tuple[bytes, bytes, dict[bytes, bytes]]]) -> None:
+        for topic, body, headers in items:
+            self.append(Message(topic, self._next_id, body, headers, timestamp))
 
     @property
     def dirty(self) -> bool:
