@@ -320,14 +320,15 @@ class Client(ClientBase):
 
     def publish_batch_later(
         self,
-        items: Iterable[tuple[str | bytes, str | bytes, dict[str, str] | None]],
+        items: Iterable[tuple[str | bytes, str | bytes, dict[str, str] | None]] | mc0.PackedItems,
         *,
         producer: str | bytes | None = None,
         sequence: int | None = None,
     ) -> Future[dict[str, str]]:
         """:meth:`publish_batch` without waiting: a Future of the OK's headers (ConnectorError if refused).
         Batches sent this way travel in order, so a publisher can keep several in flight; with a producer,
-        a batch that fails can be sent again with the same numbers, and what the broker stored is skipped."""
+        a batch that fails can be sent again with the same numbers, and what the broker stored is skipped.
+        ``items`` may come packed already (:class:`protocol.mc0.PackedItems`: the Spark sink packs them)."""
         return self._later(puts_event(items, producer, sequence), "PUTS", ok_headers)
 
     def _later(self, event: Any, what: str, convert: Any) -> Future[Any]:

@@ -257,24 +257,29 @@ def _topic_name(topic: str | bytes) -> str:
 
 
 def puts_event(
-    items: Iterable[tuple[str | bytes, str | bytes, Mapping[str, str] | None]],
+    items: Iterable[tuple[str | bytes, str | bytes, Mapping[str, str] | None]] | mc0.PackedItems,
     producer: str | bytes | None = None,
     sequence: int | None = None,
 ) -> mc0.Puts:
-    """The PUTS of ``publish_batch``: every entry checked and encoded before anything is sent. With
-    ``producer`` and ``sequence`` an idempotent batch: one topic, entry ``i`` numbered ``sequence + i``."""
-    batch: list[tuple[bytes, bytes, dict[bytes, bytes]]] = []
-    append = batch.append
+    """The PUTS of ``publish_batch``: every entry checked and encoded before anything is sent (entries that
+    come packed already, :class:`~protocol.mc0.PackedItems`, are the packer's to get right: the broker checks
+    them). With ``producer`` and ``sequence`` an idempotent batch: one topic, entry ``i`` numbered
+    ``sequence + i``."""
     raw_topics: dict[str | bytes, bytes] = {}  # a batch names few topics: each converted and checked once
-    for topic, body, headers in items:
-        raw_topic = raw_topics.get(topic)
-        if raw_topic is None:
-            raw_topic = raw_topics[topic] = to_bytes(topic)
-            if not raw_topic:
-                raise ValueError("publish_batch() needs a non-empty topic for every message")
-        append((raw_topic, body if type(body) is bytes else to_bytes(body),
-                encode_headers(dict(headers)) if headers else mc0.NO_HEADERS))
-    puts = mc0.Puts(batch)
+    if type(items) is mc0.PackedItems:
+        puts = mc0.Puts(items)
+    else:
+        batch: list[tuple[bytes, bytes, dict[bytes, bytes]]] = []
+        append = batch.append
+        for topic, body, headers in items:
+            raw_topic = raw_topics.get(topic)
+            if raw_topic is None:
+                raw_topic = raw_topics[topic] = to_bytes(topic)
+                if not raw_topic:
+                    raise ValueError("publish_batch() needs a non-empty topic for every message")
+            append((raw_topic, body if type(body) is bytes else to_bytes(body),
+                    encode_headers(dict(headers)) if headers else mc0.NO_HEADERS))
+        puts = mc0.Puts(batch)
     if producer is None and sequence is None:
         return puts
     if producer is None or sequence is None:

@@ -12,8 +12,9 @@ finds the broker skipping every one already stored, wherever the earlier attempt
 once the broker confirmed every row (as durably as each topic's sync level promises). The guarantee, and what
 it assumes, is spelled out in docs/pipeline.md ("Exactly-once writes").
 
-Rows come as Arrow record batches (``DataSourceArrowWriter``): columns are taken in bulk, and the per-row work
-is building the batch entries. Checked before anything runs: ``value`` binary or string, ``key`` binary or
+Rows come as Arrow record batches (``DataSourceArrowWriter``): columns are taken in bulk, and the usual write
+(one topic, bodies only) packs its PUTS payloads straight from the value column (:mod:`pipeline.puts`); the
+others build an entry per row. Checked before anything runs: ``value`` binary or string, ``key`` binary or
 string, ``topic`` a string (the ``topic`` option overrides it, as in Kafka), ``headers`` Kafka's
 ``array<struct<key: string, value: binary>>`` (or a string map), no ``partition``, and no overwrite.
 """
@@ -27,7 +28,6 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,8 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringTy
 from pipeline import options as opts
 from pipeline.arrow import KEY_HEADER
 from pipeline.options import Connection, Mode, OptionError
+from pipeline.puts import pack_bodies
+from protocol import mc0
 
 log = logging.getLogger("mc0.pipeline")
 
@@ -144,7 +146,9 @@ def publish(settings: WriteSettings, batches: Iterator[Any], producer: bytes) ->
     client = settings.connection.client()
     timeout = settings.connection.request_timeout
     sequences: dict[str, int] = {}
-    pending: dict[str, list[tuple[str, bytes, dict[bytes, bytes] | None]]] = {}
+    pending: dict[str, list[tuple[str, bytes, dict[bytes, bytes] | None]]] = {}  # entries, per topic
+    packed: dict[str, list[bytes]] = {}  # or entries packed already (one topic, bodies only), per topic
+    counts: dict[str, int] = {}  # entries waiting, per topic, either way
     sizes: dict[str, int] = {}
     in_flight: deque[Future[dict[str, str]]] = deque()
     rows = duplicates = 0
@@ -154,10 +158,11 @@ def publish(settings: WriteSettings, batches: Iterator[Any], producer: bytes) ->
         duplicates += int(future.result(timeout).get("DUPLICATES", "0"))
 
     def send(topic: str) -> None:
-        items = pending.pop(topic)
+        count = counts.pop(topic)
         sizes.pop(topic)
+        items = mc0.PackedItems.join(packed.pop(topic), count) if topic in packed else pending.pop(topic)
         sequence = sequences.get(topic, 0)
-        sequences[topic] = sequence + len(items)
+        sequences[topic] = sequence + count
         in_flight.append(client.publish_batch_later(items, producer=producer, sequence=sequence))
         while len(in_flight) > IN_FLIGHT:
             settle(in_flight.popleft())
@@ -172,26 +177,29 @@ def publish(settings: WriteSettings, batches: Iterator[Any], producer: bytes) ->
                 raise ValueError("a row has a null value: mc0 messages always have a body (Kafka's "
                                  "tombstones have no meaning here)")
             value = value.cast(pa.binary())  # strings as their UTF-8 bytes, in one call
-            values = value.to_pylist()
             topic = settings.topic
             if topic is not None and not (settings.key_column or settings.headers_column):
-                # The usual write, one topic and bodies only: whole slices, cut by count and bytes, and no
-                # work per row but a tuple.
+                # The usual write, one topic and bodies only: whole slices, cut by count and bytes, packed
+                # straight from the column (pipeline.puts), with no Python object per row.
+                raw_topic = topic.encode()
                 ends = np.cumsum(pc.binary_length(value).to_numpy(zero_copy_only=False))
                 position = 0
                 while position < count:
-                    entries = pending.setdefault(topic, [])
+                    parts = packed.setdefault(topic, [])
+                    waiting = counts.setdefault(topic, 0)
                     size = sizes.setdefault(topic, 0)
                     before = int(ends[position - 1]) if position else 0
                     fits = int(np.searchsorted(ends, before + WRITE_BYTES - size, side="right")) - position
-                    end = position + max(1, min(WRITE_BATCH - len(entries), fits))
-                    entries.extend(zip(repeat(topic), values[position:end], repeat(None)))
+                    end = position + max(1, min(WRITE_BATCH - waiting, fits))
+                    parts.append(pack_bodies(raw_topic, value.slice(position, end - position)))
+                    counts[topic] = waiting + end - position
                     sizes[topic] = size + int(ends[end - 1]) - before
                     position = end
-                    if len(entries) >= WRITE_BATCH or sizes[topic] >= WRITE_BYTES:
+                    if counts[topic] >= WRITE_BATCH or sizes[topic] >= WRITE_BYTES:
                         send(topic)
                 rows += count
                 continue
+            values = value.to_pylist()
             topics = batch.column("topic").to_pylist() if settings.topic is None else None
             keys = batch.column("key").to_pylist() if settings.key_column else None
             headers = batch.column("headers").to_pylist() if settings.headers_column else None
@@ -207,13 +215,14 @@ def publish(settings: WriteSettings, batches: Iterator[Any], producer: bytes) ->
                 entries = pending.get(topic)
                 if entries is None:
                     entries = pending[topic] = []
-                    sizes[topic] = 0
+                    sizes[topic] = counts[topic] = 0
                 entries.append((topic, body, extra))
                 sizes[topic] += len(body)
-                if len(entries) >= WRITE_BATCH or sizes[topic] >= WRITE_BYTES:
+                counts[topic] += 1
+                if counts[topic] >= WRITE_BATCH or sizes[topic] >= WRITE_BYTES:
                     send(topic)
             rows += count
-        for topic in list(pending):
+        for topic in list(counts):
             send(topic)
         while in_flight:
             settle(in_flight.popleft())

@@ -197,6 +197,26 @@ class PutItem(NamedTuple):
     headers: Headers = {}
 
 
+class PackedItems(NamedTuple):
+    """PUTS entries already packed as the payload frame (a msgpack array of ``[topic, body]`` arrays), and how
+    many there are: what a bulk encoder hands over (the Spark sink builds it from Arrow columns with numpy),
+    so no tuple is built per entry. The broker reads it like any other PUTS payload."""
+
+    payload: bytes
+    count: int
+
+    @classmethod
+    def join(cls, parts: Sequence[bytes], count: int) -> PackedItems:
+        """The payload of ``count`` entries packed back to back in ``parts`` (entries only, no array head)."""
+        if count < 16:
+            head = bytes([0x90 | count])
+        elif count < 1 << 16:
+            head = b"\xdc" + count.to_bytes(2, "big")
+        else:
+            head = b"\xdd" + count.to_bytes(4, "big")
+        return cls(head + b"".join(parts), count)
+
+
 @dataclass(slots=True)
 class Puts:
     """Extension: many PUTs in one frame set; an ID confirms the whole batch.
@@ -209,7 +229,7 @@ class Puts:
     separate publishes that travel together: each is stored or refused on its own, and the OK carries one
     result per entry (:func:`confirms_ok`). This is how a client pipelines confirmed publishes."""
 
-    items: list[tuple[bytes, bytes, Headers]]  # PutItem or plain tuples of the same shape
+    items: list[tuple[bytes, bytes, Headers]] | PackedItems  # PutItem or plain tuples of the same shape
     id: bytes | None = None
     headers: Headers = field(default_factory=dict)
     producer: bytes | None = None
@@ -945,7 +965,7 @@ def encode(event: Event, *, delimiter: bool = True) -> Frames:
                 out += (CONFIRM, CONFIRM_EACH)
             _headers(out, headers)
             _with_id(out, command_id)
-            out += (b"", pack_put_items(items))
+            out += (b"", items.payload if type(items) is PackedItems else pack_put_items(items))
         case Messages(items):
             out += (b"MESSAGES", b"", pack_message_items(items))
         case Sub(topics, command_id, headers, replay, resume, credit, explicit_acks, incarnation):
