@@ -724,20 +724,17 @@ class Engine:
         if (log is None or topic.subscriptions or topic.visible_until is not None or log.next_id != first
                 or not items):
             return first, 0
-        failure: StoreError | None = None
         try:
-            log.append_batch(timestamp, items)
-        except StoreError as error:
-            failure = error
-        done = log.next_id - first
-        if done:
-            topic.next_id += done
-            topic.messages_in += done
-            if not topic.dirty:
-                topic.dirty = True
-                self._dirty.append(topic)
-        if isinstance(failure, SyncFailed):
-            raise failure
+            done = log.append_batch(first, timestamp, items)
+        except SyncFailed:
+            raise
+        except StoreError:
+            return first, 0  # one by one, then: publish() knows what each store error means
+        topic.next_id += done
+        topic.messages_in += done
+        if not topic.dirty:
+            topic.dirty = True
+            self._dirty.append(topic)
         return first, done
 
     def publish_idempotent(

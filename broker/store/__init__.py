@@ -145,9 +145,12 @@ class TopicLog(Protocol):
         """Append (buffered, ``message.id`` must be ``next_id``); durability comes from :meth:`commit`."""
         ...
 
-    def append_batch(self, timestamp: int, items: Sequence[tuple[bytes, bytes, dict[bytes, bytes]]]) -> None:
-        """Append ``(topic, body, headers)`` entries as the next ids, as :meth:`append` would each; after a
-        StoreError, those before the one that failed stay appended (``next_id`` says how many)."""
+    def append_batch(
+        self, first_id: int, timestamp: int, items: Sequence[tuple[bytes, bytes, dict[bytes, bytes]]]
+    ) -> int:
+        """Append ``(topic, body, headers)`` entries as ids ``first_id`` on (``next_id``), as :meth:`append`
+        would each; returns how many: all, or those before a StoreError stopped it (raised only when it
+        stopped the first entry, or when it is a SyncFailed)."""
         ...
 
     def commit(self) -> None:

@@ -369,20 +369,33 @@ class SegmentLog:
         crc = _crc32(payload, _crc32(message_id.to_bytes(8, "big")))
         self._add_record(message_id, _pack_head(len(payload), crc, message_id), payload, message.timestamp)
 
-    def append_batch(self, timestamp: int, items: Sequence[tuple[bytes, bytes, dict[bytes, bytes]]]) -> None:
-        """Encode ``(topic, body, headers)`` entries as the next ids, all with ``timestamp``: what
-        :meth:`append` does for each, without a message object per entry. If a StoreError stops it, the
-        entries before the one that failed stay appended (:attr:`next_id` says how far it got)."""
+    def append_batch(
+        self, first_id: int, timestamp: int, items: Sequence[tuple[bytes, bytes, dict[bytes, bytes]]]
+    ) -> int:
+        """Encode ``(topic, body, headers)`` entries as ids ``first_id`` on (which must be this log's next
+        id), all with ``timestamp``: what :meth:`append` does for each, without a message object per entry.
+        Returns how many were appended: all of them, or those before a StoreError stopped it. That error is
+        raised only when it stopped the first entry, or when it is a SyncFailed."""
         if self._failure is not None:
             self._reopen()
+        if first_id != self._next_id:
+            raise StoreError(f"{self.directory}: append of id {first_id}, the log expects {self._next_id}")
         pack = self._pack
         add = self._add_record
-        message_id = self._next_id
+        message_id = first_id
         for _, body, headers in items:
             payload = pack([timestamp, headers, body])
-            add(message_id, _pack_head(len(payload), _crc32(payload, _crc32(message_id.to_bytes(8, "big"))),
-                                       message_id), payload, timestamp)
+            crc = _crc32(payload, _crc32(message_id.to_bytes(8, "big")))
+            try:
+                add(message_id, _pack_head(len(payload), crc, message_id), payload, timestamp)
+            except SyncFailed:
+                raise
+            except StoreError:
+                if message_id == first_id:
+                    raise
+                break
             message_id += 1
+        return message_id - first_id
 
     def _add_record(self, message_id: int, head: bytes, payload: bytes | memoryview, timestamp: int) -> None:
         """Buffer one encoded record at the end of the log (rolling and indexing as the format says)."""

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 from broker.engine import FIRST_MESSAGE_ID, Message
 from broker.producers import ProducerWindow
-from broker.store import LogIdentity, StoredTopic
+from broker.store import LogIdentity, StoredTopic, StoreError
 from broker.topics import Sync, TopicSpec
 
 
@@ -69,9 +69,16 @@ class MemoryLog:
         self.messages.append(message)
         self._next_id = message.id + 1
 
-    def append_batch(self, timestamp: int, items: Sequence[tuple[bytes, bytes, dict[bytes, bytes]]]) -> None:
-        for topic, body, headers in items:
-            self.append(Message(topic, self._next_id, body, headers, timestamp))
+    def append_batch(self, first_id: int, timestamp: int,
+                     items: Sequence[tuple[bytes, bytes, dict[bytes, bytes]]]) -> int:
+        for index, (topic, body, headers) in enumerate(items):
+            try:
+                self.append(Message(topic, first_id + index, body, headers, timestamp))
+            except StoreError:
+                if index == 0:
+                    raise
+                return index
+        return len(items)
 
     @property
     def dirty(self) -> bool:

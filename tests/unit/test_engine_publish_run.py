@@ -1,8 +1,8 @@
 """A batch to one persistent topic that nobody reads is appended to its log in one call
 (``Engine._publish_run`` over ``SegmentLog.append_batch``): the log holds exactly what publishing each entry
 would have stored (same files, across segment rolls, read back after a restart), idempotent batches skip their
-duplicates the same way, a subscriber still gets every message, and a store error part-way keeps what was
-appended and refuses the rest."""
+duplicates the same way, a subscriber still gets every message, a store error part-way keeps what was appended
+and refuses the rest, and the log appends a batch only at its own next id."""
 
 from __future__ import annotations
 
@@ -116,3 +116,15 @@ def test_a_store_error_part_way_keeps_what_was_appended_and_refuses_the_rest() -
         assert engine.publish_batch(entries(3), NOW).id == 9  # type: ignore[union-attr]
     finally:
         FailingLog.fail_at = 7
+
+
+def test_the_log_appends_a_batch_only_at_its_next_id(tmp_path: Path) -> None:
+    log = FileStore(tmp_path).open(TOPIC, SMALL)
+    with pytest.raises(StoreError, match="append of id 5, the log expects 1"):
+        log.append_batch(5, NOW, entries(3))
+    assert log.next_id == 1, "nothing appended"
+    assert log.append_batch(1, NOW, entries(40)) == 40
+    assert log.next_id == 41
+    log.commit()
+    assert [m.id for m in log.read(1, 100, 1 << 20)] == list(range(1, 41))
+    log.close()
