@@ -848,6 +848,10 @@ class RouterShell:
             # A client that said DISCONNECT left as it should: only an operator debugging wants a line for it.
             level = logging.DEBUG if why == DISCONNECTED else logging.INFO
             log.log(level, "client %s dropped: %s", session.identity.hex(), why)
+        self._unsubscribe(session)
+
+    def _unsubscribe(self, session: Session) -> None:
+        """The session's subscriptions and waiting FETCHes end here."""
         self.engine.detach(session.subscriber)
         self.waits.forget(session)
 
@@ -859,8 +863,7 @@ class RouterShell:
         error = mc0.leader_error(text, leader, None)
         for session in list(self.sessions.by_identity.values()):
             self.send(session, mc0.encode(error, delimiter=session.delimiter), now)
-            self.engine.detach(session.subscriber)
-            self.waits.forget(session)
+            self._unsubscribe(session)
 
     # -------------------------------------------------------------------------------------------------- stats
 

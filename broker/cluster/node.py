@@ -183,9 +183,8 @@ class Cluster:
     # --------------------------------------------------------------------------------------- following
 
     def _follow(self) -> None:
-        leader = self.state.leader
-        endpoint = self.state.endpoints.get(leader or "")
-        if leader == self.node or endpoint is None:
+        endpoint = self._leader_endpoint()
+        if endpoint is None:
             return  # no other leader yet (this broker led the epoch the state still names)
         if self.taking_over is not None and not self.taking_over.done():
             return
@@ -207,7 +206,7 @@ class Cluster:
         for topic in list(self.engine.topics.values()):
             if topic.log is not None:
                 self.replicator.follow(topic.name)
-        log.info("following %s (%s), epoch %d", leader, endpoint, self.state.epoch)
+        log.info("following %s (%s), epoch %d", self.state.leader, endpoint, self.state.epoch)
 
     def _ensure_topic(self, name: bytes, spec: dict[str, Any]) -> None:
         if name in self.engine.topics:

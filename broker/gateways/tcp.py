@@ -178,16 +178,13 @@ class Gateway:
     def answer(self, now: float) -> bool:
         """After the commit: the connections that asked to hear of it (an ack that promises durability, more
         demand for a producer once what it sent is stored)."""
-        if self.committing:
-            waiting, self.committing = self.committing, set()
+        if self.committing or self.replicating:
+            # Those waiting for a cluster's majority are asked again too (and wait on if need be).
+            waiting = self.committing | self.replicating
+            self.committing, self.replicating = set(), set()
             for connection in waiting:
                 if not connection.closing:
                     connection.committed(now)
-        if self.replicating:
-            waiting, self.replicating = self.replicating, set()
-            for connection in waiting:
-                if not connection.closing:
-                    connection.committed(now)  # asks the cluster again; waits on if need be
         return bool(self.replicating)  # the hub comes back on its retry timer as well as on every turn
 
     def stats(self) -> dict[str, Any]:

@@ -87,6 +87,12 @@ _pack_head = RECORD_HEAD.pack
 _unpackb = msgpack.unpackb
 
 
+def _record_head(message_id: int, payload: bytes) -> bytes:
+    """The head of the record of ``payload`` with id ``message_id``: its length, the CRC-32 of the id bytes
+    and the payload, and the id (docs/storage.md, "Records")."""
+    return _pack_head(len(payload), _crc32(payload, _crc32(message_id.to_bytes(8, "big"))), message_id)
+
+
 class SegmentLog:
     """The on-disk log of one topic. Single-threaded: the broker's loop is the only caller."""
 
@@ -299,10 +305,15 @@ class SegmentLog:
             self._fsync_written()
         self._let_go()
 
-    def _let_go(self) -> None:
+    def _forget_places(self) -> None:
+        """Forget where readers were (cursors, the start of the last write, the last chunk read): after
+        anything that moves or drops the bytes those places point into."""
         self._cursors.clear()
         self._tail = None
         self._last_chunk = None
+
+    def _let_go(self) -> None:
+        self._forget_places()
         for segment in (*self._open_sealed, *self._sealing, *self._segments[-1:]):
             segment.close()
             segment.forget_index()
@@ -366,8 +377,7 @@ class SegmentLog:
         if message_id != self._next_id:
             raise StoreError(f"{self.directory}: append of id {message_id}, the log expects {self._next_id}")
         payload = self._pack([message.timestamp, message.headers, message.body])
-        crc = _crc32(payload, _crc32(message_id.to_bytes(8, "big")))
-        self._add_record(message_id, _pack_head(len(payload), crc, message_id), payload, message.timestamp)
+        self._add_record(message_id, _record_head(message_id, payload), payload, message.timestamp)
 
     def append_batch(
         self, first_id: int, timestamp: int, items: Sequence[tuple[bytes, bytes, dict[bytes, bytes]]]
@@ -385,9 +395,8 @@ class SegmentLog:
         message_id = first_id
         for _, body, headers in items:
             payload = pack([timestamp, headers, body])
-            crc = _crc32(payload, _crc32(message_id.to_bytes(8, "big")))
             try:
-                add(message_id, _pack_head(len(payload), crc, message_id), payload, timestamp)
+                add(message_id, _record_head(message_id, payload), payload, timestamp)
             except SyncFailed:
                 raise
             except StoreError:
@@ -459,9 +468,7 @@ class SegmentLog:
         self._use()
         self.sync()  # what is buffered goes to the files first: one state to cut, the files'
         cut = self._next_id - max(from_id, self.first_id)
-        self._cursors.clear()
-        self._tail = None
-        self._last_chunk = None
+        self._forget_places()
         kept = 0
         try:
             for segment in reversed(self._segments):
@@ -657,9 +664,7 @@ class SegmentLog:
                 self.sync()
         finally:
             self._closed = True
-            self._cursors.clear()
-            self._tail = None
-            self._last_chunk = None
+            self._forget_places()
             self._close_all()
             self._open_sealed.clear()
 
@@ -803,9 +808,7 @@ class SegmentLog:
         try:
             self._read_into(out, start_id, stop_id, max_bytes)
         except Corrupt as corrupt:
-            self._cursors.clear()
-            self._tail = None
-            self._last_chunk = None
+            self._forget_places()
             self._remember_damage(corrupt)
             if out:
                 return out
@@ -814,9 +817,7 @@ class SegmentLog:
                 raise damage from None
             return self.read(start_id, max_messages, max_bytes)  # stops before the hole now
         except StoreError:
-            self._cursors.clear()
-            self._tail = None
-            self._last_chunk = None
+            self._forget_places()
             raise
         return out
 
@@ -845,9 +846,7 @@ class SegmentLog:
                         if chunk_start + offset == seek_position:
                             # The index entry we seeked by is wrong (derived data): rebuild it and retry.
                             segment.rebuild_index(self.index_interval)
-                            self._cursors.clear()
-                            self._tail = None
-                            self._last_chunk = None
+                            self._forget_places()
                             del out[:]
                             return self._read_into(out, start_id, stop_id, max_bytes)
                         raise self._corrupt(segment, chunk_start + offset, expected,
@@ -984,9 +983,7 @@ class SegmentLog:
             if found is None:
                 # The index entry we started from is wrong (derived data): rebuild it and try once more.
                 segment.rebuild_index(self.index_interval)
-                self._cursors.clear()
-                self._tail = None
-                self._last_chunk = None
+                self._forget_places()
                 return self._record_position(segment, record_id, retried=True)
             if found == record_id:
                 return position
