@@ -301,7 +301,7 @@ async def _serve(
         if config.clustered:
             from broker.cluster.node import Cluster  # PySyncObj only where a cluster runs
 
-            cluster = Cluster(config, engine, store, hub.schedule, hub.flush, context, endpoint)
+            cluster = Cluster(config, engine, store, hub.schedule, hub.flush, hub.fail, context, endpoint)
             router.cluster = cluster
             hub.limits["cluster"] = cluster.stats
             cluster.on_demoted = functools.partial(_demoted, router, gateways)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq
@@ -27,6 +28,10 @@ SEND_RETRY = 0.005
 
 class LinkError(Exception):
     """The other broker did not answer in time, or the link was closed."""
+
+
+#: What a request's callback gets: the other broker's answer, or why there is none.
+Answer = mc0.Ok | mc0.Error | LinkError
 
 
 class Link:
@@ -54,62 +59,99 @@ class Link:
         socket.connect(endpoint)
         self._raw = socket
         self._ids = itertools.count(1)
-        self._waiting: dict[bytes, asyncio.Future[mc0.Ok | mc0.Error]] = {}
+        self._waiting: dict[bytes, tuple[Callable[[Answer], None], asyncio.TimerHandle]] = {}
+        self._draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd: int | None = None
         self.closed = False
 
-    async def request(self, event: mc0.Fetch | mc0.Noop, timeout: float) -> mc0.Ok | mc0.Error:  # noqa: ASYNC109
-        """Send ``event`` with a fresh ID and wait for its answer; LinkError after ``timeout`` seconds."""
+    def ask(self, event: mc0.Fetch | mc0.Noop, timeout: float, answered: Callable[[Answer], None]) -> None:
+        """Send ``event`` with a fresh ID; ``answered`` gets its answer, on the loop, from the descriptor's
+        callback (no task or future in between: a follower asks once for every message a strong topic takes),
+        or a LinkError after ``timeout`` seconds or when the link closes. It is called exactly once."""
         if self.closed:
             raise LinkError(f"the link to {self.endpoint} is closed")
-        loop = asyncio.get_running_loop()
-        if self._fd is None:
-            self._loop = loop
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
             self._fd = self._raw.getsockopt(zmq.FD)
             loop.add_reader(self._fd, self._drain)
-        event.id = b"%d" % next(self._ids)
-        future: asyncio.Future[mc0.Ok | mc0.Error] = loop.create_future()
-        self._waiting[event.id] = future
-        deadline = loop.time() + timeout
+        command_id = event.id = b"%d" % next(self._ids)
+        timer = loop.call_later(timeout, self._expire, command_id, timeout)
+        self._waiting[command_id] = (answered, timer)
+        self._send(command_id, mc0.encode(event))
+
+    async def request(self, event: mc0.Fetch | mc0.Noop, timeout: float) -> mc0.Ok | mc0.Error:  # noqa: ASYNC109
+        """:meth:`ask` for a coroutine: the answer, or LinkError after ``timeout`` seconds."""
+        future: asyncio.Future[mc0.Ok | mc0.Error] = asyncio.get_running_loop().create_future()
+
+        def answered(answer: Answer) -> None:
+            if future.done():
+                return
+            if isinstance(answer, LinkError):
+                future.set_exception(answer)
+            else:
+                future.set_result(answer)
+
+        self.ask(event, timeout, answered)
         try:
-            frames = mc0.encode(event)
-            while True:
-                try:
-                    send_frames(self._raw, frames)
-                    break
-                except zmq.Again:  # not connected (yet), or the pipe is full: try again shortly
-                    if loop.time() >= deadline:
-                        raise TimeoutError from None
-                    await asyncio.sleep(SEND_RETRY)
-            self._drain()  # the answer may be in already; and the descriptor must be re-armed after a send
-            return await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
-        except TimeoutError:
-            raise LinkError(f"no answer from {self.endpoint} within {timeout:g}s") from None
+            return await future
         finally:
-            self._waiting.pop(event.id, None)
+            self._forget(event.id)  # cancelled while waiting: nobody is left to answer
+
+    def _send(self, command_id: bytes, frames: mc0.Frames) -> None:
+        if command_id not in self._waiting:
+            return  # timed out (or closed) before it could leave
+        try:
+            send_frames(self._raw, frames)
+        except zmq.Again:  # not connected (yet), or the pipe is full: try again shortly, until its timeout
+            assert self._loop is not None
+            self._loop.call_later(SEND_RETRY, self._send, command_id, frames)
+            return
+        self._drain()  # the answer may be in already; and the descriptor must be re-armed after a send
+
+    def _expire(self, command_id: bytes, timeout: float) -> None:
+        waiting = self._waiting.pop(command_id, None)
+        if waiting is not None:
+            waiting[0](LinkError(f"no answer from {self.endpoint} within {timeout:g}s"))
+
+    def _forget(self, command_id: bytes | None) -> None:
+        waiting = self._waiting.pop(command_id, None) if command_id is not None else None
+        if waiting is not None:
+            waiting[1].cancel()
 
     def _drain(self) -> None:
-        """Take every answer waiting on the socket (the descriptor's callback, and after each send)."""
+        """Take every answer waiting on the socket (the descriptor's callback, and after each send).
+
+        An answer's callback may ask again, which sends and comes back here: that inner call returns at
+        once, since this loop asks the socket again after every answer (re-arming the descriptor)."""
+        if self._draining:
+            return
+        self._draining = True
         raw = self._raw
-        while not self.closed and readable(raw):
-            frames = recv_frames(raw)
-            try:
-                event = mc0.decode(frames)
-            except ProtocolError:
-                continue
-            if isinstance(event, mc0.Ok | mc0.Error) and event.id is not None:
-                future = self._waiting.get(event.id)
-                if future is not None and not future.done():
-                    future.set_result(event)
+        try:
+            while not self.closed and readable(raw):
+                frames = recv_frames(raw)
+                try:
+                    event = mc0.decode(frames)
+                except ProtocolError:
+                    continue
+                if isinstance(event, mc0.Ok | mc0.Error) and event.id is not None:
+                    waiting = self._waiting.pop(event.id, None)
+                    if waiting is not None:
+                        waiting[1].cancel()
+                        waiting[0](event)
+        finally:
+            self._draining = False
 
     def close(self) -> None:
         self.closed = True
         if self._fd is not None and self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._fd)
         self._fd = None
-        for future in self._waiting.values():
-            if not future.done():
-                future.set_exception(LinkError(f"the link to {self.endpoint} was closed"))
+        waiting, self._waiting = self._waiting, {}
+        for answered, timer in waiting.values():
+            timer.cancel()
+            answered(LinkError(f"the link to {self.endpoint} was closed"))
         with contextlib.suppress(zmq.ZMQError):
             self._raw.close(linger=0)

@@ -82,12 +82,14 @@ class Cluster:
     """The cluster as this broker's door, engine and hub see it (:class:`broker.router.ClusterGate`)."""
 
     def __init__(self, config: BrokerConfig, engine: Engine, store: FileStore, schedule: Callable[[], None],
-                 flush: Callable[[], None], context: zmq.asyncio.Context, endpoint: str) -> None:
+                 flush: Callable[[], None], fail: Callable[[BaseException], None],
+                 context: zmq.asyncio.Context, endpoint: str) -> None:
         self.config = config
         self.engine = engine
         self.store = store
         self.schedule = schedule  # the hub's flush soon: released OKs and reads go out
         self.flush = flush  # the hub's flush now (a follower commits what it copied before acknowledging)
+        self.fail = fail  # the hub's: stop the broker (a follower's fsync failed)
         self.context = context
         self.node = config.cluster_node
         self.endpoint = config.advertised(endpoint)
@@ -198,7 +200,7 @@ class Cluster:
             current.close()
         keys_dir = Path(self.config.keys_dir) if self.config.curve else None
         self.replicator = Replicator(self.engine, Link(self.context, endpoint, keys_dir), node=self.node,
-                                     epoch=self.state.epoch, flush=self.flush,
+                                     epoch=self.state.epoch, flush=self.flush, fail=self.fail,
                                      set_identity=self.store.set_identity,
                                      fenced=lambda: self.fence)
         for name_hex, spec in self.state.topics.items():

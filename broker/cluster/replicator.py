@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import msgpack
 
-from broker.cluster.link import Link, LinkError
+from broker.cluster.link import Answer, Link, LinkError
 from broker.engine import Engine, EngineError
 from broker.store import LogIdentity, TopicLog
 from protocol import ProtocolError, mc0
@@ -58,7 +58,12 @@ def record_producers(log: TopicLog, raw: bytes | None, start: int, stop: int) ->
 
 
 class Replicator:
-    """Copies every persistent topic from one leader, for one epoch."""
+    """Copies every persistent topic from one leader, for one epoch.
+
+    Each topic's copy is a chain of callbacks on the loop, not a task: the answer to one FETCH is checked,
+    appended and committed from the link's descriptor callback, and the next FETCH leaves in the same
+    callback. At one message in flight the follower's turn is on the path of every confirmed publish, and a
+    task would add a future and two loop iterations to each."""
 
     def __init__(
         self,
@@ -68,6 +73,7 @@ class Replicator:
         node: str,
         epoch: int,
         flush: Callable[[], None],
+        fail: Callable[[BaseException], None],
         set_identity: Callable[[bytes, LogIdentity], None],
         fenced: Callable[[], int],
     ) -> None:
@@ -76,45 +82,70 @@ class Replicator:
         self.node = node.encode()
         self.epoch = epoch
         self.flush = flush  # the hub's turn: commit (fsync for strong topics) before the next FETCH acks
+        self.fail = fail  # the hub's: a failed fsync stops the broker
         self.set_identity = set_identity
         self.fenced = fenced  # the highest epoch a candidate leader announced: copy nothing from below it
-        self.tasks: dict[bytes, asyncio.Task[None]] = {}
+        self.topics: set[bytes] = set()
+        self.retries: dict[bytes, asyncio.TimerHandle] = {}
         self.copied = 0  # records appended so far
         self.closed = False
 
     def follow(self, topic: bytes) -> None:
         """Copy ``topic`` too (idempotent)."""
-        if topic not in self.tasks:
-            self.tasks[topic] = asyncio.get_running_loop().create_task(
-                self._copy(topic), name=f"replicate {topic.decode('utf-8', 'replace')}")
+        if topic not in self.topics:
+            self.topics.add(topic)
+            self._ask(topic)
 
-    async def _copy(self, topic: bytes) -> None:
-        # Checked each time round: a cancel that meets a failing request can be swallowed (asyncio.wait_for).
-        while not self.closed:
-            try:
-                if not await self._step(topic):
-                    await asyncio.sleep(RETRY)
-            except asyncio.CancelledError:
-                raise
-            except (LinkError, EngineError, ProtocolError) as error:
-                log.info("copying %r from %s: %s", topic.decode("utf-8", "replace"), self.link.endpoint,
-                         error)
-                await asyncio.sleep(RETRY)
+    def _ask(self, topic: bytes) -> None:
+        """The next FETCH of ``topic``, from this copy's next id (which acknowledges everything below it)."""
+        self.retries.pop(topic, None)
+        if self.closed:
+            return
+        local = self.engine.topics.get(topic)
+        if local is None or local.log is None:
+            self._later(topic)
+            return
+        event = mc0.Fetch(topic, local.next_id, FETCH_RECORDS, FETCH_BYTES, wait=WAIT_MS, records=True,
+                          incarnation=local.log.identity.incarnation.encode(), replica=self.node,
+                          epoch=self.epoch)
+        try:
+            self.link.ask(event, WAIT_MS / 1000 + 5, lambda answer: self._answered(topic, event, answer))
+        except LinkError:
+            self._later(topic)
 
-    async def _step(self, topic: bytes) -> bool:
-        """One FETCH and what its answer asks for; False when the leader refused it."""
+    def _later(self, topic: bytes) -> None:
+        if not self.closed and topic not in self.retries:
+            self.retries[topic] = asyncio.get_running_loop().call_later(RETRY, self._ask, topic)
+
+    def _answered(self, topic: bytes, event: mc0.Fetch, answer: Answer) -> None:
+        if self.closed:
+            return
+        try:
+            if isinstance(answer, LinkError):
+                raise answer
+            again = self._take(topic, event, answer)
+        except (LinkError, EngineError, ProtocolError) as error:
+            log.info("copying %r from %s: %s", topic.decode("utf-8", "replace"), self.link.endpoint, error)
+            again = False
+        except Exception as error:  # a failed fsync (SyncFailed): the broker stops, loudly
+            self.fail(error)
+            return
+        if again:
+            self._ask(topic)
+        else:
+            self._later(topic)
+
+    def _take(self, topic: bytes, event: mc0.Fetch, reply: mc0.Ok | mc0.Error) -> bool:
+        """What one FETCH's answer asks for; False when the leader refused it (ask again after a pause)."""
+        if isinstance(reply, mc0.Error):
+            log.debug("leader refused a fetch of %r: %s", topic, reply.message.decode("utf-8", "replace"))
+            return False
+        if self.fenced() > self.epoch:
+            return False  # a new leader is taking over: nothing more from this one
         local = self.engine.topics.get(topic)
         if local is None or local.log is None:
             return False
         identity = local.log.identity
-        event = mc0.Fetch(topic, local.next_id, FETCH_RECORDS, FETCH_BYTES, wait=WAIT_MS, records=True,
-                          incarnation=identity.incarnation.encode(), replica=self.node, epoch=self.epoch)
-        reply = await self.link.request(event, WAIT_MS / 1000 + 5)
-        if isinstance(reply, mc0.Error):
-            log.debug("leader refused a fetch of %r: %s", topic, reply.message.decode("utf-8", "replace"))
-            return False
-        if self.fenced() > self.epoch or self.closed:
-            return False  # a new leader is taking over: nothing more from this one
         records = mc0.decode_records_reply(reply)
         incarnation = records.incarnation.decode("ascii", "replace")
         lineage = mc0.decode_lineage(reply.headers.get(mc0.LINEAGE, b""))
@@ -142,8 +173,8 @@ class Replicator:
 
     def close(self) -> None:
         self.closed = True
-        for task in self.tasks.values():
-            task.cancel()
-        self.tasks.clear()
+        for timer in self.retries.values():
+            timer.cancel()
+        self.retries.clear()
         with contextlib.suppress(Exception):
             self.link.close()
