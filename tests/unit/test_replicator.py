@@ -1,0 +1,162 @@
+"""A follower's copy of a topic (``broker.cluster.replicator``) runs as callbacks, FETCH after FETCH: each
+answer is appended and committed before the next FETCH leaves, whose FROM acknowledges it; a refusal or a lost
+link asks again after a pause; a failed fsync while copying goes to the hub's ``fail`` (the broker stops), and
+the copy stops asking; a closed replicator asks nothing more."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.cluster import replicator as replicator_module
+from broker.cluster.link import Answer, LinkError
+from broker.cluster.replicator import Replicator
+from broker.engine import Engine
+from broker.store import SyncFailed
+from broker.store.files import FileStore
+from broker.topics import Persistence, Sync, TopicRule, TopicRules, TopicSpec
+from protocol import mc0
+
+TOPIC = b"copy.strong"
+RULES = TopicRules([TopicRule("copy.*", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG))])
+NOW = 1_700_000_000_000
+
+
+class FakeLink:
+    """Records each FETCH and its callback; the test answers them."""
+
+    endpoint = "tcp://leader"
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[mc0.Fetch, Callable[[Answer], None]]] = []
+        self.closed = False
+
+    def ask(self, event: mc0.Fetch, timeout: float, answered: Callable[[Answer], None]) -> None:
+        if self.closed:
+            raise LinkError("closed")
+        self.asked.append((event, answered))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def leader(tmp_path: Path) -> Iterator[Engine]:
+    engine = Engine(RULES, FileStore(tmp_path / "leader"))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def follower(tmp_path: Path) -> Iterator[Engine]:
+    engine = Engine(RULES, FileStore(tmp_path / "follower"))
+    engine.topic(TOPIC)
+    yield engine
+    engine.close()
+
+
+def answer_from(leader: Engine, fetch: mc0.Fetch) -> mc0.Ok:
+    """What a leader answers a replica's FETCH with: its records from the FETCH's FROM."""
+    log = leader.topics[TOPIC].log
+    assert log is not None
+    assert fetch.start is not None
+    start, count, records = log.read_records(fetch.start, 10_000, 4 << 20)
+    return mc0.records_ok(b"1", log.first_id, leader.topics[TOPIC].next_id, start, count,
+                          log.identity.incarnation.encode(), records)
+
+
+def make(follower: Engine, link: FakeLink, flush: Callable[[], None],
+         failures: list[BaseException]) -> Replicator:
+    return Replicator(follower, link, node="f1", epoch=1, flush=flush, fail=failures.append,  # type: ignore[arg-type]
+                      set_identity=follower.store.set_identity, fenced=lambda: 0)  # type: ignore[union-attr]
+
+
+def test_each_answer_is_committed_before_the_next_fetch_acknowledges_it(leader: Engine,
+                                                                         follower: Engine) -> None:
+    async def run() -> None:
+        link = FakeLink()
+        flushed: list[int] = []
+        failures: list[BaseException] = []
+
+        def flush() -> None:
+            follower.commit()
+            flushed.append(follower.topics[TOPIC].next_id)
+
+        replicator = make(follower, link, flush, failures)
+        replicator.follow(TOPIC)
+        replicator.follow(TOPIC)  # idempotent: still one FETCH in flight
+        assert len(link.asked) == 1
+        for round_number in range(3):
+            for n in range(5):
+                leader.publish(TOPIC, b"m%d.%d" % (round_number, n), {}, NOW)
+            leader.commit()
+            fetch, answered = link.asked[-1]
+            assert fetch.replica == b"f1"
+            assert fetch.epoch == 1
+            assert fetch.records
+            assert fetch.start == 1 + 5 * round_number  # FROM: everything below is durable here
+            answered(answer_from(leader, fetch))
+            assert flushed[-1] == 1 + 5 * (round_number + 1)  # committed in the same callback
+            assert len(link.asked) == round_number + 2  # and asked again at once, from the new next id
+            assert link.asked[-1][0].start == flushed[-1]
+        log = follower.topics[TOPIC].log
+        assert log is not None
+        assert [message.body for message in log.read(1, 100, 1 << 20)] == \
+            [b"m%d.%d" % (r, n) for r in range(3) for n in range(5)]
+        assert replicator.copied == 15
+        assert not failures
+        replicator.close()
+        assert link.closed
+
+    asyncio.run(run())
+
+
+def test_a_refusal_or_a_lost_link_asks_again_after_a_pause(leader: Engine, follower: Engine,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(replicator_module, "RETRY", 0.01)
+
+    async def run() -> None:
+        link = FakeLink()
+        failures: list[BaseException] = []
+        replicator = make(follower, link, follower.commit, failures)
+        replicator.follow(TOPIC)
+        link.asked[-1][1](mc0.Error(b"not the leader", b"1"))
+        assert len(link.asked) == 1  # not at once: a refusing leader is not flooded
+        await asyncio.sleep(0.05)
+        assert len(link.asked) == 2
+        link.asked[-1][1](LinkError("no answer within 6s"))
+        await asyncio.sleep(0.05)
+        assert len(link.asked) == 3
+        replicator.close()
+        link.asked[-1][1](LinkError("the link was closed"))  # what closing the link does to the last one
+        await asyncio.sleep(0.05)
+        assert len(link.asked) == 3  # closed: nothing more
+        assert not failures
+
+    asyncio.run(run())
+
+
+def test_a_failed_fsync_while_copying_stops_the_broker(leader: Engine, follower: Engine) -> None:
+    async def run() -> None:
+        link = FakeLink()
+        failures: list[BaseException] = []
+
+        def flush() -> None:
+            raise SyncFailed("fsync of copy.strong failed: EIO")
+
+        replicator = make(follower, link, flush, failures)
+        replicator.follow(TOPIC)
+        leader.publish(TOPIC, b"one", {}, NOW)
+        leader.commit()
+        fetch, answered = link.asked[-1]
+        answered(answer_from(leader, fetch))
+        assert len(failures) == 1
+        assert isinstance(failures[0], SyncFailed)
+        await asyncio.sleep(replicator_module.RETRY + 0.1)
+        assert len(link.asked) == 1  # the copy stopped: the broker is stopping
+        replicator.close()
+
+    asyncio.run(run())
