@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import zlib
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import pairwise
@@ -74,6 +74,9 @@ MAX_READ_CHUNK = 16 << 20
 #: Sealed segments kept open (fd and loaded index) for readers; the rest are reopened on demand. A replay
 #: needs one or two at a time; the bound keeps many topics with many segments under the fd limit.
 MAX_OPEN_SEALED = 8
+#: Batches of at least this many entries without headers are encoded in bulk (broker/store/batch.py): below
+#: it, numpy's fixed cost per call (tens of microseconds) is more than the one-by-one encoding saves.
+BULK_MIN = 64
 #: Messages per read while find_time() looks through one index interval (a few dozen usually).
 READ_CHUNK_MESSAGES = 4096
 #: Read positions remembered for sequential readers (each may hold a chunk of up to MAX_READ_CHUNK).
@@ -390,6 +393,8 @@ class SegmentLog:
             self._reopen()
         if first_id != self._next_id:
             raise StoreError(f"{self.directory}: append of id {first_id}, the log expects {self._next_id}")
+        if len(items) >= BULK_MIN and all(headers == {} for _, _, headers in items):
+            return self._append_plain(first_id, timestamp, [body for _, body, _ in items])
         pack = self._pack
         add = self._add_record
         message_id = first_id
@@ -405,6 +410,46 @@ class SegmentLog:
                 break
             message_id += 1
         return message_id - first_id
+
+    def _append_plain(self, first_id: int, timestamp: int, bodies: list[bytes]) -> int:
+        """:meth:`append_batch` of entries without headers: the records encoded in bulk
+        (:mod:`broker.store.batch`), then cut where :meth:`_add_record` would roll the segment, with the index
+        entries it would make."""
+        from broker.store.batch import encode_plain  # numpy, only in brokers that take large batches
+
+        out, starts, ends = encode_plain(first_id, timestamp, bodies)
+        count = len(bodies)
+        done = 0
+        while done < count:
+            if self._active_size >= self._segment_bytes:
+                try:
+                    self._roll()
+                except StoreError:
+                    if done == 0:
+                        raise
+                    return done
+            # Record i lies at base + starts[i] in the active segment; it stays in this one if it starts
+            # below the segment's size (the one at ``done`` always does: the roll just made room).
+            base = self._active_size - starts[done]
+            stop = min(count, max(done + 1, bisect_left(starts, self._segment_bytes - base)))
+            active = self._segments[-1]
+            last_entry = self._last_entry
+            index = done
+            while True:  # an index entry at the first record at least index_interval past the last one
+                index = max(index, bisect_left(starts, last_entry + self.index_interval - base, done, stop))
+                if index >= stop:
+                    break
+                last_entry = base + starts[index]
+                active.ids.append(first_id + index)  # type: ignore[union-attr]
+                active.positions.append(last_entry)  # type: ignore[union-attr]
+                index += 1
+            self._last_entry = last_entry
+            self._buf += out[starts[done] : ends[stop - 1]]
+            self._active_size = base + ends[stop - 1]
+            self._next_id = first_id + stop  # before a roll: the next segment begins at this id
+            self._last_timestamp = timestamp
+            done = stop
+        return count
 
     def _add_record(self, message_id: int, head: bytes, payload: bytes | memoryview, timestamp: int) -> None:
         """Buffer one encoded record at the end of the log (rolling and indexing as the format says)."""
