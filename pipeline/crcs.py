@@ -1,10 +1,10 @@
-"""The CRCs of many stored records of one size, checked at once: one ``zlib.crc32`` over all their bytes
-against the stored CRCs combined, instead of one Python call per record.
+"""The CRCs of many stored records of one size, checked at once: one CRC-32 (:mod:`protocol.checksum`) over
+all their bytes against the stored CRCs combined, instead of one Python call per record.
 
 Each record carries the CRC-32 of its id bytes and payload (:mod:`protocol.records`). CRC-32 composes:
 ``crc(a + b) = A(len(b)) . crc(a) xor crc(b)``, where ``A(n)`` is the GF(2)-linear map "shift by n zero
 bytes" (what zlib's ``crc32_combine`` applies). So the stored CRCs of records of one size fold, pairwise in a
-tree with numpy, into the CRC their bytes would have back to back, which one ``zlib.crc32`` of those bytes
+tree with numpy, into the CRC their bytes would have back to back, which one CRC-32 of those bytes
 (gathered with one strided copy) must equal. A record whose bytes do not match its CRC changes that CRC
 exactly as it changes its own (the same error caught the same way), and several bad records go unnoticed
 only if their errors cancel, which a 32-bit CRC leaves to chance about once in 4 billion: the check Kafka
@@ -19,12 +19,12 @@ This module knows CRC-32 and numpy, nothing about Spark or the broker.
 
 from __future__ import annotations
 
-import zlib
 from functools import lru_cache
 
 import numpy as np
 
 from protocol import records
+from protocol.checksum import crc32
 
 #: Bytes of a record head before what its CRC covers (payload length and the CRC itself).
 _UNCOVERED = 8
@@ -54,8 +54,8 @@ def _shift_tables(length: int, levels: int) -> tuple[np.ndarray, ...]:
     # A(n) . c = crc32(n zero bytes, starting from c) xor crc32(n zero bytes, starting from 0): zlib's
     # pre- and post-inversion cancel, leaving the linear part.
     zeros = bytes(length)
-    base = zlib.crc32(zeros, 0)
-    columns = np.array([zlib.crc32(zeros, int(bit)) ^ base for bit in _BIT_VALUES], dtype=np.uint32)
+    base = crc32(zeros, 0)
+    columns = np.array([crc32(zeros, int(bit)) ^ base for bit in _BIT_VALUES], dtype=np.uint32)
     out = []
     for _ in range(levels):
         out.append(_tables(columns))
@@ -85,7 +85,7 @@ def check_uniform(buffer: np.ndarray, payload: bytes, stride: int, count: int, s
         return
     length = stride - _UNCOVERED
     covered = np.lib.stride_tricks.as_strided(buffer[_UNCOVERED:], shape=(count, length), strides=(stride, 1))
-    if zlib.crc32(covered.tobytes()) == combine(stored.astype(np.uint32), length):
+    if crc32(covered.tobytes()) == combine(stored.astype(np.uint32), length):
         return
     # One by one: the error names the first bad record (each record's own CRC has the last word).
     records.check_crcs(payload, range(0, count * stride, stride), range(stride, (count + 1) * stride, stride),

@@ -16,13 +16,13 @@ raise :class:`ProtocolError`: a broker must never send them, and a client must n
 from __future__ import annotations
 
 import struct
-import zlib
 from array import array
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import msgpack
 
+from protocol.checksum import crc32
 from protocol.errors import ProtocolError
 
 RECORD_HEAD = struct.Struct(">IIQ")  # payload length, crc32(id bytes + payload), id
@@ -44,7 +44,6 @@ def walk(payload: bytes, start_id: int, count: int, *, check_crc: bool = True) -
     for its CRC."""
     positions = array("q", bytes(8 * count))
     unpack = RECORD_HEAD.unpack_from
-    crc32 = zlib.crc32
     size = len(payload)
     position = 0
     expected = start_id
@@ -69,7 +68,6 @@ def walk(payload: bytes, start_id: int, count: int, *, check_crc: bool = True) -
 def check_crcs(payload: bytes, positions: Sequence[int], ends: Sequence[int], stored: Sequence[int]) -> None:
     """Each record's CRC (of its id bytes and payload, ``positions[i] + 8`` up to ``ends[i]``) against the one
     stored in its head: for readers that found the positions in bulk (:func:`walk` checks as it goes)."""
-    crc32 = zlib.crc32
     for position, end, crc in zip(positions, ends, stored, strict=True):
         if crc32(payload[position + 8 : end]) != crc:
             raise ProtocolError(f"records reply: CRC mismatch in the record at byte {position}")

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 import struct
-import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
 from broker.store.journal import JournalFile
+from protocol.checksum import crc32
 
 log = logging.getLogger("mc0.store")
 
@@ -30,7 +30,7 @@ def encode_ranges(ranges: Iterable[tuple[int, int]]) -> bytes:
     out = bytearray()
     for first, last in ranges:
         body = ACK_RANGE.pack(first, last)
-        out += struct.pack(">I", zlib.crc32(body))
+        out += struct.pack(">I", crc32(body))
         out += body
     return bytes(out)
 
@@ -108,7 +108,7 @@ class AckJournal(JournalFile):
             reason = None
             while good + ACK_RECORD_SIZE <= len(data):
                 crc, first, last = ACK_RECORD.unpack_from(data, good)
-                if zlib.crc32(data[good + 4 : good + ACK_RECORD_SIZE]) != crc:
+                if crc32(data[good + 4 : good + ACK_RECORD_SIZE]) != crc:
                     reason = "CRC mismatch"
                     break
                 if not 1 <= first <= last:

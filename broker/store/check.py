@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import struct
 import time
-import zlib
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from broker.store.segment import (
     parse_segment_file_name,
     segment_file_name,
 )
+from protocol.checksum import crc32
 
 #: Where repair puts damaged segments, inside the data directory (a leading dot: never read as a topic).
 QUARANTINE = ".quarantine"
@@ -115,7 +115,7 @@ def _record(data: bytes, position: int, expected: int) -> tuple[int, str | None]
         return 0, f"incomplete record (payload of {length} bytes, {len(data) - position - 16} left)"
     if record_id != expected:
         return 0, f"record has id {record_id}, expected {expected}"
-    if zlib.crc32(data[position + 8 : end]) != crc:
+    if crc32(data[position + 8 : end]) != crc:
         return 0, f"CRC mismatch in record {record_id}"
     try:
         decode_payload(data[position + RECORD_HEAD_SIZE : end])

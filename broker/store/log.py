@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import os
-import zlib
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -65,6 +64,7 @@ from broker.store.segment import (
     write_all,
 )
 from broker.topics import Sync, TopicSpec
+from protocol.checksum import crc32
 
 log = logging.getLogger("mc0.store")
 
@@ -87,7 +87,6 @@ MAX_CURSORS = 4
 #: The ack journal, beside the segments.
 ACK_FILE = "queue.acks"
 
-_crc32 = zlib.crc32
 _unpack_head = RECORD_HEAD.unpack_from
 _pack_head = RECORD_HEAD.pack
 _unpackb = msgpack.unpackb
@@ -96,7 +95,7 @@ _unpackb = msgpack.unpackb
 def _record_head(message_id: int, payload: bytes) -> bytes:
     """The head of the record of ``payload`` with id ``message_id``: its length, the CRC-32 of the id bytes
     and the payload, and the id (docs/storage.md, "Records")."""
-    return _pack_head(len(payload), _crc32(payload, _crc32(message_id.to_bytes(8, "big"))), message_id)
+    return _pack_head(len(payload), crc32(payload, crc32(message_id.to_bytes(8, "big"))), message_id)
 
 
 class SegmentLog:
@@ -489,7 +488,7 @@ class SegmentLog:
             if found != record_id or end > len(records):
                 raise StoreError(f"{self.directory}: replicated record at byte {position} has id {found}, "
                                  f"expected {record_id}")
-            if _crc32(view[position + 8 : end]) != crc:
+            if crc32(view[position + 8 : end]) != crc:
                 raise StoreError(f"{self.directory}: replicated record {record_id} fails its CRC")
             try:
                 timestamp, _, _ = decode_payload(view[position + RECORD_HEAD_SIZE : end])
@@ -879,7 +878,7 @@ class SegmentLog:
         chunk_size = min(max(max_bytes, READ_CHUNK), MAX_READ_CHUNK)
         topic = self.topic
         append = out.append
-        unpack_head, crc32, unpackb, message_type = _unpack_head, _crc32, _unpackb, Message
+        unpack_head, unpackb, message_type = _unpack_head, _unpackb, Message
         total = 0
         chunk_length = len(chunk)
         while True:

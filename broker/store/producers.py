@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import logging
 import struct
-import zlib
 from bisect import bisect_left
 from pathlib import Path
 
 from broker.producers import MAX_PRODUCERS, ProducerWindow
 from broker.store.journal import JournalFile
 from broker.store.segment import fsync_directory
+from protocol.checksum import crc32
 
 log = logging.getLogger("mc0.store")
 
@@ -43,7 +43,7 @@ Entry = tuple[int, int, bytes, int]
 
 def encode_record(producer: bytes, last_sequence: int, first_id: int, count: int) -> bytes:
     body = bytes([len(producer)]) + producer + _TAIL.pack(last_sequence, first_id, count)
-    return _CRC.pack(zlib.crc32(body)) + body
+    return _CRC.pack(crc32(body)) + body
 
 
 class ProducerJournal(ProducerWindow, JournalFile):
@@ -107,7 +107,7 @@ class ProducerJournal(ProducerWindow, JournalFile):
         while good + 5 <= len(data):
             length = data[good + 4]
             end = good + 5 + length + _TAIL.size
-            if end > len(data) or zlib.crc32(data[good + 4 : end]) != _CRC.unpack_from(data, good)[0]:
+            if end > len(data) or crc32(data[good + 4 : end]) != _CRC.unpack_from(data, good)[0]:
                 break
             producer = data[good + 5 : good + 5 + length]
             last_sequence, first_id, count = _TAIL.unpack_from(data, good + 5 + length)

@@ -15,7 +15,6 @@ import os
 import struct
 import sys
 import time
-import zlib
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import TypeVar
 import msgpack
 
 from broker.store import StoreError, SyncFailed
+from protocol.checksum import crc32
 
 log = logging.getLogger("mc0.store")
 
@@ -45,7 +45,6 @@ NO_ENTRY = -(1 << 62)
 _SWAP = sys.byteorder == "little"
 
 _unpack_head = RECORD_HEAD.unpack_from
-_crc32 = zlib.crc32
 
 T = TypeVar("T")
 
@@ -412,7 +411,7 @@ class Segment:
             if record_id != next_id:
                 error = f"record has id {record_id}, expected {next_id}"
                 break
-            if _crc32(view[offset + 8 : offset + RECORD_HEAD_SIZE + length]) != crc:
+            if crc32(view[offset + 8 : offset + RECORD_HEAD_SIZE + length]) != crc:
                 error = f"CRC mismatch in record {record_id}"
                 break
             if decode:
@@ -442,7 +441,7 @@ class Segment:
         if position + RECORD_HEAD_SIZE + length > size_limit:
             return None
         payload = pread_exact(self.fd, length, position + RECORD_HEAD_SIZE, self.path)
-        if len(payload) < length or _crc32(payload, _crc32(head[8:])) != crc:
+        if len(payload) < length or crc32(payload, crc32(head[8:])) != crc:
             return None
         return record_id, payload
 
