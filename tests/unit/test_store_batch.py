@@ -67,8 +67,10 @@ def write_log(root: Path, batches: list[list[bytes]], *, segment_bytes: int, ind
 
 @pytest.mark.parametrize(("segment_bytes", "index_interval"), [(1024, 64), (4096, 1), (1 << 20, 4096),
                                                                (1024, 10_000)])
-def test_the_log_files_are_the_same_as_one_append_each(tmp_path: Path, segment_bytes: int,
-                                                       index_interval: int) -> None:
+def test_the_log_files_are_the_same_as_one_append_each(
+    tmp_path: Path, segment_bytes: int, index_interval: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(log_module, "BULK_MIN", 2)  # every batch but the single entries in bulk
     randomly = random.Random(segment_bytes + index_interval)
     batches = [[bytes([randomly.randrange(256)]) * randomly.randrange(0, 300)
                 for _ in range(randomly.choice([1, 5, 64, 65, 200, 1000]))] for _ in range(12)]
