@@ -42,7 +42,7 @@ import msgpack
 import zmq
 
 from broker.config import ConfigError, declared_spec
-from broker.engine import EngineError, Message
+from broker.engine import EngineError, Message, RangeRead
 from broker.hub import Hub
 from broker.sessions import Session, Sessions, heartbeat_tick
 from broker.waiting import DEFAULT_LIMIT, Wait, Waits
@@ -94,8 +94,9 @@ class ClusterGate(Protocol):
         """A cluster member's FETCH: record what it acknowledges; EngineError to refuse it."""
         ...
 
-    def replica_extra(self, topic: bytes, start: int, count: int) -> dict[bytes, bytes]:
-        """Headers a replica's FETCH reply carries besides the records (LINEAGE, PRODUCERS)."""
+    def replica_extra(self, topic: bytes, start: int, count: int, known: bytes | None) -> dict[bytes, bytes]:
+        """Headers a replica's FETCH reply carries besides the records (LINEAGE, PRODUCERS); ``known`` is the
+        incarnation the FETCH named."""
         ...
 
     def confirm(self, needs: dict[bytes, int], now: float, deadline: float) -> bool | str:
@@ -163,8 +164,9 @@ class RouterShell:
         self.monotonic = hub.monotonic
         self.wall_ms = hub.wall_ms
         self.replies: list[tuple[Session, Reply]] = []
-        # Clients with replies waiting for room in their pipe (or, for FETCH replies, for a later turn). Their
-        # ``stalled`` queues hold Reply items: frames, or _FetchReply places not yet built.
+        # Clients with replies waiting for room in their pipe (or, for FETCH replies, for a later turn; in a
+        # cluster, behind an OK held for a majority). Their ``stalled`` queues hold Reply items: frames,
+        # _FetchReply places not yet built, or _Held OKs.
         self.stalled: set[Session] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._turn_scheduled = False
@@ -178,8 +180,14 @@ class RouterShell:
         # FETCHes waiting for a commit or their time; those woken but not yet answered (the turn's budget).
         self.waits = Waits(max_waiting_fetches)
         self.woken: deque[Wait] = deque()
-        self._wait_timer: asyncio.TimerHandle | None = None
-        self._wait_timer_at: float | None = None
+        # One timer for the next time-driven answer: a wait's end or a held OK's deadline (see _arm_timer).
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        # During answer(): whether a reply met a full pipe (retried on the hub's backing-off timer), and the
+        # earliest deadline of an OK held for a majority (answered by the turn that takes the majority's
+        # acknowledgement, or as an ERROR by the timer).
+        self._pipe_full = False
+        self._held_until: float | None = None
         # Confirmed publishes of this turn (the place of their OK in ``replies``, the command, and for a PUTS
         # CONFIRM each its results): their OK becomes an ERROR (an entry's result an error) if the commit
         # could not store a topic they went to (Engine.failed).
@@ -521,6 +529,8 @@ class RouterShell:
         self.fetch_bytes = FETCH_TURN_BYTES
         self.fetch_messages = FETCH_TURN_MESSAGES
         self.fetch_deferred = False
+        self._pipe_full = False
+        self._held_until = None
         if self.confirming:
             if self.engine.failed:
                 self._unconfirm()
@@ -531,13 +541,13 @@ class RouterShell:
         if self.waits.count or self.woken:
             self._answer_waits(now)  # before this turn's FETCHes park: those have seen the commit already
         self._send_replies(now)
-        if self.waits.count:
-            self._arm_wait_timer(now)
+        if self.waits.count or self._held_until is not None:
+            self._arm_timer(now)
         if self.fetch_deferred:
             # FETCH replies were left for the next turn: come back once the socket has had its turn, not on
             # the backing-off retry timer meant for full pipes.
             self.hub.schedule()
-        return bool(self.stalled)
+        return self._pipe_full
 
     def _send_replies(self, now: float) -> None:
         """Replies go out in order per client.
@@ -614,6 +624,8 @@ class RouterShell:
         if verdict is True:
             return held.frames
         if verdict is False:
+            if self._held_until is None or held.deadline < self._held_until:
+                self._held_until = held.deadline
             return None
         self.counters["errors"] += 1
         return mc0.encode(mc0.Error(str(verdict).encode(), held.command_id), delimiter=held.delimiter)
@@ -645,59 +657,65 @@ class RouterShell:
         self, reply: _FetchReply, session: Session, now: float, deadline: float | None = None
     ) -> mc0.Frames | None:
         """A FETCH's reply, read from the log now; None (for a later turn) once the turn's budget is spent;
-        PARKED if it found nothing new and waits (until ``deadline`` when it waited before)."""
+        PARKED if it found nothing new and waits (until ``deadline`` when it waited before). A FETCH that
+        parks costs a read and nothing more: its OK is built only when it is answered (a follower's FETCH
+        parks once per replicated message)."""
         if self.fetch_bytes <= 0 or self.fetch_messages <= 0:
             self.fetch_deferred = True
             return None
         event = reply.event
-        answer, waitable = self._fetch(event)
-        if waitable and event.wait:
-            if deadline is None:
-                deadline = now + min(event.wait, mc0.FETCH_MAX_WAIT_MS) / 1000
-            if deadline > now and self.waits.park(session, event.topic, reply, deadline):
-                return PARKED
-        if type(answer) is mc0.Ok:
+        answer: mc0.Ok | mc0.Error
+        try:
+            read = self._read(event)
+        except EngineError as error:
+            self.counters["errors"] += 1
+            answer = mc0.Error(str(error).encode(), event.id)
+        else:
+            incarnation = read.incarnation.encode() if read.incarnation is not None else mc0.NO_INCARNATION
+            # Nothing past its start in the log it expected: it may wait for a commit.
+            if event.wait and read.start_id >= read.next_id and event.incarnation in (None, incarnation):
+                if deadline is None:
+                    deadline = now + min(event.wait, mc0.FETCH_MAX_WAIT_MS) / 1000
+                if deadline > now and self.waits.park(session, event.topic, reply, deadline):
+                    return PARKED
+            answer = self._fetch_ok(event, read, incarnation)
             self.counters["fetches"] += 1  # answered (a wait read again is counted once, when it is)
         return mc0.encode(answer, delimiter=reply.delimiter)
 
-    def _fetch(self, event: mc0.Fetch) -> tuple[mc0.Ok | mc0.Error, bool]:
-        """Read a FETCH's messages from the log (after the commit) and make its OK, or its ERROR; and whether
-        it found nothing past its start in the log it expected (so it may wait for a commit)."""
-        command_id = event.id
-        assert command_id is not None  # dispatch() refused a FETCH without one
+    def _read(self, event: mc0.Fetch) -> RangeRead:
+        """Read a FETCH's messages from the log (after the commit); EngineError if it cannot be read."""
         max_messages = mc0.FETCH_DEFAULT_MAX_MESSAGES if event.max_messages is None else event.max_messages
         max_bytes = mc0.FETCH_DEFAULT_MAX_BYTES if event.max_bytes is None else event.max_bytes
         known = None if event.incarnation is None else event.incarnation.decode("ascii", "replace")
-        try:
-            read = self.engine.read_range(
-                event.topic, event.start, min(max_messages, mc0.FETCH_MAX_MESSAGES),
-                min(max_bytes, mc0.FETCH_MAX_BYTES), at_time=event.at_time, records=event.records,
-                known_incarnation=known, replica=event.replica is not None,
-            )
-        except EngineError as error:
-            self.counters["errors"] += 1
-            return mc0.Error(str(error).encode(), command_id), False
-        incarnation = read.incarnation.encode() if read.incarnation is not None else mc0.NO_INCARNATION
-        waitable = read.start_id >= read.next_id and event.incarnation in (None, incarnation)
+        return self.engine.read_range(
+            event.topic, event.start, min(max_messages, mc0.FETCH_MAX_MESSAGES),
+            min(max_bytes, mc0.FETCH_MAX_BYTES), at_time=event.at_time, records=event.records,
+            known_incarnation=known, replica=event.replica is not None,
+        )
+
+    def _fetch_ok(self, event: mc0.Fetch, read: RangeRead, incarnation: bytes) -> mc0.Ok:
+        """The OK answering a FETCH with what :meth:`_read` found (``incarnation``: its log's, as sent)."""
+        command_id = event.id
+        assert command_id is not None  # dispatch() refused a FETCH without one
         if event.records:
             self.fetch_bytes -= len(read.records)
             self.fetch_messages -= read.count
             ok = mc0.records_ok(command_id, read.first_id, read.next_id, read.start_id, read.count,
                                 incarnation, read.records)
-            if event.replica is not None and self.cluster is not None:
-                ok.headers.update(self.cluster.replica_extra(event.topic, read.start_id, read.count))
-            return ok, waitable
-        size = 0
-        items = []
-        for message in read.messages:
-            size += len(message.body)
-            items.append((message.id, message.timestamp, message.body, message.headers))
-        self.fetch_bytes -= size
-        self.fetch_messages -= len(items)
-        ok = mc0.fetch_ok(command_id, read.first_id, read.next_id, items, incarnation, read.start_id)
+        else:
+            size = 0
+            items = []
+            for message in read.messages:
+                size += len(message.body)
+                items.append((message.id, message.timestamp, message.body, message.headers))
+            self.fetch_bytes -= size
+            self.fetch_messages -= len(items)
+            ok = mc0.fetch_ok(command_id, read.first_id, read.next_id, items, incarnation, read.start_id)
         if event.replica is not None and self.cluster is not None:
-            ok.headers.update(self.cluster.replica_extra(event.topic, read.start_id, 0))
-        return ok, waitable
+            count = read.count if event.records else 0  # producers travel with records only
+            extra = self.cluster.replica_extra(event.topic, read.start_id, count, event.incarnation)
+            ok.headers.update(extra)
+        return ok
 
     def answer_ahead(self, written: list[bytes], now: float) -> None:
         """A cluster leader's turn wrote ``written`` and is about to fsync them: the FETCHes waiting on them
@@ -735,19 +753,26 @@ class RouterShell:
                 session.stalled.append(frames)  # behind what already waits, or for room in the pipe
                 self.stalled.add(session)
 
-    def _arm_wait_timer(self, now: float) -> None:
-        """Come back (a hub flush) when the next wait ends; nothing else would wake an idle broker then."""
+    def _arm_timer(self, now: float) -> None:
+        """Come back (a hub flush) when the next wait or held OK's deadline comes: nothing else would wake an
+        idle broker then. A timer already due earlier stays (its flush arms the next one), so a follower's
+        FETCH parked and answered once per message does not cancel and re-arm a timer each time."""
         loop = self.hub.loop
         deadline = self.waits.next_deadline()
-        if loop is None or deadline is None or deadline == self._wait_timer_at:
+        if self._held_until is not None and (deadline is None or self._held_until < deadline):
+            deadline = self._held_until
+        if loop is None or deadline is None:
             return
-        if self._wait_timer is not None:
-            self._wait_timer.cancel()
-        self._wait_timer_at = deadline
-        self._wait_timer = loop.call_later(max(0.0, deadline - now), self._wait_timer_fired)
+        if self._timer is not None:
+            assert self._timer_at is not None
+            if self._timer_at <= deadline:
+                return
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = loop.call_later(max(0.0, deadline - now), self._timer_fired)
 
-    def _wait_timer_fired(self) -> None:
-        self._wait_timer = self._wait_timer_at = None
+    def _timer_fired(self) -> None:
+        self._timer = self._timer_at = None
         self.hub.schedule()
 
     def deliver(self, session: Session, pending: list[Message], now: float) -> int:
@@ -792,6 +817,7 @@ class RouterShell:
             self.transmit(session.identity, frames)
         except Again:
             self.counters["blocked"] += 1
+            self._pipe_full = True
             return False
         except zmq.ZMQError as error:
             if error.errno != errno.EHOSTUNREACH:

@@ -326,11 +326,15 @@ class Cluster:
         # release allows (held OKs, gated deliveries) in the same loop iteration.
         self.engine.release(event.topic, watermark)
 
-    def replica_extra(self, topic: bytes, start: int, count: int) -> dict[bytes, bytes]:
+    def replica_extra(self, topic: bytes, start: int, count: int, known: bytes | None) -> dict[bytes, bytes]:
         local = self.engine.topics.get(topic)
         if local is None or local.log is None:
             return {}
-        extra = {mc0.LINEAGE: mc0.encode_lineage(local.log.identity.lineage)}
+        extra = {}
+        identity = local.log.identity
+        if known is None or known != identity.incarnation.encode():
+            # Only a reader of another log (or one that did not say) needs it: a copy in step has it already.
+            extra[mc0.LINEAGE] = mc0.encode_lineage(identity.lineage)
         if count:
             entries = local.log.producers.entries(start, start + count)
             if entries:

@@ -1,0 +1,219 @@
+"""What a cluster leader's mc0 door does per replicated message, driven through a fake socket (no network):
+
+- an OK held until a majority holds its message is sent by the turn that brings the acknowledgement, or as an
+  ERROR when its deadline comes (one timer), not by the hub's backing-off retry meant for full pipes;
+- a long-polling FETCH at the end of the log parks without an OK being built for it;
+- a replica's FETCH reply carries the log's LINEAGE only to a reader that did not name this log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from broker import router as router_module
+from broker.cluster.node import Cluster
+from broker.config import BrokerConfig
+from broker.engine import Engine
+from broker.hub import Hub
+from broker.router import RouterShell
+from broker.store.files import FileStore
+from broker.topics import Persistence, Sync, TopicRule, TopicRules, TopicSpec
+from protocol import mc0
+
+TOPIC = b"log.strong"
+RULES = TopicRules([TopicRule("log.*", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG))])
+
+
+class Pipe:
+    """Stands in for the ROUTER: records what went out."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[bytes]] = []
+
+    def transmit(self, identity: bytes, frames: list[bytes]) -> None:
+        self.sent.append([identity, *frames])
+
+    def verbs(self) -> list[bytes]:
+        return [frames[2] for frames in self.sent]  # identity, delimiter, verb
+
+
+class Timer:
+    def __init__(self, loop: Loop, at: float, callback: Callable[[], Any]) -> None:
+        self.loop = loop
+        self.at = at
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def fire(self) -> None:
+        self.cancelled = True  # done: no longer armed
+        self.callback()
+
+
+class Loop:
+    """Records the timers and soon-callbacks the shell and the hub ask for (time is the tests' own)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.timers: list[Timer] = []
+        self.soon: list[Callable[[], Any]] = []
+
+    def call_later(self, delay: float, callback: Callable[[], Any]) -> Timer:
+        timer = Timer(self, self.now + delay, callback)
+        self.timers.append(timer)
+        return timer
+
+    def call_soon(self, callback: Callable[[], Any]) -> None:
+        self.soon.append(callback)
+
+    def armed(self) -> list[Timer]:
+        return [timer for timer in self.timers if not timer.cancelled]
+
+
+class Gate:
+    """A leader's decisions: a held OK is confirmed once ``majority`` is set, refused after its deadline."""
+
+    commit_timeout = 5.0
+
+    def __init__(self) -> None:
+        self.majority = False
+
+    def refusal(self, event: mc0.Event) -> mc0.Error | None:
+        return None
+
+    def leader(self) -> bytes | None:
+        return None
+
+    def replica_fetch(self, event: mc0.Fetch) -> None:
+        pass
+
+    def replica_extra(self, topic: bytes, start: int, count: int, known: bytes | None) -> dict[bytes, bytes]:
+        return {}
+
+    def confirm(self, needs: dict[bytes, int], now: float, deadline: float) -> bool | str:
+        if self.majority:
+            return True
+        return "not replicated to a majority" if now >= deadline else False
+
+
+@pytest.fixture
+def leader(tmp_path: Path) -> Iterator[tuple[RouterShell, Pipe, Loop, Gate]]:
+    context = zmq.asyncio.Context()
+    socket = context.socket(zmq.ROUTER)
+    engine = Engine(RULES, FileStore(tmp_path / "data"))
+    loop = Loop()
+    hub = Hub(engine, monotonic=lambda: loop.now, wall_ms=lambda: 1_700_000_000_000)
+    hub.loop = loop  # type: ignore[assignment] - the fake records what the real loop would run
+    shell = RouterShell(hub, socket)
+    hub.add(shell)
+    gate = Gate()
+    shell.cluster = gate
+    pipe = Pipe()
+    shell.transmit = pipe.transmit  # type: ignore[method-assign]
+    yield shell, pipe, loop, gate
+    engine.close()
+    socket.close(linger=0)
+    context.term()
+
+
+def turn(shell: RouterShell, loop: Loop, *commands: list[bytes]) -> None:
+    """One turn of the door at the loop's time: the commands, then the hub's flush."""
+    for frames in commands:
+        shell.handle(frames, loop.now, 1_700_000_000_000)
+    shell.hub.flush(loop.now)
+
+
+def put(identity: bytes, command_id: bytes) -> list[bytes]:
+    return [identity, b"", b"PUT", b"TOPIC", TOPIC, b"ID", command_id, b"", b"body"]
+
+
+def noop(identity: bytes, command_id: bytes) -> list[bytes]:
+    return [identity, b"", b"NOOP", b"ID", command_id]
+
+
+def test_a_held_ok_leaves_with_the_turn_that_brings_the_majority(
+    leader: tuple[RouterShell, Pipe, Loop, Gate],
+) -> None:
+    shell, pipe, loop, gate = leader
+    turn(shell, loop, put(b"publisher", b"1"))
+    assert pipe.sent == []  # held: only the leader holds the message
+    assert shell.hub.retry == 0, "a held OK waits for an acknowledgement, not for the retry timer"
+    assert [timer.at for timer in loop.armed()] == [5.0], "one timer, at the held OK's deadline"
+    loop.now = 0.5
+    turn(shell, loop, noop(b"other", b"n"), put(b"publisher", b"2"))
+    assert pipe.verbs() == [b"OK"]  # the other client is not held behind the publisher
+    assert [timer.at for timer in loop.armed()] == [5.0], "the earlier deadline's timer stays armed"
+    gate.majority = True
+    loop.now = 0.6
+    turn(shell, loop)  # the turn that took a follower's acknowledgement
+    oks = [frames for frames in pipe.sent if frames[0] == b"publisher"]
+    assert [frames[frames.index(b"ID") + 1] for frames in oks] == [b"1", b"2"]
+    assert shell.stalled == set()
+
+
+def test_a_held_ok_becomes_an_error_when_its_deadline_timer_fires(
+    leader: tuple[RouterShell, Pipe, Loop, Gate],
+) -> None:
+    shell, pipe, loop, _ = leader
+    turn(shell, loop, put(b"publisher", b"1"))
+    (timer,) = loop.armed()
+    loop.now = timer.at
+    timer.fire()  # the door's timer asks the hub for a flush
+    assert loop.soon, "the timer schedules a flush"
+    loop.soon.pop()()
+    assert pipe.verbs() == [b"ERROR"]
+    assert any(b"not replicated to a majority" in frame for frame in pipe.sent[0])
+    assert loop.armed() == [], "nothing is held any more"
+
+
+def test_a_fetch_at_the_end_of_the_log_parks_without_building_an_ok(
+    leader: tuple[RouterShell, Pipe, Loop, Gate], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shell, pipe, loop, gate = leader
+    gate.majority = True
+    built: list[bytes] = []
+    records_ok = mc0.records_ok
+
+    def counting(command_id: bytes, *args: Any) -> mc0.Ok:
+        built.append(command_id)
+        return records_ok(command_id, *args)
+
+    monkeypatch.setattr(router_module.mc0, "records_ok", counting)
+    fetch = [b"reader", b"", b"FETCH", b"TOPIC", TOPIC, b"FROM", b"1", b"WAIT", b"1000",
+             b"FORMAT", b"records", b"ID", b"f"]
+    turn(shell, loop, fetch)
+    assert pipe.sent == []
+    assert shell.waits.count == 1
+    assert built == [], "a FETCH that parks needs no OK"
+    loop.now = 0.1
+    turn(shell, loop, put(b"publisher", b"1"))
+    answers = {frames[0]: frames for frames in pipe.sent}
+    assert built == [b"f"]
+    assert answers[b"reader"][answers[b"reader"].index(b"COUNT") + 1] == b"1"
+    assert shell.waits.count == 0
+
+
+def test_a_replica_gets_the_lineage_only_when_it_did_not_name_this_log(tmp_path: Path) -> None:
+    engine = Engine(RULES, FileStore(tmp_path / "data"))
+    try:
+        config = BrokerConfig(bind="tcp://127.0.0.1:1", curve=False, data_dir=tmp_path / "data",
+                              cluster_node="127.0.0.1:2", cluster_peers=("127.0.0.1:3", "127.0.0.1:4"))
+        node = Cluster(config, engine, engine.store, lambda: None, lambda: None,  # type: ignore[arg-type]
+                           lambda _error: None, None, "tcp://127.0.0.1:1")  # type: ignore[arg-type]
+        topic = engine.topic(TOPIC)
+        assert topic.log is not None
+        mine = topic.log.identity.incarnation.encode()
+        assert mc0.LINEAGE not in node.replica_extra(TOPIC, 1, 0, mine)
+        for known in (None, b"another-log"):
+            lineage = node.replica_extra(TOPIC, 1, 0, known)[mc0.LINEAGE]
+            assert mc0.decode_lineage(lineage) == topic.log.identity.lineage
+    finally:
+        engine.close()
