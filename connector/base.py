@@ -8,6 +8,7 @@ keyword options of ``declare`` are :class:`TopicSettings`, written once here for
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -34,6 +35,8 @@ RECONNECT_MAX_MS = 200
 #: Moves from broker to broker in a row (LEADER answers, endpoints that cannot be reached) before a command a
 #: follower refused fails instead of following once more: a cluster electing a leader takes a few of them.
 MAX_REDIRECTS = 50
+#: Seconds before asking again when a member names, as its leader, one whose port just refused this client.
+LEADER_GONE_WAIT = 0.1
 
 #: Confirmed publishes in flight per client by default (NATS JetStream's publish_async bounds 4,000; ours is
 #: the broker's batch size, so a full window is one PUTS CONFIRM each and one fsync on a strong topic).
@@ -327,6 +330,7 @@ class ClientBase:
         self._moving = False  # a move is due: the I/O side opens a connection to self.endpoint
         self._move_at = 0.0  # ... not before this monotonic time (a cluster electing a leader asked to wait)
         self._moves_in_row = 0
+        self._refused: dict[str, float] = {}  # endpoint -> when nothing listened there (moves go elsewhere)
         self._resend: list[Any] = []  # commands a follower refused, sent again once connected to the leader
         self.reconnects = 0
         self._credentials = resolve_credentials(keys, credentials, curve)
@@ -388,15 +392,34 @@ class ClientBase:
     # ------------------------------------------------------------------------------- connection events
 
     def _new_watch(self) -> connection.ConnectionWatch:
-        """A fresh watch, for a fresh socket."""
+        """A fresh watch, for a fresh socket. A member of a cluster that refuses a connect is left at once
+        while another has not refused lately: a killed leader's clients go on without waiting a second."""
         curve = self._credentials.public if self._credentials is not None else None
-        return connection.ConnectionWatch(self.endpoint, curve_public=curve)
+        refused_for = connection.REFUSED_FOR
+        if self._elsewhere(time.monotonic()):
+            refused_for = connection.REFUSED_FOR_MOVING
+        return connection.ConnectionWatch(self.endpoint, curve_public=curve, refused_for=refused_for)
+
+    def _elsewhere(self, now: float) -> list[str]:
+        """The other endpoints, in order after this one, that have not refused a connect lately."""
+        if len(self.endpoints) < 2:
+            return []
+        index = self.endpoints.index(self.endpoint) if self.endpoint in self.endpoints else -1
+        others = self.endpoints[index + 1:] + self.endpoints[:max(index, 0)]
+        return [endpoint for endpoint in others if endpoint not in self._refused
+                or now - self._refused[endpoint] >= connection.REFUSED_FOR]
 
     def _read_events(self, monitor: zmq.Socket, now: float) -> None:
         """Take the socket's connection events without blocking and act on what they say."""
         while readable(monitor):
             event = parse_monitor_message(recv_frames(monitor))
-            self._verdict(self._watch.event(event["event"], event["value"], now), now)
+            self._on_event(event["event"], event["value"], now)
+
+    def _on_event(self, kind: int, value: int, now: float) -> None:
+        """One connection event of the current socket, and what it means."""
+        self._verdict(self._watch.event(kind, value, now), now)
+        if self._watch.connected:
+            self._refused.pop(self.endpoint, None)  # it listens again
 
     def _verdict(self, verdict: connection.Verdict, now: float) -> None:
         if verdict is None:
@@ -410,6 +433,8 @@ class ClientBase:
             self._handshake(now)
             return
         self.connection_problem = verdict.reason  # type: ignore[union-attr] - an Unreachable
+        if self._watch.refused_since is not None:
+            self._refused[self.endpoint] = now
         if len(self.endpoints) > 1 and self._moves_in_row < MAX_REDIRECTS * len(self.endpoints):
             self._move(None)  # a cluster: another member may lead now
             return
@@ -429,17 +454,26 @@ class ClientBase:
             return True  # a move is due already (what the old connection still says changes nothing)
         if self._moves_in_row >= MAX_REDIRECTS * len(self.endpoints):
             return False
+        now = time.monotonic()
+        if leader is not None and now - self._refused.get(leader, -math.inf) < connection.REFUSED_FOR:
+            # A member still names the leader whose port just refused us (it has not noticed yet): ask the
+            # others again shortly, while they elect a new one.
+            leader, after = None, max(after, LEADER_GONE_WAIT)
         if leader is not None:
             if leader not in self.endpoints:
                 self.endpoints.append(leader)
             self.endpoint = leader
         else:
-            index = self.endpoints.index(self.endpoint) if self.endpoint in self.endpoints else -1
-            self.endpoint = self.endpoints[(index + 1) % len(self.endpoints)]
+            elsewhere = self._elsewhere(now)
+            if elsewhere:
+                self.endpoint = elsewhere[0]
+            else:  # every other member refused lately too: the next, paced by REFUSED_FOR there
+                index = self.endpoints.index(self.endpoint) if self.endpoint in self.endpoints else -1
+                self.endpoint = self.endpoints[(index + 1) % len(self.endpoints)]
         self._moves_in_row += 1
         self.moves += 1
         self._moving = True
-        self._move_at = time.monotonic() + after
+        self._move_at = now + after
         return True
 
     def _move_due(self, now: float) -> float | None:

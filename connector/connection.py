@@ -29,6 +29,10 @@ import zmq
 
 #: Refused connects for this long mean nothing is listening (a broker that is starting answers sooner).
 REFUSED_FOR = 1.0
+#: The same for a client that knows other members of a cluster that have not refused it lately: one refused
+#: connect is enough to try the next (a killed leader's port refuses at once; a broker restarting in place
+#: is tried again once the others have been).
+REFUSED_FOR_MOVING = 0.0
 #: How often a client not connected asks :meth:`ConnectionWatch.check` (seconds).
 CHECK_EVERY = 0.25
 #: Handshakes failing without a reason this many times in a row before the client asks the broker what it
@@ -85,9 +89,12 @@ Verdict = Reconnected | Unreachable | AskMechanism | None
 class ConnectionWatch:
     """The state of one client socket's connection, from its monitor events."""
 
-    def __init__(self, endpoint: str, *, curve_public: bytes | None) -> None:
+    def __init__(
+        self, endpoint: str, *, curve_public: bytes | None, refused_for: float = REFUSED_FOR
+    ) -> None:
         self.endpoint = endpoint
         self.curve_public = curve_public  # this client's public key (Z85), None for a plaintext client
+        self.refused_for = refused_for  # refused connects for this long: nothing listens (REFUSED_FOR...)
         self.connected = False  # a handshake succeeded and the connection has not been lost since
         self.ever_connected = False
         self.refused_since: float | None = None  # first refused connect since the last connection
@@ -140,8 +147,8 @@ class ConnectionWatch:
         return self._fail(NO_HANDSHAKE)
 
     def check(self, now: float) -> Unreachable | None:
-        """On the client's timer: connects refused for ``REFUSED_FOR`` seconds mean nothing is listening."""
-        if self.refused_since is not None and now - self.refused_since >= REFUSED_FOR:
+        """On the client's timer: connects refused for ``refused_for`` seconds mean nothing is listening."""
+        if self.refused_since is not None and now - self.refused_since >= self.refused_for:
             return self._fail(NOTHING_LISTENING)
         return self.failure
 

@@ -11,6 +11,7 @@ from connector.connection import (
     MISMATCH,
     NO_DETAIL_TIMES,
     REFUSED_FOR,
+    REFUSED_FOR_MOVING,
     AskMechanism,
     ConnectionWatch,
     Reconnected,
@@ -136,3 +137,12 @@ def test_timed_out_says_the_best_that_is_known() -> None:
     answered = watch()
     answered.event(zmq.EVENT_HANDSHAKE_SUCCEEDED, 0, 0.0)
     assert "does not answer as an mc0 broker" in answered.timed_out(5)
+
+
+def test_a_watch_that_may_move_gives_up_on_the_first_refused_connect() -> None:
+    target = ConnectionWatch(ENDPOINT, curve_public=None, refused_for=REFUSED_FOR_MOVING)
+    (verdict,) = feed(target, (zmq.EVENT_CONNECT_RETRIED, 20, 5.0))
+    assert isinstance(verdict, Unreachable)
+    assert "nothing is listening" in verdict.reason
+    patient = watch(curve=False)
+    assert feed(patient, (zmq.EVENT_CONNECT_RETRIED, 20, 5.0)) == [None]

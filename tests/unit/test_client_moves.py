@@ -1,0 +1,91 @@
+"""Where a client of a cluster goes next (connector/base.py), without sockets: a member whose port refused a
+connect is left at once and skipped for a while; a member that still names such a broker as its leader is
+not followed there; once every member refused lately, moves are paced as for a single broker."""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+
+from connector import base
+from connector.base import LEADER_GONE_WAIT, ClientBase
+from connector.connection import REFUSED_FOR, REFUSED_FOR_MOVING, Unreachable
+
+A, B, C = (f"tcp://127.0.0.1:{port}" for port in (1, 2, 3))
+
+
+def client() -> ClientBase:
+    target = ClientBase(f"{A},{B},{C}", curve=False)
+    target._watch = target._new_watch()
+    return target
+
+
+def refused(target: ClientBase, now: float) -> None:
+    """The current member's port refuses a connect, as libzmq reports it."""
+    target._on_event(zmq.EVENT_CONNECT_RETRIED, 20, now)
+
+
+def arrive(target: ClientBase) -> None:
+    """The I/O side makes the move that is due (a new socket, a new watch)."""
+    target._moving = False
+    target._watch = target._new_watch()
+
+
+def test_a_refused_member_is_left_at_once_and_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    target = client()
+    assert target._watch.refused_for == REFUSED_FOR_MOVING
+    refused(target, clock[0])
+    assert target._moving
+    assert target.endpoint == B
+    assert target._move_due(clock[0]) == 0
+    arrive(target)
+    # B answers that A still leads (it has not noticed A is gone): the client waits a moment and asks C.
+    assert target._move(A)
+    assert target.endpoint == C
+    assert target._move_due(clock[0]) == pytest.approx(LEADER_GONE_WAIT)
+    arrive(target)
+    assert target._move(None)
+    assert target.endpoint == B, "A refused a moment ago: the next member is B, not A"
+    clock[0] += REFUSED_FOR
+    arrive(target)
+    assert target._move(None)
+    assert target.endpoint == C
+    arrive(target)
+    assert target._move(None)
+    assert target.endpoint == A, "A's refusal is old now: it is tried again"
+
+
+def test_once_every_member_refused_the_moves_are_paced(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    target = client()
+    for expected in (B, C):
+        refused(target, clock[0])
+        assert target.endpoint == expected
+        arrive(target)
+    assert target._watch.refused_for == REFUSED_FOR, "no member left that has not refused: wait as usual"
+    assert target._watch.event(zmq.EVENT_CONNECT_RETRIED, 20, clock[0]) is None
+    verdict = target._watch.check(clock[0] + REFUSED_FOR)
+    assert isinstance(verdict, Unreachable)
+
+
+def test_a_connection_clears_the_members_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    target = client()
+    refused(target, clock[0])
+    arrive(target)
+    assert A in target._refused
+    target.endpoint = A  # A came back, and the client connected there again
+    target._watch = target._new_watch()
+    target._on_event(zmq.EVENT_CONNECTED, 5, clock[0])
+    assert A in target._refused, "something listens, but the handshake is not done"
+    target._on_event(zmq.EVENT_HANDSHAKE_SUCCEEDED, 0, clock[0])
+    assert A not in target._refused
+
+
+def test_a_single_broker_keeps_its_patience() -> None:
+    target = ClientBase(A, curve=False)
+    assert target._new_watch().refused_for == REFUSED_FOR
