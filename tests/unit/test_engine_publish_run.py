@@ -1,8 +1,9 @@
-"""A batch to one persistent topic that nobody reads is appended to its log in one call
-(``Engine._publish_run`` over ``SegmentLog.append_batch``): the log holds exactly what publishing each entry
-would have stored (same files, across segment rolls, read back after a restart), idempotent batches skip their
-duplicates the same way, a subscriber still gets every message, a store error part-way keeps what was appended
-and refuses the rest, and the log appends a batch only at its own next id."""
+"""A batch to one persistent topic that nobody reads (a cluster leader's gated topic too) is appended to its
+log in one call (``Engine.append_quietly`` over ``SegmentLog.append_batch``): the log holds exactly what
+publishing each entry would have stored (same files, across segment rolls, read back after a restart),
+idempotent batches skip their duplicates the same way, a subscriber still gets every message, a gated topic's
+readers still wait for the majority, a store error part-way keeps what was appended and refuses the rest, and
+the log appends a batch only at its own next id."""
 
 from __future__ import annotations
 
@@ -82,6 +83,29 @@ def test_a_subscriber_still_gets_every_message() -> None:
     engine.commit()
     engine.pump(1000)
     assert [m.id for m in subscriber.pending] == list(range(1, 21))
+
+
+def test_a_gated_topic_takes_a_batch_in_one_call_and_its_readers_still_wait_for_the_majority() -> None:
+    engine = Engine(RULES, MemoryStore())
+    topic = engine.topic(TOPIC)
+    engine.gate(topic, 1)  # a cluster leader's replicated topic
+    first, done = engine.append_quietly(topic, entries(20), NOW)
+    assert (first, done) == (1, 20), "nobody reads it: the log alone takes the batch"
+    assert engine.write_ahead() == [TOPIC]  # the followers can read it while the leader fsyncs
+    engine.commit()
+    assert engine.read_range(TOPIC, 1, 100, 1 << 20).count == 0, "a reader sees what a majority holds"
+    assert engine.read_range(TOPIC, 1, 100, 1 << 20, replica=True).count == 20
+    subscriber = Subscriber(owner=None, limit=1000)
+    engine.subscribe(subscriber, TOPIC)
+    assert engine.append_quietly(topic, entries(5, 20), NOW) == (21, 0), "read now: one by one"
+    engine.publish_batch(entries(5, 20), NOW)
+    engine.commit()
+    engine.pump(1000)
+    assert subscriber.pending == []
+    engine.release(TOPIC, 26)
+    engine.commit()
+    engine.pump(1000)
+    assert [m.id for m in subscriber.pending] == list(range(21, 26)), "a live subscriber starts at its SUB"
 
 
 class FailingLog(MemoryLog):
