@@ -344,6 +344,6 @@ def main(argv: list[str]) -> int:
     print()
     for in_flight in (1, 100):
         ratio = report.ratio(in_flight)
-        print(f"target cluster {in_flight} in flight >= {CLUSTER_VS_SINGLE} x single broker ({ratio:.2f}): "
+        print(f"target cluster {in_flight} in flight >= {CLUSTER_VS_SINGLE} x single broker ({ratio:.3f}): "
               f"{'met' if ratio >= CLUSTER_VS_SINGLE else 'NOT met'}")
     return 0 if report.durable else 1
