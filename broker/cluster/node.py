@@ -302,6 +302,10 @@ class Cluster:
     def replica_fetch(self, event: mc0.Fetch) -> None:
         epoch = event.epoch or 0
         node = (event.replica or b"").decode("utf-8", "replace")
+        if node not in self.config.cluster_peers:
+            # What a replica says moves the majority and fences epochs: only the other members may say it.
+            raise EngineError(f"REPLICA {node} is not another member of this cluster "
+                              f"({', '.join(self.config.cluster_peers)}): only they copy its logs")
         if epoch > self.fence:
             self.fence = epoch  # a new leader is collecting what we hold: copy nothing older from now on
             if self.serving and epoch > self.state.epoch:

@@ -3,7 +3,8 @@
 - an OK held until a majority holds its message is sent by the turn that brings the acknowledgement, or as an
   ERROR when its deadline comes (one timer), not by the hub's backing-off retry meant for full pipes;
 - a long-polling FETCH at the end of the log parks without an OK being built for it;
-- a replica's FETCH reply carries the log's LINEAGE only to a reader that did not name this log.
+- a replica's FETCH reply carries the log's LINEAGE only to a reader that did not name this log;
+- only the cluster's other members may fetch as a replica (what a replica says moves the majority).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import zmq.asyncio
 from broker import router as router_module
 from broker.cluster.node import Cluster
 from broker.config import BrokerConfig
-from broker.engine import Engine
+from broker.engine import Engine, EngineError
 from broker.hub import Hub
 from broker.router import RouterShell
 from broker.store.files import FileStore
@@ -201,13 +202,32 @@ def test_a_fetch_at_the_end_of_the_log_parks_without_building_an_ok(
     assert shell.waits.count == 0
 
 
+def member(engine: Engine, tmp_path: Path) -> Cluster:
+    """A cluster member's decisions (Raft not started): 127.0.0.1:2, with 127.0.0.1:3 and 127.0.0.1:4."""
+    config = BrokerConfig(bind="tcp://127.0.0.1:1", curve=False, data_dir=tmp_path / "data",
+                          cluster_node="127.0.0.1:2", cluster_peers=("127.0.0.1:3", "127.0.0.1:4"))
+    return Cluster(config, engine, engine.store, lambda: None, lambda: None,  # type: ignore[arg-type]
+                   lambda _error: None, None, "tcp://127.0.0.1:1")  # type: ignore[arg-type]
+
+
+def test_only_the_other_members_fetch_as_replicas(tmp_path: Path) -> None:
+    engine = Engine(RULES, FileStore(tmp_path / "data"))
+    try:
+        node = member(engine, tmp_path)
+        for name in (b"127.0.0.1:9", b"127.0.0.1:2"):  # a stranger, and this member's own name
+            with pytest.raises(EngineError, match="not another member of this cluster"):
+                node.replica_fetch(mc0.Fetch(TOPIC, 1, replica=name, epoch=99))
+        assert node.fence == 0, "a stranger's EPOCH fences nothing"
+        node.replica_fetch(mc0.Fetch(TOPIC, 1, replica=b"127.0.0.1:3", epoch=1))
+        assert node.fence == 1
+    finally:
+        engine.close()
+
+
 def test_a_replica_gets_the_lineage_only_when_it_did_not_name_this_log(tmp_path: Path) -> None:
     engine = Engine(RULES, FileStore(tmp_path / "data"))
     try:
-        config = BrokerConfig(bind="tcp://127.0.0.1:1", curve=False, data_dir=tmp_path / "data",
-                              cluster_node="127.0.0.1:2", cluster_peers=("127.0.0.1:3", "127.0.0.1:4"))
-        node = Cluster(config, engine, engine.store, lambda: None, lambda: None,  # type: ignore[arg-type]
-                           lambda _error: None, None, "tcp://127.0.0.1:1")  # type: ignore[arg-type]
+        node = member(engine, tmp_path)
         topic = engine.topic(TOPIC)
         assert topic.log is not None
         mine = topic.log.identity.incarnation.encode()
