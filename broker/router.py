@@ -46,7 +46,7 @@ from broker.engine import EngineError, Message, RangeRead
 from broker.hub import Hub
 from broker.sessions import Session, Sessions, heartbeat_tick
 from broker.waiting import DEFAULT_LIMIT, Wait, Waits
-from connector.zsock import Again, readable, recv_frames, send_to
+from connector.zsock import Again, readable, recv_routed, send_to
 from protocol import ProtocolError, mc0
 
 log = logging.getLogger("mc0.router")
@@ -90,8 +90,9 @@ class ClusterGate(Protocol):
         """The leader's mc0 endpoint when this broker does not lead (the OK to CONNECT names it), or None."""
         ...
 
-    def replica_fetch(self, event: mc0.Fetch) -> None:
-        """A cluster member's FETCH: record what it acknowledges; EngineError to refuse it."""
+    def replica_fetch(self, event: mc0.Fetch, peer: zmq.Frame | None) -> None:
+        """A cluster member's FETCH (``peer``: its message's identity frame, whose metadata says who sent it):
+        record what it acknowledges; EngineError to refuse it."""
         ...
 
     def replica_extra(self, topic: bytes, start: int, count: int, known: bytes | None) -> dict[bytes, bytes]:
@@ -171,6 +172,7 @@ class RouterShell:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._turn_scheduled = False
         self._sent = False  # sent on the socket since the descriptor was last re-armed (see _recheck)
+        self.peer: zmq.Frame | None = None  # the identity frame of the command being handled (who sent it)
         self.receive_exhausted = False  # the last receive() stopped at its budget, not at an empty socket
         self._heartbeat_timer: asyncio.TimerHandle | None = None
         # What FETCH replies may still read this turn (see FETCH_TURN_BYTES), and whether some had to wait.
@@ -281,7 +283,7 @@ class RouterShell:
         while taken < budget:
             if not readable(raw):
                 break
-            frames = recv_frames(raw)
+            frames, self.peer = recv_routed(raw)
             size += len(frames[-1])  # the payload: a summing of every frame cost 8x as much per message
             taken += self.handle(frames, now, wall)
         else:
@@ -435,7 +437,7 @@ class RouterShell:
                     if self.cluster is None:
                         raise EngineError("this broker is not in a cluster: REPLICA fetches go to cluster "
                                           "members")
-                    self.cluster.replica_fetch(event)
+                    self.cluster.replica_fetch(event, self.peer)
                 # Answered after the commit (answer()), in this reply's place: see _FetchReply.
                 self.replies.append((session, _FetchReply(event, session.delimiter)))
             case mc0.Stats(command_id, _, prefix, after, limit):

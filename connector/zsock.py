@@ -68,6 +68,17 @@ def recv_frames(socket: zmq.Socket) -> list[bytes]:
             return frames
 
 
+def recv_routed(socket: zmq.Socket) -> tuple[list[bytes], zmq.Frame]:
+    """:func:`recv_frames` on a ROUTER, with the identity frame itself as well: its metadata says who sent the
+    message (``User-Id``: the peer's CURVE key, as the ZAP handler admitted it)."""
+    first = frame = _recv(socket, NOBLOCK, False)
+    frames = [first.bytes]
+    while frame.more:
+        frame = _recv(socket, NOBLOCK, False)
+        frames.append(frame.bytes)
+    return frames, first
+
+
 def readable(socket: zmq.Socket) -> bool:
     """Whether a message waits. Also what re-arms ``zmq.FD``: that descriptor is edge-triggered, and a caller
     woken by it must act on this answer (read until False, or come back) or it may never be woken again."""

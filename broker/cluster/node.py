@@ -53,6 +53,7 @@ from broker.engine import Engine, EngineError, Topic
 from broker.store import LogIdentity
 from broker.store.files import FileStore, spec_from_json, spec_to_json
 from broker.topics import Sync
+from connector import keys
 from protocol import ProtocolError, mc0
 
 log = logging.getLogger("mc0.cluster")
@@ -95,6 +96,8 @@ class Cluster:
         self.endpoint = config.advertised(endpoint)
         self.size = 1 + len(config.cluster_peers)
         self.commit_timeout = config.cluster_commit_timeout
+        # The CURVE key the other members connect with (the brokers' shared pair); None with CURVE off.
+        self.member_key = keys.broker_pair(Path(config.keys_dir)).public if config.curve else None
         self.state = ClusterState()
         self.role = Role(False, None, 1, self.size)
         self.serving = False  # leading an epoch this broker took
@@ -299,13 +302,17 @@ class Cluster:
         if name_hex not in self.state.topics and self.raft is not None:
             self.raft.submit(("topic", name_hex, spec_to_json(topic.spec)))
 
-    def replica_fetch(self, event: mc0.Fetch) -> None:
+    def replica_fetch(self, event: mc0.Fetch, peer: zmq.Frame | None) -> None:
         epoch = event.epoch or 0
         node = (event.replica or b"").decode("utf-8", "replace")
+        # What a replica says moves the majority and fences epochs: only the other members may say it, and
+        # with CURVE only a connection that presented the members' key (they share the broker key pair).
         if node not in self.config.cluster_peers:
-            # What a replica says moves the majority and fences epochs: only the other members may say it.
             raise EngineError(f"REPLICA {node} is not another member of this cluster "
                               f"({', '.join(self.config.cluster_peers)}): only they copy its logs")
+        if self.member_key is not None and (peer is None or peer.get("User-Id").encode() != self.member_key):
+            raise EngineError("REPLICA fetches come from the cluster's members, which present the brokers' "
+                              "key: this connection presented another")
         if epoch > self.fence:
             self.fence = epoch  # a new leader is collecting what we hold: copy nothing older from now on
             if self.serving and epoch > self.state.epoch:

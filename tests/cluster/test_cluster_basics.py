@@ -18,6 +18,22 @@ def _followers(cluster: Cluster, leader: object) -> list:
     return [member for member in cluster.members if member is not leader]
 
 
+def _ask_by_hand(cluster: Cluster, endpoint: str, command: list[bytes]) -> list[bytes]:
+    """One command from a raw DEALER with the client's CURVE key, and its answer."""
+    socket = cluster.context.socket(zmq.DEALER)
+    socket.linger = 0
+    pair = key_files.client_pair(cluster.keys_dir)
+    socket.curve_serverkey = key_files.broker_public(cluster.keys_dir)
+    socket.curve_publickey, socket.curve_secretkey = pair.public, pair.secret
+    socket.connect(endpoint)
+    try:
+        socket.send_multipart(command)
+        assert socket.poll(5000), f"{endpoint} did not answer"
+        return socket.recv_multipart()
+    finally:
+        socket.close(linger=0)
+
+
 @pytest.mark.timeout(90)
 def test_followers_name_the_leader_and_the_client_follows(cluster_factory) -> None:  # noqa: F811
     cluster: Cluster = cluster_factory(curve=True)  # inter-broker links and Raft under CURVE's keys
@@ -29,23 +45,21 @@ def test_followers_name_the_leader_and_the_client_follows(cluster_factory) -> No
         assert reply is not None
         assert reply["DURABILITY"] == "fsync"
     # A publish sent to the follower itself, by hand: ERROR with LEADER, one line saying what happened.
-    socket = cluster.context.socket(zmq.DEALER)
-    socket.linger = 0
-    pair = key_files.client_pair(cluster.keys_dir)
-    socket.curve_serverkey = key_files.broker_public(cluster.keys_dir)
-    socket.curve_publickey, socket.curve_secretkey = pair.public, pair.secret
-    socket.connect(follower.endpoint)
-    try:
-        socket.send_multipart([b"", b"PUT", b"TOPIC", b"durable.basics", b"ID", b"p1", b"", b"two"])
-        assert socket.poll(5000), "the follower did not answer"
-        frames = socket.recv_multipart()
-    finally:
-        socket.close(linger=0)
+    frames = _ask_by_hand(cluster, follower.endpoint,
+                          [b"", b"PUT", b"TOPIC", b"durable.basics", b"ID", b"p1", b"", b"two"])
     assert frames[1] == b"ERROR", frames
     headers = dict(zip(frames[2::2], frames[3::2], strict=False))
     assert headers[b"LEADER"] == leader.endpoint.encode()
     assert b"does not lead the cluster" in headers[b"MESSAGE"]
     assert headers[b"ID"] == b"p1"
+    # An admitted client claiming to be a member, to the leader: refused (its FROM would count toward the
+    # majority of a strong OK).
+    epoch = str(cluster.cluster_view(leader)["epoch"]).encode()
+    frames = _ask_by_hand(cluster, leader.endpoint,
+                          [b"", b"FETCH", b"TOPIC", b"durable.basics", b"FROM", b"1000", b"REPLICA",
+                           follower.raft.encode(), b"EPOCH", epoch, b"ID", b"r1"])
+    assert frames[1] == b"ERROR", frames
+    assert b"present the brokers' key" in dict(zip(frames[2::2], frames[3::2], strict=False))[b"MESSAGE"]
     view = cluster.cluster_view(follower)
     assert view["leader_endpoint"] == leader.endpoint
     assert not view["serving"]

@@ -4,7 +4,8 @@
   ERROR when its deadline comes (one timer), not by the hub's backing-off retry meant for full pipes;
 - a long-polling FETCH at the end of the log parks without an OK being built for it;
 - a replica's FETCH reply carries the log's LINEAGE only to a reader that did not name this log;
-- only the cluster's other members may fetch as a replica (what a replica says moves the majority).
+- only the cluster's other members may fetch as a replica (what a replica says moves the majority), and with
+  CURVE only over a connection that presented the brokers' key.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from broker.hub import Hub
 from broker.router import RouterShell
 from broker.store.files import FileStore
 from broker.topics import Persistence, Sync, TopicRule, TopicRules, TopicSpec
+from connector import keys as key_files
 from protocol import mc0
 
 TOPIC = b"log.strong"
@@ -202,12 +204,25 @@ def test_a_fetch_at_the_end_of_the_log_parks_without_building_an_ok(
     assert shell.waits.count == 0
 
 
-def member(engine: Engine, tmp_path: Path) -> Cluster:
-    """A cluster member's decisions (Raft not started): 127.0.0.1:2, with 127.0.0.1:3 and 127.0.0.1:4."""
-    config = BrokerConfig(bind="tcp://127.0.0.1:1", curve=False, data_dir=tmp_path / "data",
-                          cluster_node="127.0.0.1:2", cluster_peers=("127.0.0.1:3", "127.0.0.1:4"))
+def member(engine: Engine, tmp_path: Path, keys_dir: Path | None = None) -> Cluster:
+    """A cluster member's decisions (Raft not started): 127.0.0.1:2, with 127.0.0.1:3 and 127.0.0.1:4; CURVE
+    on with ``keys_dir``."""
+    config = BrokerConfig(bind="tcp://127.0.0.1:1", curve=keys_dir is not None, keys_dir=keys_dir or "keys",
+                          data_dir=tmp_path / "data", cluster_node="127.0.0.1:2",
+                          cluster_peers=("127.0.0.1:3", "127.0.0.1:4"))
     return Cluster(config, engine, engine.store, lambda: None, lambda: None,  # type: ignore[arg-type]
                    lambda _error: None, None, "tcp://127.0.0.1:1")  # type: ignore[arg-type]
+
+
+class Peer:
+    """Stands in for a command's identity frame: its metadata names the key the connection presented."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+
+    def get(self, name: str) -> str:
+        assert name == "User-Id"
+        return self.key.decode()
 
 
 def test_only_the_other_members_fetch_as_replicas(tmp_path: Path) -> None:
@@ -216,9 +231,26 @@ def test_only_the_other_members_fetch_as_replicas(tmp_path: Path) -> None:
         node = member(engine, tmp_path)
         for name in (b"127.0.0.1:9", b"127.0.0.1:2"):  # a stranger, and this member's own name
             with pytest.raises(EngineError, match="not another member of this cluster"):
-                node.replica_fetch(mc0.Fetch(TOPIC, 1, replica=name, epoch=99))
+                node.replica_fetch(mc0.Fetch(TOPIC, 1, replica=name, epoch=99), None)
         assert node.fence == 0, "a stranger's EPOCH fences nothing"
-        node.replica_fetch(mc0.Fetch(TOPIC, 1, replica=b"127.0.0.1:3", epoch=1))
+        node.replica_fetch(mc0.Fetch(TOPIC, 1, replica=b"127.0.0.1:3", epoch=1), None)
+        assert node.fence == 1
+    finally:
+        engine.close()
+
+
+def test_with_curve_a_replica_must_present_the_brokers_key(tmp_path: Path) -> None:
+    keys_dir = tmp_path / "keys"
+    key_files.generate(keys_dir)
+    engine = Engine(RULES, FileStore(tmp_path / "data"))
+    try:
+        node = member(engine, tmp_path, keys_dir)
+        fetch = mc0.Fetch(TOPIC, 1, replica=b"127.0.0.1:3", epoch=1)
+        for peer in (Peer(key_files.client_pair(keys_dir).public), None):  # an admitted client; no metadata
+            with pytest.raises(EngineError, match="present the brokers' key"):
+                node.replica_fetch(fetch, peer)  # type: ignore[arg-type]
+        assert node.fence == 0
+        node.replica_fetch(fetch, Peer(key_files.broker_pair(keys_dir).public))  # type: ignore[arg-type]
         assert node.fence == 1
     finally:
         engine.close()
