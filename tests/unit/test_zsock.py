@@ -1,6 +1,7 @@
 """Frame-set I/O without pyzmq's convenience layer (``connector.zsock``): frame sets arrive whole and in
 order, a large ``bytes`` payload (sent without a copy) arrives intact, and a large mutable buffer is copied
-when sent, so changing it afterwards changes nothing that was sent."""
+when sent, so changing it afterwards changes nothing that was sent; a ROUTER's message comes with its identity
+frame, whose metadata says who sent it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from connector.zsock import ZERO_COPY_MIN, readable, recv_frames, send_frames, send_to
+from connector.zsock import ZERO_COPY_MIN, readable, recv_frames, recv_routed, send_frames, send_to
 
 
 @pytest.fixture
@@ -53,3 +54,22 @@ def test_a_large_payload_arrives_intact_and_a_mutable_one_is_copied(
     send_frames(left, [b"", mutable])  # not bytes: copied, whatever its size
     mutable[:] = bytes(len(mutable))
     assert receive(right) == [b"", large]
+
+
+def test_a_routed_message_comes_with_its_identity_frame() -> None:
+    context = zmq.Context()
+    router, dealer = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
+    try:
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        dealer.setsockopt(zmq.IDENTITY, b"peer-1")
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        send_frames(dealer, [b"", b"FETCH", b"ID", b"1"])
+        assert router.poll(5000), "nothing arrived"
+        frames, identity = recv_routed(router)
+        assert frames == [b"peer-1", b"", b"FETCH", b"ID", b"1"]
+        assert identity.bytes == b"peer-1"
+        assert identity.get("Peer-Address") == "127.0.0.1"  # the frame's metadata: who sent the message
+    finally:
+        router.close(linger=0)
+        dealer.close(linger=0)
+        context.term()
