@@ -7,6 +7,9 @@ Systems (each in its own process, on loopback):
 * ``py-forwarder``: a minimal pure-Python ROUTER forwarder, one message per wake-up
   (what a naive broker does).
 * ``mc0``: the broker with the connector's default settings (``connector.Client``).
+* ``mc0-async``: the same broker with the asyncio client (``connector.AsyncClient``) on both ends, in the
+  latency scenario: no thread between the caller and the socket, where ``Client`` hands each message to and
+  from its I/O thread.
 
 Scenarios: 1 publisher → 1 subscriber, 1 → 4 fan-out (broadcast), 1 → 2 round-robin, and one-way latency at a
 paced 1,000 msg/s. Throughput counts deliveries per second at the subscribers, from the first delivery to
@@ -16,6 +19,7 @@ shared and noisy.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import multiprocessing as mp
 import os
@@ -127,6 +131,7 @@ SERVERS: dict[str, Callable[[int, str, Any], None]] = {
     "zmq-proxy": serve_zmq_proxy,
     "py-forwarder": serve_py_forwarder,
     "mc0": serve_mc0,
+    "mc0-async": serve_mc0,  # the same broker; AsyncClient on both ends (the latency scenario)
     "mc0-sexp": serve_mc0_sexp,  # an mc0 publisher, subscribers on the sexp door
     "mc0-msgq": serve_mc0_msgq,  # an mc0 publisher, subscribers on the msgq door
     "mc0-rstreams": serve_mc0_rstreams,  # an mc0 publisher, subscribers on the reactive-streams door
@@ -228,8 +233,46 @@ class RStreamsSubscriber:
         return element.data
 
 
+async def _async_subscriber(port: int, expected: int, ready: Any, results: Any) -> None:
+    from connector import AsyncClient
+
+    delays: list[int] = []
+    first = last = 0.0
+    async with AsyncClient(f"tcp://127.0.0.1:{port}", curve=False) as client:
+        await client.subscribe(TOPIC)
+        ready.set()
+        timeout = 30.0
+        while len(delays) < expected:
+            message = await client.receive(timeout)
+            if message is None:
+                break
+            last = time.perf_counter()
+            delays.append(time.monotonic_ns() - sent_at(message.body))
+            if len(delays) == 1:
+                first, timeout = last, QUIET
+    results.put({"count": len(delays), "seconds": last - first, "delays": delays})
+
+
+async def _async_publisher(port: int, count: int, rate: float, go: Any) -> None:
+    from connector import AsyncClient
+
+    async with AsyncClient(f"tcp://127.0.0.1:{port}", curve=False) as client:
+        await asyncio.to_thread(go.wait)
+        start = time.monotonic()
+        interval = 1.0 / rate
+        for seq in range(count):
+            delay = start + seq * interval - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await client.publish(TOPIC, stamped_body(seq))
+        await client.flush(timeout=120)
+
+
 def subscriber_process(system: str, mode: str, port: int, expected: int, latency: bool, ready: Any,
                        results: Any) -> None:
+    if system == "mc0-async":
+        asyncio.run(_async_subscriber(port, expected, ready, results))
+        return
     if system == "mc0":
         sub: Any = Mc0Subscriber(port)
     elif system == "mc0-sexp":
@@ -263,6 +306,9 @@ def subscriber_process(system: str, mode: str, port: int, expected: int, latency
 
 
 def publisher_process(system: str, mode: str, port: int, count: int, rate: float, go: Any) -> None:
+    if system == "mc0-async":
+        asyncio.run(_async_publisher(port, count, rate, go))
+        return
     go.wait()
     interval = 1.0 / rate if rate else 0.0
     start = time.monotonic()

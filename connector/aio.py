@@ -50,7 +50,12 @@ from connector.core import (
     sub_event,
     to_bytes,
 )
+from connector.zsock import readable, send_frames
 from protocol import mc0
+
+#: Seconds between the reader task's looks at a connected socket when no heartbeat is due sooner: frames are
+#: taken by the descriptor's callback; this catches anything no edge announced.
+HOUSEKEEPING = 1.0
 
 
 def _fail(waiting: asyncio.Future[Any] | Confirms, why: str) -> None:
@@ -88,6 +93,7 @@ class AsyncClient(ClientBase):
         self._monitor: zmq.Socket | None = None  # the socket's connection events (a shadow, read raw)
         self._monitor_owner: zmq.Socket | None = None  # the monitor socket itself, closed with the socket
         self._monitor_fd: int | None = None
+        self._socket_fd: int | None = None  # the socket's own descriptor: its reader callback takes frames
         self._probe: asyncio.Task[None] | None = None  # asking the broker's mechanism, when libzmq cannot say
         self._arrived = asyncio.Event()
         self._room = asyncio.Event()
@@ -310,7 +316,8 @@ class AsyncClient(ClientBase):
             if remaining is not None and remaining <= 0:
                 return None
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), remaining)
+                async with asyncio.timeout(remaining):  # a timer, not a task per wait as wait_for makes
+                    await self._arrived.wait()
 
     async def __aiter__(self) -> AsyncIterator[Message]:
         while True:
@@ -396,6 +403,12 @@ class AsyncClient(ClientBase):
         # The descriptor signals changes only once EVENTS has been asked: ask now, or the first events (all of
         # them, for a broker that never answers) would never wake the reader.
         loop.call_soon(self._monitor_readable)
+        # Frames are taken in the socket descriptor's callback, in the loop iteration that sees them (as the
+        # broker does): no poll future per wake-up. ZMQ_FD is edge-triggered: every read drains the socket or
+        # comes back for the rest (_read_pending), and a send that finds frames waiting schedules a read.
+        self._socket_fd = self._raw.getsockopt(zmq.FD)
+        loop.add_reader(self._socket_fd, self._read_pending)
+        self._schedule_read()
         self._watch = self._new_watch()
         self._unsent.clear()
         self._events.clear()
@@ -466,10 +479,11 @@ class AsyncClient(ClientBase):
             self._read_events(self._monitor, time.monotonic())
 
     def _close_socket(self) -> None:
-        if self._monitor_fd is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is already closed
-                asyncio.get_event_loop().remove_reader(self._monitor_fd)
-            self._monitor_fd = None
+        for fd in (self._monitor_fd, self._socket_fd):
+            if fd is not None:
+                with contextlib.suppress(RuntimeError):  # the loop is already closed
+                    asyncio.get_event_loop().remove_reader(fd)
+        self._monitor_fd = self._socket_fd = None
         if self._socket is not None:
             close_socket(self._socket, self._monitor_owner)
         self._monitor = self._monitor_owner = None
@@ -527,14 +541,14 @@ class AsyncClient(ClientBase):
             return False
         assert self._raw is not None
         try:
-            self._raw.send_multipart(frames, zmq.NOBLOCK)
+            send_frames(self._raw, frames)  # int flags, no per-frame enum (connector/zsock.py)
         except zmq.Again:
             if not retry:
                 self._unsent.append(frames)
                 asyncio.get_running_loop().call_later(0.001, self._schedule_flush)
             return False
         self._core.sent(now)
-        if self._raw.get(zmq.EVENTS) & zmq.POLLIN:
+        if readable(self._raw):
             # The send processed the socket's pending events, possibly consuming the edge of the notification
             # the reader's poll waits for (ZMQ_FD is edge-triggered): read now, or frames wait for a timer.
             self._schedule_read()
@@ -559,7 +573,7 @@ class AsyncClient(ClientBase):
         if self._moving:
             self._follow_move()
             return
-        if raw.get(zmq.EVENTS) & zmq.POLLIN:
+        if readable(raw):
             self._schedule_read()  # the read budget ran out: the rest on the next turn
 
     async def _read_loop(self) -> None:
@@ -575,10 +589,13 @@ class AsyncClient(ClientBase):
             if paused:
                 await asyncio.sleep(0.01 if timer is None else min(0.01, timer))
             else:
-                await socket.poll(None if timer is None else int(timer * 1000) + 1, zmq.POLLIN)
+                # Frames are read by the descriptor's callback; this task keeps the time-driven work.
+                await asyncio.sleep(HOUSEKEEPING if timer is None else min(timer, HOUSEKEEPING))
             now = time.monotonic()
+            if self._socket is not socket:
+                continue  # reconnected meanwhile (a move): look at the new socket
             if not paused:
-                self._read(raw, now)
+                self._read(raw, now)  # what a paused reader left, or anything an edge did not announce
             if self._moving:
                 self._follow_move()
                 wait = self._move_due(time.monotonic())
@@ -591,7 +608,7 @@ class AsyncClient(ClientBase):
                 self._verdict(self._watch.check(now), now)
             if not self._watch.connected:
                 core.last_heard = now  # silence counts on a live connection only: ZeroMQ is reconnecting
-            alive = paused and bool(raw.get(zmq.EVENTS) & zmq.POLLIN)
+            alive = paused and readable(raw)
             if core.broker_silent(now) and not alive:
                 self.reconnects += 1
                 if len(self.endpoints) > 1:

@@ -60,6 +60,7 @@ from connector.core import (
     sub_event,
     to_bytes,
 )
+from connector.zsock import send_frames
 from protocol import mc0
 
 
@@ -802,7 +803,7 @@ class Client(ClientBase):
         socket = self._socket
         assert socket is not None
         try:
-            socket.send_multipart(frames, zmq.NOBLOCK)
+            send_frames(socket, frames)  # int flags, no per-frame enum (connector/zsock.py)
         except zmq.Again:
             if not retry:
                 self._unsent.append(frames)
