@@ -18,6 +18,11 @@ from bench.throughput import BODY_SIZE, median_case
 DOORS = {"sexp": "mc0-sexp", "msgq": "mc0-msgq", "rstreams": "mc0-rstreams"}
 
 
+def shown_ratio(ratio: float) -> str:
+    """Two decimals, or two significant digits below 0.01: a ratio of 0.0045 is not 0.00."""
+    return f"{ratio:.2f}" if ratio >= 0.01 or ratio == 0 else f"{ratio:.2g}"
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench gateways", description=__doc__)
     parser.add_argument("--messages", type=int, default=200_000, help="messages per run")
@@ -39,7 +44,7 @@ def main(argv: list[str]) -> int:
         for system in DOORS.values():
             result = median_case(system, "broadcast", subscribers, messages, args.repeat)
             lost = result.expected - result.delivered
-            line += f"{result.rate:>16,.0f}{result.rate / baseline.rate:>14.2f}"
+            line += f"{result.rate:>16,.0f}{shown_ratio(result.rate / baseline.rate):>14}"
             if lost:
                 line += f"   lost: {lost}"
         print(line)
