@@ -357,10 +357,21 @@ class AsyncClient(ClientBase):
     # ---------------------------------------------------------------------------------------------- internals
 
     def _reader_ended(self, task: asyncio.Task[None]) -> None:
-        """A reader that dies must not leave callers waiting forever: fail them, and every later call."""
-        if task.cancelled() or task.exception() is None:
+        if not task.cancelled() and task.exception() is not None:
+            self._reader_failed(task.exception())  # type: ignore[arg-type] - not None, checked above
+
+    def _reader_failed(self, error: BaseException) -> None:
+        """A reader that dies (the task, or the descriptor's callback) must not leave callers waiting
+        forever: fail them, and every later call; nothing reads from now on."""
+        if self._failure is not None:
             return
-        self._failure = task.exception()
+        self._failure = error
+        if self._socket_fd is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                asyncio.get_event_loop().remove_reader(self._socket_fd)
+            self._socket_fd = None
+        if self._reader is not None and not self._reader.done():
+            self._reader.cancel()
         self._fail_waiting(f"client stopped: {self._failure}")
         self._fail_outbox(f"client stopped: {self._failure}")
         self._arrived.set()
@@ -567,9 +578,13 @@ class AsyncClient(ClientBase):
     def _read_pending(self) -> None:
         self._read_scheduled = False
         raw = self._raw
-        if raw is None or self._closed or self._paused:
+        if raw is None or self._closed or self._paused or self._failure is not None:
             return  # a paused reader polls on its own timer
-        self._read(raw, time.monotonic())
+        try:
+            self._read(raw, time.monotonic())
+        except Exception as error:  # a loop callback's exception would only be logged by the loop
+            self._reader_failed(error)
+            return
         if self._moving:
             self._follow_move()
             return

@@ -444,6 +444,8 @@ def test_a_reader_that_dies_fails_callers_instead_of_leaving_them_waiting(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def main() -> None:
+        unhandled: list[dict[str, object]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, context: unhandled.append(context))
         async with AsyncClient(broker.endpoint, curve=False) as client:
             await client.subscribe("doomed")
 
@@ -460,5 +462,6 @@ def test_a_reader_that_dies_fails_callers_instead_of_leaving_them_waiting(
                 await asyncio.wait_for(waiting, ARRIVAL)
             with pytest.raises(ConnectorError, match="reader bug"):
                 await client.flush()
+        assert unhandled == [], "the descriptor's callback handed the error to the client, not to the loop"
 
     run(main)
