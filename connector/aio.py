@@ -58,6 +58,13 @@ from protocol import mc0
 HOUSEKEEPING = 1.0
 
 
+def _stop_watching(fd: int | None) -> None:
+    """No more reader callbacks for ``fd`` (None: nothing watched)."""
+    if fd is not None:
+        with contextlib.suppress(RuntimeError):  # the loop is already closed
+            asyncio.get_event_loop().remove_reader(fd)
+
+
 def _fail(waiting: asyncio.Future[Any] | Confirms, why: str) -> None:
     """Fail a command waiting for its answer: its future, or the publishes it confirms."""
     if type(waiting) is Confirms:
@@ -366,10 +373,8 @@ class AsyncClient(ClientBase):
         if self._failure is not None:
             return
         self._failure = error
-        if self._socket_fd is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is already closed
-                asyncio.get_event_loop().remove_reader(self._socket_fd)
-            self._socket_fd = None
+        _stop_watching(self._socket_fd)
+        self._socket_fd = None
         if self._reader is not None and not self._reader.done():
             self._reader.cancel()
         self._fail_waiting(f"client stopped: {self._failure}")
@@ -490,10 +495,8 @@ class AsyncClient(ClientBase):
             self._read_events(self._monitor, time.monotonic())
 
     def _close_socket(self) -> None:
-        for fd in (self._monitor_fd, self._socket_fd):
-            if fd is not None:
-                with contextlib.suppress(RuntimeError):  # the loop is already closed
-                    asyncio.get_event_loop().remove_reader(fd)
+        _stop_watching(self._monitor_fd)
+        _stop_watching(self._socket_fd)
         self._monitor_fd = self._socket_fd = None
         if self._socket is not None:
             close_socket(self._socket, self._monitor_owner)

@@ -400,13 +400,16 @@ class ClientBase:
             refused_for = connection.REFUSED_FOR_MOVING
         return connection.ConnectionWatch(self.endpoint, curve_public=curve, refused_for=refused_for)
 
+    def _after(self) -> list[str]:
+        """The other endpoints, in order after this one (all of them when this one is not in the list)."""
+        index = self.endpoints.index(self.endpoint) if self.endpoint in self.endpoints else -1
+        return self.endpoints[index + 1:] + self.endpoints[:max(index, 0)]
+
     def _elsewhere(self, now: float) -> list[str]:
         """The other endpoints, in order after this one, that have not refused a connect lately."""
         if len(self.endpoints) < 2:
             return []
-        index = self.endpoints.index(self.endpoint) if self.endpoint in self.endpoints else -1
-        others = self.endpoints[index + 1:] + self.endpoints[:max(index, 0)]
-        return [endpoint for endpoint in others if endpoint not in self._refused
+        return [endpoint for endpoint in self._after() if endpoint not in self._refused
                 or now - self._refused[endpoint] >= connection.REFUSED_FOR]
 
     def _read_events(self, monitor: zmq.Socket, now: float) -> None:
@@ -463,13 +466,8 @@ class ClientBase:
             if leader not in self.endpoints:
                 self.endpoints.append(leader)
             self.endpoint = leader
-        else:
-            elsewhere = self._elsewhere(now)
-            if elsewhere:
-                self.endpoint = elsewhere[0]
-            else:  # every other member refused lately too: the next, paced by REFUSED_FOR there
-                index = self.endpoints.index(self.endpoint) if self.endpoint in self.endpoints else -1
-                self.endpoint = self.endpoints[(index + 1) % len(self.endpoints)]
+        else:  # if every other member refused lately too: the next, paced by REFUSED_FOR there
+            self.endpoint = (self._elsewhere(now) or self._after() or [self.endpoint])[0]
         self._moves_in_row += 1
         self.moves += 1
         self._moving = True
