@@ -187,8 +187,11 @@ def main(argv: list[str]) -> int:
 
         total_of = f.sum(f.length("value")).alias("bytes")
         # Warm up what every measured run reuses (the JVM's compiled code, Python workers, connections) with
-        # a small read and write of each kind; nothing of it is measured.
-        source_reader().option("endingOffsets", f'{{"{TOPIC}": 20001}}').load().agg(total_of).collect()
+        # a small read and write of each kind; nothing of it is measured. The read takes two tasks, as the
+        # measured ones do: with one, the second Python worker started inside the first measured read (a
+        # second or more of imports, measured: that read took 1.6-2.3 s where the next took 0.6-1.0).
+        warm = {"endingOffsets": f'{{"{TOPIC}": 20001}}', "minPartitions": "2"}
+        source_reader().options(**warm).load().agg(total_of).collect()
         spark.read.parquet(str(parquet)).agg(total_of).collect()
         writes.limit(20_000).write.format("mc0").options(**options, topic="bench.warm").mode("append").save()
         for round_ in range(args.repeat):

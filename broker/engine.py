@@ -56,6 +56,7 @@ from broker.names import SortedNames
 from broker.producers import ProducerWindow
 from broker.store import DamagedRange, Store, StoreError, SyncFailed, TopicLog
 from broker.topics import MAX_TOPIC_ID, Delivery, Sync, TopicRules, TopicSpec
+from protocol.bodies import entry_topics
 
 #: Message ids start at 1 so that 0 can mean "nothing seen yet" in offsets and resume points.
 FIRST_MESSAGE_ID = 1
@@ -678,7 +679,7 @@ class Engine:
         """
         topics = self.topics
         fixed = False
-        names = {item[0] for item in items}
+        names = entry_topics(items)
         for name in names:
             fixed = bool((topics.get(name) or self.topic(name)).element_size) or fixed
         if fixed:

@@ -48,6 +48,7 @@ from broker.sessions import Session, Sessions, heartbeat_tick
 from broker.waiting import DEFAULT_LIMIT, Wait, Waits
 from connector.zsock import Again, readable, recv_routed, send_to
 from protocol import ProtocolError, mc0
+from protocol.bodies import entry_topics
 
 log = logging.getLogger("mc0.router")
 
@@ -361,7 +362,7 @@ class RouterShell:
                 if command_id is not None:
                     extra = {b"COUNT": b"%d" % len(items)}
                     if last is not None:
-                        extra.update(self._published(session, last, {item[0] for item in items}))
+                        extra.update(self._published(session, last, entry_topics(items)))
                     self.ok(session, command_id, extra)
                     self.confirming.append((len(self.replies) - 1, event, None))
                     self._need(event)
@@ -463,7 +464,7 @@ class RouterShell:
         if self.cluster is None:
             return
         topics = self.engine.topics
-        names = (event.topic,) if type(event) is mc0.Put else {item[0] for item in event.items}
+        names = (event.topic,) if type(event) is mc0.Put else entry_topics(event.items)
         self.needs.append({name: topics[name].next_id - 1 for name in names if name in topics})
 
     def refuse(self, session: Session, error: ProtocolError, body: list[bytes]) -> None:
@@ -488,7 +489,7 @@ class RouterShell:
         done = 0
         name = items[0][0] if items else b""
         known = engine.topics.get(name)
-        if known is not None and not known.element_size and all(item[0] == name for item in items):
+        if known is not None and not known.element_size and entry_topics(items) == {name}:
             # One topic, messages of any size: what the log alone needs is stored in one go; whatever that
             # did not store is tried one by one below, as before, so each entry still gets its own result.
             first, done = engine.append_quietly(known, items, wall)
@@ -637,7 +638,7 @@ class RouterShell:
         (their messages are not stored; a client that retries publishes them again)."""
         failed = self.engine.failed
         for index, event, results in self.confirming:
-            topics = (event.topic,) if type(event) is mc0.Put else {item[0] for item in event.items}
+            topics = (event.topic,) if type(event) is mc0.Put else entry_topics(event.items)
             why = next((failed[topic] for topic in topics if topic in failed), None)
             if why is None:
                 continue

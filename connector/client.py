@@ -62,6 +62,7 @@ from connector.core import (
 )
 from connector.zsock import send_frames
 from protocol import mc0
+from protocol.bodies import TopicBodies
 
 
 class _Request:
@@ -298,7 +299,7 @@ class Client(ClientBase):
 
     def publish_batch(
         self,
-        items: Iterable[tuple[str | bytes, str | bytes, dict[str, str] | None]],
+        items: Iterable[tuple[str | bytes, str | bytes, dict[str, str] | None]] | TopicBodies,
         *,
         producer: str | bytes | None = None,
         sequence: int | None = None,
@@ -321,7 +322,7 @@ class Client(ClientBase):
 
     def publish_batch_later(
         self,
-        items: Iterable[tuple[str | bytes, str | bytes, dict[str, str] | None]] | mc0.PackedItems,
+        items: Iterable[tuple[str | bytes, str | bytes, dict[str, str] | None]] | TopicBodies,
         *,
         producer: str | bytes | None = None,
         sequence: int | None = None,
@@ -329,7 +330,8 @@ class Client(ClientBase):
         """:meth:`publish_batch` without waiting: a Future of the OK's headers (ConnectorError if refused).
         Batches sent this way travel in order, so a publisher can keep several in flight; with a producer,
         a batch that fails can be sent again with the same numbers, and what the broker stored is skipped.
-        ``items`` may come packed already (:class:`protocol.mc0.PackedItems`: the Spark sink packs them)."""
+        ``items`` may be one topic's bodies as columns (:class:`protocol.bodies.TopicBodies`: the Spark sink
+        builds them from Arrow buffers), which the broker stores without a Python object per entry."""
         return self._later(puts_event(items, producer, sequence), "PUTS", ok_headers)
 
     def _later(self, event: Any, what: str, convert: Any) -> Future[Any]:

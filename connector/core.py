@@ -19,11 +19,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from protocol import ProtocolError, mc0
+from protocol.bodies import TopicBodies
 
 log = logging.getLogger("mc0.connector")
 
 #: The client asks for every extension it speaks; a broker that does not echo one simply is not using it.
-WANTED_EXTENSIONS = frozenset({mc0.EXT_BATCH, mc0.EXT_IDS, mc0.EXT_CONFIRMS})
+WANTED_EXTENSIONS = frozenset({mc0.EXT_BATCH, mc0.EXT_IDS, mc0.EXT_CONFIRMS, mc0.EXT_COLUMNS})
 #: Publishes packed into one PUTS frame at most (the broker's MESSAGES batches use the same bound).
 BATCH_MAX_MESSAGES = 1024
 BATCH_MAX_BYTES = 1 << 20
@@ -257,16 +258,17 @@ def _topic_name(topic: str | bytes) -> str:
 
 
 def puts_event(
-    items: Iterable[tuple[str | bytes, str | bytes, Mapping[str, str] | None]] | mc0.PackedItems,
+    items: Iterable[tuple[str | bytes, str | bytes, Mapping[str, str] | None]] | TopicBodies,
     producer: str | bytes | None = None,
     sequence: int | None = None,
 ) -> mc0.Puts:
-    """The PUTS of ``publish_batch``: every entry checked and encoded before anything is sent (entries that
-    come packed already, :class:`~protocol.mc0.PackedItems`, are the packer's to get right: the broker checks
-    them). With ``producer`` and ``sequence`` an idempotent batch: one topic, entry ``i`` numbered
-    ``sequence + i``."""
+    """The PUTS of ``publish_batch``: every entry checked and encoded before anything is sent (one topic's
+    bodies as columns, :class:`~protocol.bodies.TopicBodies`, are checked by the broker). With ``producer``
+    and ``sequence`` an idempotent batch: one topic, entry ``i`` numbered ``sequence + i``."""
     raw_topics: dict[str | bytes, bytes] = {}  # a batch names few topics: each converted and checked once
-    if type(items) is mc0.PackedItems:
+    if type(items) is TopicBodies:
+        if not items.topic:
+            raise ValueError("publish_batch() needs a non-empty topic for every message")
         puts = mc0.Puts(items)
     else:
         batch: list[tuple[bytes, bytes, dict[bytes, bytes]]] = []
@@ -384,6 +386,9 @@ class ClientCore:
                 | mc0.Disconnect | mc0.Declare | mc0.Fetch) -> tuple[bytes, mc0.Frames]:
         """Give ``event`` a fresh ID and encode it; the caller waits for the reply with that ID."""
         event.id = self.next_id()
+        if (type(event) is mc0.Puts and type(event.items) is TopicBodies
+                and mc0.EXT_COLUMNS not in self.extensions):
+            event.items = list(event.items)  # a broker without "columns" takes them as msgpack entries
         return event.id, mc0.encode(event)
 
     def command(self, event: mc0.Sub | mc0.Unsub | mc0.Put | mc0.Puts | mc0.Noop | mc0.Stats

@@ -13,10 +13,11 @@ once the broker confirmed every row (as durably as each topic's sync level promi
 it assumes, is spelled out in docs/pipeline.md ("Exactly-once writes").
 
 Rows come as Arrow record batches (``DataSourceArrowWriter``): columns are taken in bulk, and the usual write
-(one topic, bodies only) packs its PUTS payloads straight from the value column (:mod:`pipeline.puts`); the
-others build an entry per row. Checked before anything runs: ``value`` binary or string, ``key`` binary or
-string, ``topic`` a string (the ``topic`` option overrides it, as in Kafka), ``headers`` Kafka's
-``array<struct<key: string, value: binary>>`` (or a string map), no ``partition``, and no overwrite.
+(one topic, bodies only) sends its PUTS straight from the value column's buffers, as one topic's bodies in
+two frames (extension ``columns``, :mod:`pipeline.puts`); the others build an entry per row. Checked before
+anything runs: ``value`` binary or string, ``key`` binary or string, ``topic`` a string (the ``topic`` option
+overrides it, as in Kafka), ``headers`` Kafka's ``array<struct<key: string, value: binary>>`` (or a string
+map), no ``partition``, and no overwrite.
 """
 
 from __future__ import annotations
@@ -43,8 +44,7 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringTy
 from pipeline import options as opts
 from pipeline.arrow import KEY_HEADER
 from pipeline.options import Connection, Mode, OptionError
-from pipeline.puts import pack_bodies
-from protocol import mc0
+from pipeline.puts import topic_bodies
 
 log = logging.getLogger("mc0.pipeline")
 
@@ -147,7 +147,7 @@ def publish(settings: WriteSettings, batches: Iterator[Any], producer: bytes) ->
     timeout = settings.connection.request_timeout
     sequences: dict[str, int] = {}
     pending: dict[str, list[tuple[str, bytes, dict[bytes, bytes] | None]]] = {}  # entries, per topic
-    packed: dict[str, list[bytes]] = {}  # or entries packed already (one topic, bodies only), per topic
+    slices: dict[str, list[pa.Array]] = {}  # or slices of the value column (one topic, bodies only)
     counts: dict[str, int] = {}  # entries waiting, per topic, either way
     sizes: dict[str, int] = {}
     in_flight: deque[Future[dict[str, str]]] = deque()
@@ -160,7 +160,7 @@ def publish(settings: WriteSettings, batches: Iterator[Any], producer: bytes) ->
     def send(topic: str) -> None:
         count = counts.pop(topic)
         sizes.pop(topic)
-        items = mc0.PackedItems.join(packed.pop(topic), count) if topic in packed else pending.pop(topic)
+        items = topic_bodies(topic.encode(), slices.pop(topic)) if topic in slices else pending.pop(topic)
         sequence = sequences.get(topic, 0)
         sequences[topic] = sequence + count
         in_flight.append(client.publish_batch_later(items, producer=producer, sequence=sequence))
@@ -179,19 +179,18 @@ def publish(settings: WriteSettings, batches: Iterator[Any], producer: bytes) ->
             value = value.cast(pa.binary())  # strings as their UTF-8 bytes, in one call
             topic = settings.topic
             if topic is not None and not (settings.key_column or settings.headers_column):
-                # The usual write, one topic and bodies only: whole slices, cut by count and bytes, packed
-                # straight from the column (pipeline.puts), with no Python object per row.
-                raw_topic = topic.encode()
+                # The usual write, one topic and bodies only: whole slices, cut by count and bytes, sent
+                # straight from the column's buffers (pipeline.puts), with no Python object per row.
                 ends = np.cumsum(pc.binary_length(value).to_numpy(zero_copy_only=False))
                 position = 0
                 while position < count:
-                    parts = packed.setdefault(topic, [])
+                    parts = slices.setdefault(topic, [])
                     waiting = counts.setdefault(topic, 0)
                     size = sizes.setdefault(topic, 0)
                     before = int(ends[position - 1]) if position else 0
                     fits = int(np.searchsorted(ends, before + WRITE_BYTES - size, side="right")) - position
                     end = position + max(1, min(WRITE_BATCH - waiting, fits))
-                    parts.append(pack_bodies(raw_topic, value.slice(position, end - position)))
+                    parts.append(value.slice(position, end - position))
                     counts[topic] = waiting + end - position
                     sizes[topic] = size + int(ends[end - 1]) - before
                     position = end

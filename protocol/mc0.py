@@ -24,6 +24,7 @@ from typing import NamedTuple, TypeAlias
 
 import msgpack
 
+from protocol.bodies import NO_HEADERS, TopicBodies, entry_topics
 from protocol.errors import ProtocolError
 
 Frames: TypeAlias = list[bytes]
@@ -105,15 +106,14 @@ DECLARE_SETTINGS = {
 
 #: Headers the broker writes on a delivered MESSAGE; publishers may not set them.
 DELIVERY_HEADERS = frozenset({TOPIC, ID, MESSAGE_ID, TIMESTAMP})
-#: Shared by every header-less PUTS entry; treated as read-only everywhere.
-NO_HEADERS: Headers = {}
-
 #: Extension tokens a client may ask for in ``CONNECT EXTENSIONS``.
 EXT_BATCH = "batch"  # the broker may deliver MESSAGES batches instead of one MESSAGE per frame set
 EXT_IDS = "ids"  # MESSAGE carries MESSAGE-ID and TIMESTAMP
 #: PUTS may carry CONFIRM each: entries stored or refused one by one, one result each.
 EXT_CONFIRMS = "confirms"
-KNOWN_EXTENSIONS = frozenset({EXT_BATCH, EXT_IDS, EXT_CONFIRMS})
+#: PUTS may carry one topic's bodies as two frames (TOPIC, lengths, bodies): :mod:`protocol.bodies`.
+EXT_COLUMNS = "columns"
+KNOWN_EXTENSIONS = frozenset({EXT_BATCH, EXT_IDS, EXT_CONFIRMS, EXT_COLUMNS})
 
 #: FETCH limits (docs/mc0.md): what a FETCH without MAX-MESSAGES / MAX-BYTES gets, and the most any FETCH
 #: gets whatever it asks (larger values are lowered to these, not refused). The byte cap is the broker's
@@ -197,26 +197,6 @@ class PutItem(NamedTuple):
     headers: Headers = {}
 
 
-class PackedItems(NamedTuple):
-    """PUTS entries already packed as the payload frame (a msgpack array of ``[topic, body]`` arrays), and how
-    many there are: what a bulk encoder hands over (the Spark sink builds it from Arrow columns with numpy),
-    so no tuple is built per entry. The broker reads it like any other PUTS payload."""
-
-    payload: bytes
-    count: int
-
-    @classmethod
-    def join(cls, parts: Sequence[bytes], count: int) -> PackedItems:
-        """The payload of ``count`` entries packed back to back in ``parts`` (entries only, no array head)."""
-        if count < 16:
-            head = bytes([0x90 | count])
-        elif count < 1 << 16:
-            head = b"\xdc" + count.to_bytes(2, "big")
-        else:
-            head = b"\xdd" + count.to_bytes(4, "big")
-        return cls(head + b"".join(parts), count)
-
-
 @dataclass(slots=True)
 class Puts:
     """Extension: many PUTs in one frame set; an ID confirms the whole batch.
@@ -229,7 +209,8 @@ class Puts:
     separate publishes that travel together: each is stored or refused on its own, and the OK carries one
     result per entry (:func:`confirms_ok`). This is how a client pipelines confirmed publishes."""
 
-    items: list[tuple[bytes, bytes, Headers]] | PackedItems  # PutItem or plain tuples of the same shape
+    # PutItem or plain tuples of the same shape, or one topic's bodies as columns (extension columns)
+    items: list[tuple[bytes, bytes, Headers]] | TopicBodies
     id: bytes | None = None
     headers: Headers = field(default_factory=dict)
     producer: bytes | None = None
@@ -581,8 +562,7 @@ def _decode_producer(puts: Puts, headers: Headers, command_id: bytes | None) -> 
     puts.producer = producer
     puts.sequence = _unsigned(SEQUENCE, raw, command_id)
     if puts.items:
-        topic = puts.items[0][0]
-        if any(item[0] != topic for item in puts.items):
+        if len(entry_topics(puts.items)) > 1:
             raise ProtocolError("an idempotent PUTS (PRODUCER) writes one topic: every entry must name it",
                                 command_id=command_id)
         if puts.sequence + len(puts.items) - 1 > 2**64 - 1:
@@ -679,6 +659,19 @@ def _decode_puts(
     return items
 
 
+def _decode_columns(topic: bytes, positional: list[bytes] | None, command_id: bytes | None) -> TopicBodies:
+    """A PUTS with TOPIC (extension columns): the lengths frame and the bodies frame."""
+    if not topic:
+        raise ProtocolError("PUTS TOPIC must be non-empty", command_id=command_id)
+    if positional is None or len(positional) != 2:
+        raise ProtocolError("PUTS with TOPIC needs two frames after the empty key: lengths and bodies",
+                            command_id=command_id)
+    try:
+        return TopicBodies.decode(topic, positional[0], positional[1])
+    except ValueError as error:
+        raise ProtocolError(f"PUTS with TOPIC: {error}", command_id=command_id) from None
+
+
 def _decode_messages(positional: list[bytes] | None, command_id: bytes | None) -> list[MessageItem]:
     if positional is None or len(positional) != 1:
         raise ProtocolError("MESSAGES needs exactly one payload frame after the empty key",
@@ -710,7 +703,10 @@ def decode(frames: Frames) -> Event:
         return Put(topic, body, command_id, publisher_headers(headers, command_id))
     if verb == b"PUTS":
         headers.pop(ID, None)
-        puts = Puts(_decode_puts(positional, command_id), command_id, headers)
+        topic = headers.pop(TOPIC, None)
+        entries = _decode_puts(positional, command_id) if topic is None else _decode_columns(
+            topic, positional, command_id)
+        puts = Puts(entries, command_id, headers)
         confirm = headers.pop(CONFIRM, None)
         if confirm is not None:
             if confirm != CONFIRM_EACH:
@@ -959,13 +955,18 @@ def encode(event: Event, *, delimiter: bool = True) -> Frames:
             message_frames(out, topic, body, headers, message_id, timestamp)
         case Puts(items, command_id, headers, producer, sequence, confirm_each):
             out.append(b"PUTS")
+            if type(items) is TopicBodies:
+                out += (TOPIC, items.topic)
             if producer is not None:
                 out += (PRODUCER, producer, SEQUENCE, b"%d" % (sequence or 0))
             if confirm_each:
                 out += (CONFIRM, CONFIRM_EACH)
             _headers(out, headers)
             _with_id(out, command_id)
-            out += (b"", items.payload if type(items) is PackedItems else pack_put_items(items))
+            if type(items) is TopicBodies:
+                out += (b"", items.lengths(), items.payload())
+            else:
+                out += (b"", pack_put_items(items))
         case Messages(items):
             out += (b"MESSAGES", b"", pack_message_items(items))
         case Sub(topics, command_id, headers, replay, resume, credit, explicit_acks, incarnation):

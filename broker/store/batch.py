@@ -30,15 +30,21 @@ _TRIPLE, _EMPTY_MAP = b"\x93", b"\x80"
 _ID_AND_PAYLOAD = 8  # where the CRC's input begins in a record: after the length and the CRC itself
 
 
-def encode_plain(
-    first_id: int, timestamp: int, bodies: Sequence[bytes]
-) -> tuple[memoryview, list[int], list[int]]:
-    """The records of ``bodies`` as ids ``first_id`` on, all with ``timestamp``, back to back; and where each
-    begins and ends in them (lists: the log cuts them into segments with bisect)."""
+def columns(bodies: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """``bodies`` as :func:`encode_plain` takes them: back to back in one uint8 array, and the offsets."""
     count = len(bodies)
     offsets = np.zeros(count + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, bodies), dtype=np.int64, count=count), out=offsets[1:])
-    data = np.frombuffer(b"".join(bodies), dtype=np.uint8)
+    return np.frombuffer(b"".join(bodies), dtype=np.uint8), offsets
+
+
+def encode_plain(
+    first_id: int, timestamp: int, data: np.ndarray, offsets: np.ndarray
+) -> tuple[memoryview, list[int], list[int]]:
+    """The records of the bodies ``data[offsets[i]:offsets[i + 1]]`` as ids ``first_id`` on, all with
+    ``timestamp``, back to back; and where each begins and ends in them (lists: the log cuts them into
+    segments with bisect)."""
+    count = len(offsets) - 1
     prefix = _TRIPLE + msgpack.packb(timestamp) + _EMPTY_MAP
     out, starts, ends = lay_out(RECORD_HEAD_SIZE, prefix, data, offsets)
     if count == 0:

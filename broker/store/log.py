@@ -39,12 +39,13 @@ from pathlib import Path
 from time import perf_counter
 
 import msgpack
+import numpy as np
 
 from broker.engine import Message
 from broker.histogram import FSYNC_SECONDS, Histogram
 from broker.store import DamagedRange, LogIdentity, StoreError, SyncFailed
 from broker.store.acks import AckJournal
-from broker.store.batch import encode_plain
+from broker.store.batch import columns, encode_plain
 from broker.store.producers import ProducerJournal
 from broker.store.segment import (
     NO_ENTRY,
@@ -64,6 +65,7 @@ from broker.store.segment import (
     write_all,
 )
 from broker.topics import Sync, TopicSpec
+from protocol.bodies import TopicBodies
 from protocol.checksum import crc32
 
 log = logging.getLogger("mc0.store")
@@ -395,8 +397,11 @@ class SegmentLog:
             self._reopen()
         if first_id != self._next_id:
             raise StoreError(f"{self.directory}: append of id {first_id}, the log expects {self._next_id}")
-        if len(items) >= BULK_MIN and all(headers == {} for _, _, headers in items):
-            return self._append_plain(first_id, timestamp, [body for _, body, _ in items])
+        if len(items) >= BULK_MIN:
+            if type(items) is TopicBodies:  # no headers by construction, the bodies in one buffer already
+                return self._append_plain(first_id, timestamp, *items.columns())
+            if all(headers == {} for _, _, headers in items):
+                return self._append_plain(first_id, timestamp, *columns([body for _, body, _ in items]))
         pack = self._pack
         add = self._add_record
         message_id = first_id
@@ -413,12 +418,12 @@ class SegmentLog:
             message_id += 1
         return message_id - first_id
 
-    def _append_plain(self, first_id: int, timestamp: int, bodies: list[bytes]) -> int:
-        """:meth:`append_batch` of entries without headers: the records encoded in bulk
-        (:mod:`broker.store.batch`), then cut where :meth:`_add_record` would roll the segment, with the index
-        entries it would make."""
-        out, starts, ends = encode_plain(first_id, timestamp, bodies)
-        count = len(bodies)
+    def _append_plain(self, first_id: int, timestamp: int, data: np.ndarray, offsets: np.ndarray) -> int:
+        """:meth:`append_batch` of entries without headers, the bodies ``data[offsets[i]:offsets[i + 1]]``:
+        the records encoded in bulk (:mod:`broker.store.batch`), then cut where :meth:`_add_record` would roll
+        the segment, with the index entries it would make."""
+        out, starts, ends = encode_plain(first_id, timestamp, data, offsets)
+        count = len(offsets) - 1
         done = 0
         while done < count:
             if self._active_size >= self._segment_bytes:

@@ -1,6 +1,7 @@
-"""PUTS entries packed from an Arrow column in bulk (``pipeline.puts``): byte for byte what msgpack writes for
-the same entries, for bodies of one size and of many, at every bin length boundary, for sliced columns and
-topics of any length; and what the broker decodes from them is the bodies, in order."""
+"""One topic's bodies taken from slices of an Arrow column (``pipeline.puts``) as the two frames of a
+``PUTS TOPIC`` (extension ``columns``): the bodies in order whatever the slices, their sizes (every msgpack
+bin width the store writes) and where they start in their column's buffers; and what the broker decodes from
+the frames is those bodies, with the producer and sequence the batch was sent with."""
 
 from __future__ import annotations
 
@@ -9,40 +10,45 @@ import random
 import pyarrow as pa
 import pytest
 
-from pipeline.puts import pack_bodies
+from pipeline.puts import topic_bodies
 from protocol import mc0
+from protocol.bodies import NO_HEADERS
 
 BOUNDARIES = [0, 1, 255, 256, 65_535, 65_536, 70_000]
 
 
-def reference(topic: bytes, bodies: list[bytes]) -> bytes:
-    return mc0.pack_put_items([(topic, body, mc0.NO_HEADERS) for body in bodies])
-
-
-@pytest.mark.parametrize("topic", [b"t", b"bench.sink", b"x" * 300])
 @pytest.mark.parametrize("bodies", [
-    [b"x" * 100] * 2000,  # one size: the strided path
+    [b"x" * 100] * 2000,
     [b""] * 3,
-    [b"a" * size for size in BOUNDARIES],  # every bin head width
+    [b"a" * size for size in BOUNDARIES],
     [bytes([n % 256]) * random.Random(n).randrange(300) for n in range(1000)],
     [b"one"],
-    [b"b" * 70_000] * 3,  # one size, bin32 heads
+    [b"b" * 70_000] * 3,
 ])
-def test_the_packed_entries_are_what_msgpack_writes(topic: bytes, bodies: list[bytes]) -> None:
+def test_the_bodies_of_any_slices_in_order(bodies: list[bytes]) -> None:
     column = pa.array(bodies, pa.binary())
-    for start, stop in ((0, len(bodies)), (1, len(bodies)), (0, len(bodies) // 2)):
-        part = column.slice(start, stop - start)
-        packed = mc0.PackedItems.join([pack_bodies(topic, part)], len(part))
-        assert packed.payload == reference(topic, bodies[start:stop])
+    half = len(bodies) // 2
+    cases = [([column], bodies), ([column.slice(1)], bodies[1:]), ([column.slice(0, half)], bodies[:half]),
+             ([column.slice(0, half), column.slice(half)], bodies)]
+    for slices, expected in cases:
+        batch = topic_bodies(b"t", slices)
+        assert list(batch) == [(b"t", body, NO_HEADERS) for body in expected]
+        assert batch.payload() == b"".join(expected)
 
 
-def test_parts_join_into_one_payload_the_broker_reads() -> None:
+def test_the_frames_decode_to_the_rows_with_the_producer() -> None:
     column = pa.array([b"%d" % n * (n % 7) for n in range(40)], pa.binary())
-    parts = [pack_bodies(b"t", column.slice(0, 15)), pack_bodies(b"t", column.slice(15, 25))]
-    puts = mc0.Puts(mc0.PackedItems.join(parts, 40), id=b"1", producer=b"p", sequence=0)
-    decoded = mc0.decode(mc0.encode(puts))
+    batch = topic_bodies(b"t", [column.slice(0, 15), column.slice(15, 25)])
+    frames = mc0.encode(mc0.Puts(batch, id=b"1", producer=b"p", sequence=0))
+    assert frames[:4] == [b"", b"PUTS", mc0.TOPIC, b"t"]
+    decoded = mc0.decode(frames)
     assert isinstance(decoded, mc0.Puts)
     expected = [(b"t", body) for body in column.to_pylist()]
     assert [(topic, body) for topic, body, _ in decoded.items] == expected
-    assert decoded.producer == b"p"
-    assert pack_bodies(b"t", column.slice(0, 0)) == b""
+    assert (decoded.producer, decoded.sequence, decoded.id) == (b"p", 0, b"1")
+
+
+def test_no_rows() -> None:
+    empty = pa.array([], pa.binary())
+    assert len(topic_bodies(b"t", [empty])) == 0
+    assert len(topic_bodies(b"t", [pa.array([b"a", b"b"], pa.binary()).slice(2)])) == 0

@@ -34,6 +34,7 @@ from connector.core import (
     to_bytes,
 )
 from protocol import mc0
+from protocol.bodies import TopicBodies
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -82,7 +83,7 @@ def test_connect_frames_carry_a_uuid_id_version_ttl_and_every_extension() -> Non
     assert str(uuid.UUID(command_id.decode())) == command_id.decode()
     assert headers[b"VERSION"] in mc0.SUPPORTED_VERSIONS
     assert headers[b"TTL"] == b"30000"
-    assert set(headers[b"EXTENSIONS"].decode().split()) == {"batch", "ids", "confirms"}
+    assert set(headers[b"EXTENSIONS"].decode().split()) == {"batch", "ids", "confirms", "columns"}
     assert set(headers) == {b"ID", b"VERSION", b"TTL", b"EXTENSIONS"}
 
 
@@ -105,7 +106,7 @@ def test_connect_frames_decode_with_the_codec() -> None:
     assert isinstance(event, mc0.Connect)
     assert event.id == command_id
     assert event.ttl == 400
-    assert event.extensions == frozenset({"batch", "ids", "confirms"})
+    assert event.extensions == frozenset({"batch", "ids", "confirms", "columns"})
 
 
 @pytest.mark.parametrize("ttl", [0, -1])
@@ -180,6 +181,24 @@ def test_request_frames_are_the_commands() -> None:
     _, frames = core.request(mc0.Put(b"t", b"body", None, {b"X-k": b"v"}))
     verb, headers, positional = parse(frames)
     assert (verb, headers[b"TOPIC"], headers[b"X-k"], positional) == (b"PUT", b"t", b"v", [b"body"])
+
+
+def test_one_topics_bodies_go_as_columns_when_the_broker_speaks_them() -> None:
+    bodies = TopicBodies.of(b"t", [b"a", b"bcd", b""])
+    _, frames = negotiated("columns").request(mc0.Puts(bodies, producer=b"p", sequence=7))
+    verb, headers, positional = parse(frames)
+    assert verb == b"PUTS"
+    assert (headers[b"TOPIC"], headers[b"PRODUCER"], headers[b"SEQUENCE"]) == (b"t", b"p", b"7")
+    assert positional == [b"\x00\x00\x00\x01\x00\x00\x00\x03\x00\x00\x00\x00", b"abcd"]
+
+
+def test_one_topics_bodies_go_as_msgpack_entries_to_a_broker_without_columns() -> None:
+    bodies = TopicBodies.of(b"t", [b"a", b"bcd", b""])
+    _, frames = negotiated("batch ids").request(mc0.Puts(bodies, producer=b"p", sequence=7))
+    verb, headers, positional = parse(frames)
+    assert (verb, b"TOPIC" in headers, headers[b"PRODUCER"]) == (b"PUTS", False, b"p")
+    assert positional is not None
+    assert msgpack.unpackb(positional[0]) == [[b"t", b"a"], [b"t", b"bcd"], [b"t", b""]]
 
 
 # ------------------------------------------------------------------------------------------------ resubscribe

@@ -14,10 +14,11 @@ import pytest
 
 from broker.engine import Message
 from broker.store import log as log_module
-from broker.store.batch import encode_plain
+from broker.store.batch import columns, encode_plain
 from broker.store.log import SegmentLog
 from broker.store.segment import RECORD_HEAD
 from broker.topics import Persistence, Sync, TopicSpec
+from protocol.bodies import TopicBodies
 
 NOW = 1_700_000_000_123
 TOPIC = b"bulk.t"
@@ -33,7 +34,7 @@ def one_by_one_record(message_id: int, timestamp: int, body: bytes) -> bytes:
                                    [random.Random(7).randrange(0, 600) for _ in range(500)]])
 def test_records_are_what_one_append_each_writes(sizes: list[int]) -> None:
     bodies = [bytes([n % 251]) * size for n, size in enumerate(sizes)]
-    out, starts, ends = encode_plain(41, NOW, bodies)
+    out, starts, ends = encode_plain(41, NOW, *columns(bodies))
     expected = [one_by_one_record(41 + n, NOW, body) for n, body in enumerate(bodies)]
     assert bytes(out) == b"".join(expected)
     assert [end - start for start, end in zip(starts, ends, strict=True)] == [len(r) for r in expected]
@@ -42,15 +43,19 @@ def test_records_are_what_one_append_each_writes(sizes: list[int]) -> None:
 
 
 def write_log(root: Path, batches: list[list[bytes]], *, segment_bytes: int, index_interval: int,
-              bulk: bool) -> list[Message]:
+              bulk: bool, as_columns: bool = False) -> list[Message]:
     """Append the batches (through append_batch when ``bulk``, else one append each), commit, close, and read
-    everything back from a fresh open."""
+    everything back from a fresh open. ``as_columns``: each batch a slice of a larger :class:`TopicBodies`
+    (what a batch is after an idempotent PUTS's duplicates were skipped)."""
     spec = TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.ASYNC, segment_bytes=segment_bytes)
     root.mkdir()
     log = SegmentLog(TOPIC, root, spec, index_interval=index_interval)
     next_id = 1
     for batch in batches:
-        if bulk:
+        if bulk and as_columns:
+            whole = TopicBodies.of(TOPIC, [b"before", *batch, b"after"])
+            assert log.append_batch(next_id, NOW, whole[1:-1]) == len(batch)
+        elif bulk:
             assert log.append_batch(next_id, NOW, [(TOPIC, body, {}) for body in batch]) == len(batch)
         else:
             for offset, body in enumerate(batch):
@@ -65,10 +70,11 @@ def write_log(root: Path, batches: list[list[bytes]], *, segment_bytes: int, ind
         log.close()
 
 
+@pytest.mark.parametrize("as_columns", [False, True])
 @pytest.mark.parametrize(("segment_bytes", "index_interval"), [(1024, 64), (4096, 1), (1 << 20, 4096),
                                                                (1024, 10_000)])
 def test_the_log_files_are_the_same_as_one_append_each(
-    tmp_path: Path, segment_bytes: int, index_interval: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, segment_bytes: int, index_interval: int, as_columns: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(log_module, "BULK_MIN", 2)  # every batch but the single entries in bulk
     randomly = random.Random(segment_bytes + index_interval)
@@ -76,7 +82,7 @@ def test_the_log_files_are_the_same_as_one_append_each(
                 for _ in range(randomly.choice([1, 5, 64, 65, 200, 1000]))] for _ in range(12)]
     batches.append([b"x" * 70_000] * 64)  # bin32 bodies, each past a small segment's size
     bulk = write_log(tmp_path / "bulk", batches, segment_bytes=segment_bytes, index_interval=index_interval,
-                     bulk=True)
+                     bulk=True, as_columns=as_columns)
     single = write_log(tmp_path / "single", batches, segment_bytes=segment_bytes,
                        index_interval=index_interval, bulk=False)
     assert [m.body for m in bulk] == [body for batch in batches for body in batch]
@@ -99,9 +105,9 @@ def test_small_batches_and_entries_with_headers_go_one_by_one(tmp_path: Path,
     taken: list[int] = []
     real = log._append_plain  # which path a batch takes is what this test is about
 
-    def spy(first_id: int, timestamp: int, bodies: list[bytes]) -> int:
-        taken.append(len(bodies))
-        return real(first_id, timestamp, bodies)
+    def spy(first_id: int, timestamp: int, data: object, offsets: list[int]) -> int:
+        taken.append(len(offsets) - 1)
+        return real(first_id, timestamp, data, offsets)
 
     monkeypatch.setattr(log, "_append_plain", spy)
     small = log_module.BULK_MIN - 1
@@ -110,9 +116,13 @@ def test_small_batches_and_entries_with_headers_go_one_by_one(tmp_path: Path,
     assert log.append_batch(1 + small, NOW, with_headers) == 100
     large = log_module.BULK_MIN
     assert log.append_batch(101 + small, NOW, [(TOPIC, b"d", {})] * large) == large
-    assert taken == [log_module.BULK_MIN]
+    # One topic's bodies as columns: in bulk from their buffer when large, one by one when small.
+    assert log.append_batch(101 + small + large, NOW, TopicBodies.of(TOPIC, [b"e"] * small)) == small
+    assert log.append_batch(101 + 2 * small + large, NOW, TopicBodies.of(TOPIC, [b"f"] * large)) == large
+    assert taken == [log_module.BULK_MIN, log_module.BULK_MIN]
     log.commit()
     messages = log.read(1, 1 << 20, 1 << 30)
-    assert [m.body for m in messages] == [b"a"] * small + [b"b"] * 99 + [b"c"] + [b"d"] * log_module.BULK_MIN
+    assert [m.body for m in messages] == ([b"a"] * small + [b"b"] * 99 + [b"c"] + [b"d"] * large
+                                          + [b"e"] * small + [b"f"] * large)
     assert messages[small + 99].headers == {b"K": b"v"}
     log.close()
