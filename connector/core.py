@@ -28,6 +28,10 @@ WANTED_EXTENSIONS = frozenset({mc0.EXT_BATCH, mc0.EXT_IDS, mc0.EXT_CONFIRMS, mc0
 #: Publishes packed into one PUTS frame at most (the broker's MESSAGES batches use the same bound).
 BATCH_MAX_MESSAGES = 1024
 BATCH_MAX_BYTES = 1 << 20
+#: A publish_batch of at least this many entries, all to one topic and without headers, goes as columns
+#: (:class:`~protocol.bodies.TopicBodies`) where the broker grants them: the size from which the broker's
+#: store lays a batch out in bulk (below it, columns save the broker nothing and cost numpy's fixed price).
+COLUMNS_MIN = 256
 #: Message ids per ACK frame set at most: one frame per id, and a consumer acking a huge backlog at once
 #: should not build a single frame set of a million frames.
 ACK_MAX_IDS = 1024
@@ -263,8 +267,9 @@ def puts_event(
     sequence: int | None = None,
 ) -> mc0.Puts:
     """The PUTS of ``publish_batch``: every entry checked and encoded before anything is sent (one topic's
-    bodies as columns, :class:`~protocol.bodies.TopicBodies`, are checked by the broker). With ``producer``
-    and ``sequence`` an idempotent batch: one topic, entry ``i`` numbered ``sequence + i``."""
+    bodies as columns, :class:`~protocol.bodies.TopicBodies`, are checked by the broker). A large batch of one
+    topic without headers becomes such columns (:data:`COLUMNS_MIN`). With ``producer`` and ``sequence`` an
+    idempotent batch: one topic, entry ``i`` numbered ``sequence + i``."""
     raw_topics: dict[str | bytes, bytes] = {}  # a batch names few topics: each converted and checked once
     if type(items) is TopicBodies:
         if not items.topic:
@@ -273,15 +278,21 @@ def puts_event(
     else:
         batch: list[tuple[bytes, bytes, dict[bytes, bytes]]] = []
         append = batch.append
+        headed = False
         for topic, body, headers in items:
             raw_topic = raw_topics.get(topic)
             if raw_topic is None:
                 raw_topic = raw_topics[topic] = to_bytes(topic)
                 if not raw_topic:
                     raise ValueError("publish_batch() needs a non-empty topic for every message")
+            if headers:
+                headed = True
             append((raw_topic, body if type(body) is bytes else to_bytes(body),
                     encode_headers(dict(headers)) if headers else mc0.NO_HEADERS))
-        puts = mc0.Puts(batch)
+        if len(batch) >= COLUMNS_MIN and not headed and len(set(raw_topics.values())) == 1:
+            puts = mc0.Puts(TopicBodies.of(batch[0][0], [body for _, body, _ in batch]))
+        else:
+            puts = mc0.Puts(batch)
     if producer is None and sequence is None:
         return puts
     if producer is None or sequence is None:

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from connector.core import (
     ACK_MAX_IDS,
     BATCH_MAX_MESSAGES,
+    COLUMNS_MIN,
     ClientCore,
     ConnectorError,
     Message,
@@ -30,6 +31,7 @@ from connector.core import (
     ack_target,
     declare_event,
     encode_headers,
+    puts_event,
     sub_event,
     to_bytes,
 )
@@ -199,6 +201,25 @@ def test_one_topics_bodies_go_as_msgpack_entries_to_a_broker_without_columns() -
     assert (verb, b"TOPIC" in headers, headers[b"PRODUCER"]) == (b"PUTS", False, b"p")
     assert positional is not None
     assert msgpack.unpackb(positional[0]) == [[b"t", b"a"], [b"t", b"bcd"], [b"t", b""]]
+
+
+def test_a_large_batch_of_one_topic_without_headers_becomes_columns() -> None:
+    entries = [("t", b"m%d" % n, None) for n in range(COLUMNS_MIN)]
+    puts = puts_event(entries, producer="p", sequence=3)
+    assert isinstance(puts.items, TopicBodies)
+    assert list(puts.items) == [(b"t", body, mc0.NO_HEADERS) for _, body, _ in entries]
+    assert (puts.producer, puts.sequence) == (b"p", 3)
+
+
+@pytest.mark.parametrize("entries", [
+    [("t", b"m", None)] * (COLUMNS_MIN - 1),  # small: nothing for the broker to lay out in bulk
+    [("t", b"m", None)] * COLUMNS_MIN + [("t", b"h", {"X-k": "v"})],  # a header
+    [("t", b"m", None)] * COLUMNS_MIN + [("u", b"other", None)],  # two topics
+])
+def test_other_batches_stay_msgpack_entries(entries: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
+    puts = puts_event(entries)
+    assert isinstance(puts.items, list)
+    assert len(puts.items) == len(entries)
 
 
 # ------------------------------------------------------------------------------------------------ resubscribe
