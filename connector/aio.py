@@ -13,7 +13,7 @@ import contextlib
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, Unpack
 
 import zmq
@@ -47,11 +47,14 @@ from connector.core import (
     encode_headers,
     fetch_event,
     fetch_result,
+    ok_headers,
+    puts_event,
     sub_event,
     to_bytes,
 )
 from connector.zsock import readable, send_frames
 from protocol import mc0
+from protocol.bodies import TopicBodies
 
 #: Seconds between the reader task's looks at a connected socket when no heartbeat is due sooner: frames are
 #: taken by the descriptor's callback; this catches anything no edge announced.
@@ -211,6 +214,22 @@ class AsyncClient(ClientBase):
         self._check()
         item = (to_bytes(topic), to_bytes(body), encode_headers(headers))
         return await self._confirm(item, self.timeout if timeout is None else timeout)
+
+    async def publish_batch(
+        self,
+        items: Iterable[tuple[str | bytes, str | bytes, dict[str, str] | None]] | TopicBodies,
+        *,
+        producer: str | bytes | None = None,
+        sequence: int | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> dict[str, str]:
+        """Publish the entries as one PUTS and wait for the OK that confirms them all, or the ERROR that
+        refuses them all (ConnectorError); idempotent with ``producer`` and ``sequence``. The same as
+        :meth:`connector.Client.publish_batch`."""
+        event = puts_event(items, producer, sequence)
+        if not event.items:
+            return {}
+        return ok_headers(await self._call(event, timeout, "PUTS"))
 
     async def _confirm(self, item: Publish, wait: float) -> asyncio.Future[dict[str, str]]:
         if self._in_flight >= self._max_confirms:

@@ -111,6 +111,26 @@ def test_confirmed_publish_returns_the_message_id(broker: Broker) -> None:
     run(main)
 
 
+def test_publish_batch_confirms_the_batch_and_skips_what_a_producer_stored(broker: Broker) -> None:
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint) as client:
+            await client.subscribe("batched")
+            entries = [("batched", f"m{n}", None) for n in range(300)]  # as columns: one topic, no headers
+            first = await client.publish_batch(entries, producer="p", sequence=0)
+            again = await client.publish_batch([*entries, ("batched", "last", {"X-k": "v"})], producer="p",
+                                               sequence=0)
+            assert (first["COUNT"], first["DUPLICATES"]) == ("300", "0")
+            assert (again["COUNT"], again["DUPLICATES"]) == ("1", "300")
+            assert await client.publish_batch([]) == {}
+            received = await receive_all_async(client, 301)
+            assert [m.text for m in received] == [f"m{n}" for n in range(300)] + ["last"]
+            assert received[-1].headers == {"X-k": "v"}
+            with pytest.raises(ValueError, match="one topic"):
+                await client.publish_batch([("a", "1", None), ("b", "2", None)], producer="p", sequence=9)
+
+    run(main)
+
+
 def test_fire_and_forget_publishes_arrive_complete_and_in_order(broker: Broker) -> None:
     count = 5000
 
