@@ -321,6 +321,12 @@ class Peer:
             frames += ["EXTENSIONS", extensions]
         return self.ok("CONNECT", *frames)
 
+    def negotiate(self, *extensions: str) -> Reply:
+        """CONNECT asking for ``extensions``, and check that the broker granted exactly those."""
+        reply = self.connect(extensions=" ".join(extensions))
+        assert set((reply.header("EXTENSIONS") or b"").decode().split()) == set(extensions), reply.frames
+        return reply
+
     def sub(self, *topics: FrameLike) -> Reply:
         return self.ok("SUB", "", *topics)
 
