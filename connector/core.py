@@ -293,6 +293,10 @@ def puts_event(
             puts = mc0.Puts(TopicBodies.of(batch[0][0], [body for _, body, _ in batch]))
         else:
             puts = mc0.Puts(batch)
+    if len(puts.items) > mc0.PUTS_MAX_ENTRIES:
+        raise ValueError(f"publish_batch() takes at most {mc0.PUTS_MAX_ENTRIES:,} entries, not "
+                         f"{len(puts.items):,}: split the batch (an idempotent one's parts go on numbering "
+                         "where the previous part ended)")
     if producer is None and sequence is None:
         return puts
     if producer is None or sequence is None:

@@ -126,6 +126,10 @@ FETCH_MAX_BYTES = 16 << 20
 #: The longest a FETCH may wait (a larger WAIT is lowered to it): a waiting FETCH holds a place in the broker,
 #: and a client's request timeout must outlast it. Kafka's fetch.max.wait.ms defaults to 500.
 FETCH_MAX_WAIT_MS = 60_000
+#: The most entries one PUTS may carry (more is an ERROR, and nothing of it is published). The broker takes a
+#: PUTS in one turn, which every other client waits behind: a frame of max_message_size (16 MiB by default)
+#: could otherwise hold millions of tiny entries, seconds of one turn and an object each.
+PUTS_MAX_ENTRIES = 100_000
 #: The longest PRODUCER a PUTS may name: an id, not a payload (it is kept per topic in memory and on disk).
 MAX_PRODUCER_BYTES = 255
 #: "No log identity": a transient topic in INCARNATIONS.
@@ -634,6 +638,7 @@ def _decode_puts(
     """The hot path of the whole broker: keep it to type checks and tuples (about 0.3 us an entry)."""
     if positional is None or len(positional) != 1:
         raise ProtocolError("PUTS needs exactly one payload frame after the empty key", command_id=command_id)
+    _check_entries(_array_length(positional[0]), command_id)
     items: list[tuple[bytes, bytes, Headers]] = []
     append = items.append
     for entry in _unpack_array(positional[0], "PUTS", command_id, use_list=False):
@@ -659,6 +664,27 @@ def _decode_puts(
     return items
 
 
+def _array_length(blob: bytes) -> int:
+    """How many elements the msgpack array ``blob`` says it has (0 if it does not start like an array: the
+    decoder then says what is wrong with it)."""
+    if not blob:
+        return 0
+    head = blob[0]
+    if 0x90 <= head <= 0x9F:
+        return head & 0x0F
+    if head == 0xDC:
+        return int.from_bytes(blob[1:3], "big")
+    if head == 0xDD:
+        return int.from_bytes(blob[1:5], "big")
+    return 0
+
+
+def _check_entries(count: int, command_id: bytes | None) -> None:
+    if count > PUTS_MAX_ENTRIES:
+        raise ProtocolError(f"PUTS carries {count:,} entries, more than the {PUTS_MAX_ENTRIES:,} a batch may "
+                            "hold: send smaller batches", command_id=command_id)
+
+
 def _decode_columns(topic: bytes, positional: list[bytes] | None, command_id: bytes | None) -> TopicBodies:
     """A PUTS with TOPIC (extension columns): the lengths frame and the bodies frame."""
     if not topic:
@@ -666,6 +692,7 @@ def _decode_columns(topic: bytes, positional: list[bytes] | None, command_id: by
     if positional is None or len(positional) != 2:
         raise ProtocolError("PUTS with TOPIC needs two frames after the empty key: lengths and bodies",
                             command_id=command_id)
+    _check_entries(len(positional[0]) // 4, command_id)
     try:
         return TopicBodies.decode(topic, positional[0], positional[1])
     except ValueError as error:

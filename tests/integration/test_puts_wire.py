@@ -20,6 +20,7 @@ import msgpack
 import pytest
 
 from broker.topics import Persistence, Sync, TopicRule, TopicSpec
+from protocol import mc0
 
 if TYPE_CHECKING:
     from conftest import BrokerFactory, DealerFactory, Peer, Reply
@@ -211,3 +212,23 @@ def test_an_empty_topic_is_refused(peer: Peer) -> None:
 def test_no_bodies_is_an_empty_batch(peer: Peer) -> None:
     reply = peer.ok(b"PUTS", b"TOPIC", b"p.none", b"", b"", b"")
     assert reply.header("COUNT") == b"0"
+
+
+@pytest.mark.parametrize("form", ["msgpack", "columns"])
+def test_a_batch_may_hold_up_to_puts_max_entries(peer: Peer, form: str) -> None:
+    most = mc0.PUTS_MAX_ENTRIES
+
+    def send(count: int, command_id: bytes) -> Reply:
+        if form == "columns":
+            return peer.request(b"PUTS", b"TOPIC", b"p.max", b"ID", command_id, b"", bytes(4 * count), b"")
+        entries = msgpack.packb([[b"p.max", b""]] * count, use_bin_type=True)
+        return peer.request(b"PUTS", b"ID", command_id, b"", entries)
+
+    refused = send(most + 1, b"x5")
+    assert refused.verb == b"ERROR", refused.frames
+    assert f"PUTS carries {most + 1:,} entries, more than the {most:,}".encode() in (refused.header("MESSAGE")
+                                                                                    or b"")
+    assert "p.max" not in peer.stats()["topics"]
+    stored_whole = send(most, b"x6")
+    assert stored_whole.verb == b"OK", stored_whole.frames
+    assert stored_whole.header("COUNT") == b"%d" % most

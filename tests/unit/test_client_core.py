@@ -211,6 +211,12 @@ def test_a_large_batch_of_one_topic_without_headers_becomes_columns() -> None:
     assert (puts.producer, puts.sequence) == (b"p", 3)
 
 
+def test_a_batch_past_the_brokers_bound_is_refused_before_it_is_sent() -> None:
+    with pytest.raises(ValueError, match="at most 100,000 entries, not 100,001: split the batch"):
+        puts_event([("t", b"", None)] * (mc0.PUTS_MAX_ENTRIES + 1))
+    assert len(puts_event([("t", b"", None)] * mc0.PUTS_MAX_ENTRIES).items) == mc0.PUTS_MAX_ENTRIES
+
+
 @pytest.mark.parametrize("entries", [
     [("t", b"m", None)] * (COLUMNS_MIN - 1),  # small: nothing for the broker to lay out in bulk
     [("t", b"m", None)] * COLUMNS_MIN + [("t", b"h", {"X-k": "v"})],  # a header
