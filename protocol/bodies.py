@@ -13,6 +13,10 @@ Why: a broker storing the Spark sink's 2,000-entry batches spent about half of i
 msgpack entries into tuples and walking them (the entries' checks, their topics, their bodies), measured with
 cProfile, where the store's own bulk work on the same rows is a fraction of a microsecond each.
 
+numpy is loaded when a batch is first made or taken in, not with this module: the connector imports it, and
+an agent or a CLI command that never sends a large batch should not wait for numpy's import (about 60 ms
+here, measured with ``-X importtime``). The broker has it loaded from start-up (the store uses it).
+
 This module knows the two frames and numpy, nothing about sockets or the broker.
 """
 
@@ -20,14 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from itertools import pairwise
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Shared by every header-less PUTS entry; treated as read-only everywhere.
 NO_HEADERS: dict[bytes, bytes] = {}
 
-_LENGTH = np.dtype(">u4")
+_LENGTH = ">u4"  # each body's length on the wire
 
 
 class TopicBodies(Sequence[tuple[bytes, bytes, dict[bytes, bytes]]]):
@@ -46,6 +51,8 @@ class TopicBodies(Sequence[tuple[bytes, bytes, dict[bytes, bytes]]]):
     @classmethod
     def decode(cls, topic: bytes, lengths: bytes, data: bytes) -> TopicBodies:
         """The entries of the two frames; ValueError saying what is wrong with them."""
+        import numpy as np
+
         if len(lengths) % 4:
             raise ValueError(f"the lengths frame has {len(lengths)} bytes, not a multiple of 4")
         offsets = np.zeros(len(lengths) // 4 + 1, dtype=np.int64)
@@ -58,12 +65,16 @@ class TopicBodies(Sequence[tuple[bytes, bytes, dict[bytes, bytes]]]):
     @classmethod
     def of(cls, topic: bytes, bodies: Sequence[bytes]) -> TopicBodies:
         """``bodies`` (bytes each) as one batch of ``topic``."""
+        import numpy as np
+
         offsets = np.zeros(len(bodies) + 1, dtype=np.int64)
         np.cumsum(np.fromiter(map(len, bodies), dtype=np.int64, count=len(bodies)), out=offsets[1:])
         return cls(topic, b"".join(bodies), offsets)
 
     def lengths(self) -> bytes:
         """The first frame: each body's length, 4 bytes big-endian."""
+        import numpy as np
+
         return np.diff(self.offsets).astype(_LENGTH).tobytes()
 
     def payload(self) -> bytes:
@@ -73,10 +84,14 @@ class TopicBodies(Sequence[tuple[bytes, bytes, dict[bytes, bytes]]]):
 
     def columns(self) -> tuple[np.ndarray, np.ndarray]:
         """The bodies as a uint8 array and the offsets into it: what the store's bulk encoder takes."""
+        import numpy as np
+
         return np.frombuffer(self.data, dtype=np.uint8), self.offsets
 
     def sizes(self) -> np.ndarray:
         """Each body's length (int64)."""
+        import numpy as np
+
         return np.diff(self.offsets)
 
     def __len__(self) -> int:

@@ -4,6 +4,9 @@ with malformed frames, and the codec's PUTS with TOPIC."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from protocol import ProtocolError, mc0
@@ -65,3 +68,11 @@ def test_the_codec_round_trips_a_puts_with_topic() -> None:
     assert (decoded.id, decoded.confirm_each, list(decoded.items)) == (b"i1", True, list(puts.items))
     with pytest.raises(ProtocolError, match="needs two frames"):
         mc0.decode([b"PUTS", b"TOPIC", b"t", b"", b"x"])
+
+
+def test_importing_the_connector_leaves_numpy_for_the_first_batch() -> None:
+    """An agent or a CLI command that never sends a large batch does not pay numpy's import."""
+    check = ("import sys, connector; from protocol.bodies import TopicBodies; "
+             "assert 'numpy' not in sys.modules; "
+             "TopicBodies.of(b't', [b'a']).lengths(); assert 'numpy' in sys.modules")
+    subprocess.run([sys.executable, "-c", check], check=True, timeout=60)
