@@ -22,6 +22,7 @@ from broker.topics import Persistence, TopicRule, TopicSpec
 from connector import Client
 from pipeline import options as source_options
 from pipeline.source import offsets_behind
+from protocol import mc0
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -38,8 +39,11 @@ def options(broker: Broker) -> dict[str, str]:
 
 
 def publish(broker: Broker, topic: str, count: int, start: int = 0) -> None:
+    """``count`` messages ``topic:n``, in batches of the most a PUTS may hold."""
     with Client(broker.endpoint, curve=False, timeout=30) as client:
-        client.publish_batch([(topic, f"{topic}:{n}", None) for n in range(start, start + count)])
+        for first in range(start, start + count, mc0.PUTS_MAX_ENTRIES):
+            last = min(start + count, first + mc0.PUTS_MAX_ENTRIES)
+            client.publish_batch([(topic, f"{topic}:{n}", None) for n in range(first, last)])
 
 
 def stored(broker: Broker, topic: str) -> list[Any]:
