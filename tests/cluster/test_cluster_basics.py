@@ -1,6 +1,7 @@
 """A three-broker cluster: strong publishes confirmed on a majority, followers that name the leader, a
 follower paused (SIGSTOP) while publishes go on, two of three gone (strong publishes refused, nothing
-confirmed that is not on a majority), and a restarted replica that catches up. Real broker processes."""
+confirmed that is not on a majority), a restarted replica that catches up, and a batch sent as columns.
+Real broker processes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from cluster_harness import Cluster, cluster_factory  # noqa: F401 - the fixture
 
 from connector import Client, ConnectorError
 from connector import keys as key_files
+from protocol.bodies import TopicBodies
 
 
 def _followers(cluster: Cluster, leader: object) -> list:
@@ -141,4 +143,31 @@ def test_a_restarted_replica_catches_up(cluster_factory) -> None:  # noqa: F811
         if replicas.get(victim.raft, 0) > last:
             break
         assert time.monotonic() < deadline, f"the restarted replica did not catch up: {replicas}"
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(90)
+def test_a_batch_as_columns_is_confirmed_on_a_majority_copied_everywhere_and_stored_once(
+    cluster_factory,  # noqa: F811
+) -> None:
+    """A batch of one topic's bodies in two frames (PUTS TOPIC), idempotent: the leader stores it in bulk
+    behind its gate, the OK waits for a majority's fsync, both followers copy it, and sent again it is
+    skipped whole."""
+    cluster: Cluster = cluster_factory()
+    leader = cluster.leader()
+    bodies = [b"c%d" % n for n in range(1000)]
+    batch = TopicBodies.of(b"durable.columns", bodies)
+    with Client(_followers(cluster, leader)[0].endpoint, **cluster.client_options(), timeout=10) as client:
+        first = client.publish_batch(batch, producer="loader", sequence=0)
+        again = client.publish_batch(batch, producer="loader", sequence=0)
+        stored = client.fetch("durable.columns", 1, max_messages=2000).messages
+    assert (first["COUNT"], first["DUPLICATES"], first["DURABILITY"]) == ("1000", "0", "fsync")
+    assert (again["COUNT"], again["DUPLICATES"]) == ("0", "1000")
+    assert [m.body for m in stored] == bodies
+    deadline = time.monotonic() + 30
+    while True:
+        replicas = cluster.cluster_view(cluster.leader())["replicas"].get("durable.columns", {})
+        if len(replicas) == 2 and all(position > 1000 for position in replicas.values()):
+            break
+        assert time.monotonic() < deadline, f"the followers did not copy the batch: {replicas}"
         time.sleep(0.2)
