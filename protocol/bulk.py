@@ -7,10 +7,9 @@ otherwise ``0xc6`` and four (big-endian). When every entry has one size the entr
 view and each part is one copy; otherwise the constant parts go where they belong by index and the bodies
 through one mask.
 
-Two users: the Spark sink's PUTS payloads (``pipeline.puts``: no lead, the prefix is an array-of-two head and
-the topic) and the store's records of a batch (``broker.store.batch``: the record head as lead, the prefix is
-an array-of-three head, the timestamp and an empty map). Why: a Python object and a packer call per entry
-cost each of them about a microsecond, several times the rest of their work.
+Its user is the store's encoder of a batch's records (``broker.store.batch``: the record head as lead, the
+prefix is an array-of-three head, the timestamp and an empty map). Why: a Python object and a packer call per
+entry cost it about a microsecond, several times the rest of its work.
 """
 
 from __future__ import annotations
