@@ -647,12 +647,11 @@ def test_pack_with_batch_gives_one_puts_for_a_small_batch() -> None:
     assert [tuple(item) for item in event.items] == items
 
 
-@pytest.mark.parametrize("extensions", [("batch", "ids"), ("batch", "ids", "columns")])
 @pytest.mark.parametrize(
     "count", [1, BATCH_MAX_MESSAGES - 1, BATCH_MAX_MESSAGES, BATCH_MAX_MESSAGES + 1, 2500]
 )
-def test_pack_with_batch_chunks_at_most_1024_messages(count: int, extensions: tuple[str, ...]) -> None:
-    core = negotiated(*extensions)
+def test_pack_with_batch_chunks_at_most_1024_messages(count: int) -> None:
+    core = negotiated("batch", "ids")
     items = publishes(count)
     frame_sets = list(core.pack(items))
     bodies: list[bytes] = []
@@ -673,28 +672,6 @@ def test_pack_with_batch_bounds_the_frame_size() -> None:
     assert len(frame_sets) > 1
     assert all(len(frames[-1]) <= 2 * (1 << 20) for frames in frame_sets)
     assert sum(len(mc0.decode(frames).items) for frames in frame_sets) == 10  # type: ignore[union-attr]
-
-
-def test_large_chunks_of_one_topic_without_headers_go_as_columns_where_granted() -> None:
-    core = negotiated("batch", "ids", "columns", "confirms")
-    one_topic = publishes(COLUMNS_MIN)
-    for frames in (next(iter(core.pack(one_topic))), next(core.pack_confirms(one_topic))[1]):
-        verb, headers, positional = parse(frames)
-        assert (verb, headers[b"TOPIC"]) == (b"PUTS", b"t")
-        assert positional is not None
-        assert len(positional) == 2
-        event = mc0.decode(frames)
-        assert isinstance(event, mc0.Puts)
-        assert [tuple(item) for item in event.items] == one_topic
-    assert parse(next(core.pack_confirms(one_topic))[1])[1][b"CONFIRM"] == b"each"
-    others = [publishes(COLUMNS_MIN - 1), [*publishes(COLUMNS_MIN), (b"u", b"x", {})],
-              [*publishes(COLUMNS_MIN), (b"t", b"h", {b"X-k": b"v"})]]
-    for items in others:
-        for frames in (next(iter(core.pack(items))), next(core.pack_confirms(items))[1]):
-            verb, headers, positional = parse(frames)
-            assert b"TOPIC" not in headers
-            assert positional is not None
-            assert len(positional) == 1
 
 
 def test_pack_of_nothing_is_nothing() -> None:
