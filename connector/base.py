@@ -409,8 +409,11 @@ class ClientBase:
         """The other endpoints, in order after this one, that have not refused a connect lately."""
         if len(self.endpoints) < 2:
             return []
-        return [endpoint for endpoint in self._after() if endpoint not in self._refused
-                or now - self._refused[endpoint] >= connection.REFUSED_FOR]
+        return [endpoint for endpoint in self._after() if not self._refused_lately(endpoint, now)]
+
+    def _refused_lately(self, endpoint: str, now: float) -> bool:
+        """Whether nothing listened at ``endpoint`` within the last ``REFUSED_FOR`` seconds."""
+        return now - self._refused.get(endpoint, -math.inf) < connection.REFUSED_FOR
 
     def _read_events(self, monitor: zmq.Socket, now: float) -> None:
         """Take the socket's connection events without blocking and act on what they say."""
@@ -458,7 +461,7 @@ class ClientBase:
         if self._moves_in_row >= MAX_REDIRECTS * len(self.endpoints):
             return False
         now = time.monotonic()
-        if leader is not None and now - self._refused.get(leader, -math.inf) < connection.REFUSED_FOR:
+        if leader is not None and self._refused_lately(leader, now):
             # A member still names the leader whose port just refused us (it has not noticed yet): ask the
             # others again shortly, while they elect a new one.
             leader, after = None, max(after, LEADER_GONE_WAIT)
