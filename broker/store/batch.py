@@ -17,8 +17,6 @@ it stalled the loop, and every connection with it, for as long.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import msgpack
 import numpy as np
 
@@ -28,14 +26,6 @@ from protocol.checksum import crc32
 
 _TRIPLE, _EMPTY_MAP = b"\x93", b"\x80"
 _ID_AND_PAYLOAD = 8  # where the CRC's input begins in a record: after the length and the CRC itself
-
-
-def columns(bodies: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """``bodies`` as :func:`encode_plain` takes them: back to back in one uint8 array, and the offsets."""
-    count = len(bodies)
-    offsets = np.zeros(count + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, bodies), dtype=np.int64, count=count), out=offsets[1:])
-    return np.frombuffer(b"".join(bodies), dtype=np.uint8), offsets
 
 
 def encode_plain(

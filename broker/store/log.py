@@ -45,7 +45,7 @@ from broker.engine import Message
 from broker.histogram import FSYNC_SECONDS, Histogram
 from broker.store import DamagedRange, LogIdentity, StoreError, SyncFailed
 from broker.store.acks import AckJournal
-from broker.store.batch import columns, encode_plain
+from broker.store.batch import encode_plain
 from broker.store.producers import ProducerJournal
 from broker.store.segment import (
     NO_ENTRY,
@@ -398,10 +398,10 @@ class SegmentLog:
         if first_id != self._next_id:
             raise StoreError(f"{self.directory}: append of id {first_id}, the log expects {self._next_id}")
         if len(items) >= BULK_MIN:
-            if type(items) is TopicBodies:  # no headers by construction, the bodies in one buffer already
+            if type(items) is not TopicBodies and all(headers == {} for _, _, headers in items):
+                items = TopicBodies.of(items[0][0], [body for _, body, _ in items])
+            if type(items) is TopicBodies:  # no headers by construction, the bodies in one buffer
                 return self._append_plain(first_id, timestamp, *items.columns())
-            if all(headers == {} for _, _, headers in items):
-                return self._append_plain(first_id, timestamp, *columns([body for _, body, _ in items]))
         pack = self._pack
         add = self._add_record
         message_id = first_id

@@ -14,7 +14,7 @@ import pytest
 
 from broker.engine import Message
 from broker.store import log as log_module
-from broker.store.batch import columns, encode_plain
+from broker.store.batch import encode_plain
 from broker.store.log import SegmentLog
 from broker.store.segment import RECORD_HEAD
 from broker.topics import Persistence, Sync, TopicSpec
@@ -34,7 +34,7 @@ def one_by_one_record(message_id: int, timestamp: int, body: bytes) -> bytes:
                                    [random.Random(7).randrange(0, 600) for _ in range(500)]])
 def test_records_are_what_one_append_each_writes(sizes: list[int]) -> None:
     bodies = [bytes([n % 251]) * size for n, size in enumerate(sizes)]
-    out, starts, ends = encode_plain(41, NOW, *columns(bodies))
+    out, starts, ends = encode_plain(41, NOW, *TopicBodies.of(TOPIC, bodies).columns())
     expected = [one_by_one_record(41 + n, NOW, body) for n, body in enumerate(bodies)]
     assert bytes(out) == b"".join(expected)
     assert [end - start for start, end in zip(starts, ends, strict=True)] == [len(r) for r in expected]
