@@ -88,12 +88,6 @@ class TopicBodies(Sequence[tuple[bytes, bytes, dict[bytes, bytes]]]):
 
         return np.frombuffer(self.data, dtype=np.uint8), self.offsets
 
-    def sizes(self) -> np.ndarray:
-        """Each body's length (int64)."""
-        import numpy as np
-
-        return np.diff(self.offsets)
-
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
@@ -123,8 +117,8 @@ class TopicBodies(Sequence[tuple[bytes, bytes, dict[bytes, bytes]]]):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, TopicBodies):
-            return (self.topic == other.topic and len(self) == len(other)
-                    and bool((self.sizes() == other.sizes()).all()) and self.payload() == other.payload())
+            return (self.topic == other.topic and self.lengths() == other.lengths()
+                    and self.payload() == other.payload())
         return isinstance(other, Sequence) and list(self) == list(other)
 
     __hash__ = None  # type: ignore[assignment]  # mutable-looking, compared by value like a list
