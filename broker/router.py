@@ -35,6 +35,7 @@ import logging
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import repeat
 from time import perf_counter
 from typing import Any, Protocol
 
@@ -486,7 +487,7 @@ class RouterShell:
         durable: dict[bytes, str] = {}  # per topic of the batch: what its messages' OK promises
         results: list[mc0.Confirmation] = []
         append = results.append
-        done = 0
+        done = stored = 0
         name = items[0][0] if items else b""
         known = engine.topics.get(name)
         if known is not None and not known.element_size and entry_topics(items) == {name}:
@@ -495,7 +496,9 @@ class RouterShell:
             first, done = engine.append_quietly(known, items, wall)
             if done:
                 durability = durable[name] = known.durability.decode()
-                results.extend((first + index, durability) for index in range(done))
+                results = list(zip(range(first, first + done), repeat(durability)))
+                append = results.append
+                stored = done
         for topic, body, headers in items[done:] if done else items:
             try:
                 message = publish(topic, body, headers, wall)
@@ -507,7 +510,8 @@ class RouterShell:
             if durability is None:
                 durability = durable[topic] = engine.topics[topic].durability.decode()
             append((message.id, durability))
-        self.counters["messages_in"] += sum(1 for message_id, _ in results if message_id is not None)
+            stored += 1
+        self.counters["messages_in"] += stored
         return results
 
     def _published(self, session: Session, message: Message, names: Iterable[bytes]) -> dict[bytes, bytes]:

@@ -21,7 +21,15 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from connector import addresses, connection
-from connector.core import ClientCore, ConnectorError, Message, Publish, confirm_results, to_bytes
+from connector.core import (
+    ClientCore,
+    ConnectorError,
+    Message,
+    Publish,
+    confirm_headers,
+    confirm_results,
+    to_bytes,
+)
 from connector.keys import Credentials
 from connector.zsock import readable, recv_frames
 from protocol import mc0
@@ -72,13 +80,13 @@ class Confirms:
         self.items = items  # what was sent: sent again to a cluster's leader when a follower refused it
 
     def settle(self, reply: mc0.Ok | mc0.Error) -> None:
-        for future, result in zip(self.futures, confirm_results(reply, len(self.futures)), strict=True):
+        for future, outcome in zip(self.futures, confirm_results(reply, len(self.futures)), strict=True):
             if future.done():
                 continue  # cancelled by its owner (an asyncio future)
-            if isinstance(result, ConnectorError):
-                future.set_exception(result)
+            if isinstance(outcome, ConnectorError):
+                future.set_exception(outcome)
             else:
-                future.set_result(result)
+                future.set_result(confirm_headers(outcome))
         self.release(len(self.futures))
 
     def fail(self, why: str) -> None:

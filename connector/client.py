@@ -47,9 +47,12 @@ from connector.core import (
     ConnectorError,
     FetchResult,
     Message,
+    Outcome,
     Publish,
     RecordsResult,
     ack_target,
+    confirm_headers,
+    confirm_results,
     declare_event,
     encode_headers,
     fetch_event,
@@ -106,16 +109,17 @@ class Confirmation:
 
     It offers what a ``concurrent.futures.Future`` offers for one result (``done()``, ``result(timeout)``,
     ``exception(timeout)``, ``add_done_callback(fn)``; a timeout raises TimeoutError), but costs a fraction
-    of one: it has no lock of its own, and waiting uses its client's condition, which the I/O thread
-    notifies once per command the broker answered, not once per message. Callbacks run on the I/O thread,
-    or at once if the confirmation is already settled."""
+    of one: it has no lock of its own, waiting uses its client's condition, which the I/O thread notifies once
+    per command the broker answered, not once per message, and the confirmations of one command are settled
+    together (:class:`_BulkConfirms`), the headers of each made only when asked for. Callbacks run on the I/O
+    thread, or at once if the confirmation is already settled."""
 
     __slots__ = ("_callbacks", "_condition", "_done", "_error", "_result")
 
     def __init__(self, condition: threading.Condition) -> None:
         self._condition = condition
         self._done = False
-        self._result: dict[str, str] | None = None
+        self._result: tuple[int, str] | dict[str, str] | None = None
         self._error: BaseException | None = None
         self._callbacks: list[Callable[[Confirmation], object]] | None = None
 
@@ -128,7 +132,10 @@ class Confirmation:
         error = self.exception(timeout)
         if error is not None:
             raise error
-        return self._result  # type: ignore[return-value] - set when done without an error
+        result = self._result
+        if type(result) is tuple:  # as the reply decoded it: the headers are made once, when first asked for
+            result = self._result = confirm_headers(result)
+        return result  # type: ignore[return-value] - set when done without an error
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if not self._done:
@@ -163,6 +170,46 @@ class Confirmation:
             callback(self)
 
 
+def _settle_all(
+    confirmations: list[Confirmation], outcomes: list[Outcome], condition: threading.Condition
+) -> None:
+    """Settle the confirmations of one command with the broker's ``outcomes``: a few attribute stores each,
+    and the condition taken once for all of them, for their callbacks. Their waiters are woken afterwards,
+    once (Client._release_confirms)."""
+    for confirmation, outcome in zip(confirmations, outcomes, strict=True):
+        if isinstance(outcome, ConnectorError):
+            confirmation._error = outcome
+        else:
+            confirmation._result = outcome
+        confirmation._done = True  # last: a reader that sees it done sees the outcome (the GIL orders stores)
+    # add_done_callback checks _done under the condition, so after this a callback is either in the lists
+    # taken here or called by add_done_callback itself, never both or neither.
+    with condition:
+        called = [(confirmation, callbacks) for confirmation in confirmations
+                  if (callbacks := confirmation._callbacks) is not None]
+        for confirmation, _ in called:
+            confirmation._callbacks = None
+    for confirmation, callbacks in called:
+        for callback in callbacks:
+            callback(confirmation)
+
+
+class _BulkConfirms(Confirms):
+    """The :class:`Confirms` of a :class:`Client`: its :class:`Confirmation` futures, settled together."""
+
+    __slots__ = ("condition",)
+
+    def __init__(self, futures: list[Confirmation], release: Callable[[int], None], items: list[Publish],
+                 condition: threading.Condition) -> None:
+        super().__init__(futures, release, items)  # type: ignore[arg-type] - Confirmation is a _Future
+        self.condition = condition
+
+    def settle(self, reply: mc0.Ok | mc0.Error) -> None:
+        futures: list[Confirmation] = self.futures  # type: ignore[assignment] - made so by __init__
+        _settle_all(futures, confirm_results(reply, len(futures)), self.condition)
+        self.release(len(futures))
+
+
 class Client(ClientBase):
     """A blocking mc0 client.
 
@@ -181,7 +228,9 @@ class Client(ClientBase):
         self._outbox: deque[Publish | mc0.Ack | _Request | QueuedConfirm] = deque()
         self._in_flight = 0  # confirmed publishes queued or sent and not yet settled (guarded by _room)
         self._arrived = threading.Event()
-        self._room = threading.Condition()
+        # A plain lock under the condition: the publish paths take it as a C-level context manager.
+        self._room_lock = threading.Lock()
+        self._room = threading.Condition(self._room_lock)
         self._signaled = False
         self._read_paused = False  # the I/O thread stopped reading because the inbox is full
         self._topics: dict[str | bytes, bytes] = {}
@@ -275,21 +324,26 @@ class Client(ClientBase):
 
     def _confirm(self, item: Publish, wait: float) -> Confirmation:
         self._check()
-        room = self._room
-        limit = self._max_confirms
-        with room:
-            if self._in_flight >= limit and not room.wait_for(
-                lambda: self._in_flight < limit or self._failure is not None or self._closed, wait
-            ):
-                raise ConnectorError(f"{self._max_confirms} confirmed publishes in flight for {wait:g}s: the "
-                                     "broker is not confirming them")
-            self._check()
+        with self._room_lock:
+            if self._in_flight >= self._max_confirms:
+                self._wait_for_confirms(wait)
             self._in_flight += 1
-        confirmation = Confirmation(room)
+        confirmation = Confirmation(self._room)
         self._outbox.append(QueuedConfirm(item, confirmation))
         if not self._signaled:
             self._wake()
         return confirmation
+
+    def _wait_for_confirms(self, wait: float) -> None:
+        """Wait (holding the room's lock, as its condition does) until fewer than ``max_confirms`` confirmed
+        publishes are in flight."""
+        limit = self._max_confirms
+        if not self._room.wait_for(
+            lambda: self._in_flight < limit or self._failure is not None or self._closed, wait
+        ):
+            raise ConnectorError(f"{limit} confirmed publishes in flight for {wait:g}s: the broker is not "
+                                 "confirming them")
+        self._check()
 
     def _release_confirms(self, count: int) -> None:
         """``count`` confirmations settled (on the I/O thread): room for more, and their waiters wake."""
@@ -626,7 +680,7 @@ class Client(ClientBase):
         # What a follower refused goes to the leader now, ahead of what was queued after it.
         resend, self._resend = self._resend, []
         for item in reversed(resend):
-            if type(item) is Confirms:
+            if type(item) is _BulkConfirms:
                 assert item.items is not None
                 for publish, future in zip(reversed(item.items), reversed(item.futures), strict=True):
                     self._outbox.appendleft(QueuedConfirm(publish, future))
@@ -723,7 +777,8 @@ class Client(ClientBase):
         request = self._waiting.pop(reply.id, None)  # type: ignore[arg-type] - the caller checked the id
         if request is None:
             return
-        resendable = type(request) is Confirms or (type(request) is _Request and request.event is not None)
+        resendable = type(request) is _BulkConfirms or (
+            type(request) is _Request and request.event is not None)
         if self._closing is None and self._redirected(reply) and resendable:
             self._resend.append(request)  # refused by a follower: nothing was stored, the leader gets it
             return
@@ -785,11 +840,13 @@ class Client(ClientBase):
     def _send_confirms(self, confirms: list[QueuedConfirm], now: float) -> None:
         if confirms:
             start = 0
-            for command_id, frames, count in self._core.pack_confirms([c.item for c in confirms]):
-                futures = [c.future for c in confirms[start : start + count]]
-                items = [c.item for c in confirms[start : start + count]]
-                self._waiting[command_id] = Confirms(futures, self._release_confirms, items)
-                start += count
+            items = [c.item for c in confirms]
+            futures = [c.future for c in confirms]
+            for command_id, frames, count in self._core.pack_confirms(items):
+                end = start + count
+                self._waiting[command_id] = _BulkConfirms(futures[start:end], self._release_confirms,
+                                                          items[start:end], self._room)
+                start = end
                 self._send(frames, now)
 
     def _send_acks(self, acks: dict[bytes, list[int]], now: float) -> None:

@@ -17,6 +17,7 @@ import logging
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from protocol import ProtocolError, mc0
 from protocol.bodies import TopicBodies
@@ -315,9 +316,14 @@ def ok_headers(reply: mc0.Ok) -> dict[str, str]:
     return {k.decode(): v.decode("utf-8", "replace") for k, v in reply.headers.items()}
 
 
-def confirm_results(reply: mc0.Ok | mc0.Error, count: int) -> list[dict[str, str] | ConnectorError]:
-    """What the broker said of ``count`` confirmed publishes that left in one command: per publish, the OK's
-    headers (``MESSAGE-ID``, ``DURABILITY``) or the ConnectorError its refusal raises.
+#: What the broker said of one confirmed publish: ``(message id, durability)`` of a stored entry of a
+#: ``PUTS CONFIRM each`` (the tuple the reply decoded to; :func:`confirm_headers` makes the headers when they
+#: are asked for), the OK's headers of a single PUT, or the ConnectorError its refusal raises.
+Outcome = tuple[int, str] | dict[str, str] | ConnectorError
+
+
+def confirm_results(reply: mc0.Ok | mc0.Error, count: int) -> list[Outcome]:
+    """What the broker said of ``count`` confirmed publishes that left in one command, one outcome each.
 
     The reply to a ``PUTS CONFIRM each`` carries one result per entry; the reply to a single PUT is its OK
     or its ERROR."""
@@ -333,11 +339,15 @@ def confirm_results(reply: mc0.Ok | mc0.Error, count: int) -> list[dict[str, str
         entries = mc0.decode_confirms(reply, count)
     except ProtocolError as error:
         return [_malformed(str(error)) for _ in range(count)]
-    return [
-        {"MESSAGE-ID": str(message_id), "DURABILITY": detail} if message_id is not None
-        else ConnectorError(f"broker refused PUT: {detail}")
-        for message_id, detail in entries
-    ]
+    return [entry if entry[0] is not None else ConnectorError(f"broker refused PUT: {entry[1]}")
+            for entry in entries]
+
+
+def confirm_headers(outcome: tuple[int, str] | dict[str, str]) -> dict[str, str]:
+    """The headers a confirmed publish resolves to (``MESSAGE-ID``, ``DURABILITY``) from its outcome."""
+    if type(outcome) is tuple:
+        return {"MESSAGE-ID": str(outcome[0]), "DURABILITY": outcome[1]}
+    return outcome  # type: ignore[return-value] - the OK's headers already
 
 
 def _malformed(what: str) -> ConnectorError:
@@ -347,6 +357,7 @@ def _malformed(what: str) -> ConnectorError:
 
 #: One queued publish: (topic, body, headers) as bytes, headers possibly empty.
 Publish = tuple[bytes, bytes, dict[bytes, bytes]]
+_body_of = itemgetter(1)
 
 
 class ClientCore:
@@ -564,6 +575,9 @@ class ClientCore:
         bodies: a frame over the broker's max_message_size would cost the connection."""
         start = 0
         total = len(publishes)
+        if 0 < total <= BATCH_MAX_MESSAGES and sum(map(len, map(_body_of, publishes))) < BATCH_MAX_BYTES:
+            yield 0, total  # the common case, summed without a Python step per publish
+            return
         while start < total:
             end = min(total, start + BATCH_MAX_MESSAGES)
             size = 0

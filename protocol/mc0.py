@@ -934,21 +934,21 @@ def confirms_ok(command_id: bytes, results: Sequence[Confirmation]) -> Ok:
 
 
 def decode_confirms(ok: Ok, count: int) -> list[Confirmation]:
-    """The per-entry results of the OK to a ``PUTS CONFIRM each`` of ``count`` entries (the client side)."""
+    """The per-entry results of the OK to a ``PUTS CONFIRM each`` of ``count`` entries (the client side): the
+    tuples as msgpack decoded them, checked in one pass."""
     if ok.body is None:
         raise ProtocolError("the OK to a PUTS with CONFIRM each has no payload", command_id=ok.id)
-    results: list[Confirmation] = []
-    for entry in _unpack_array(ok.body, "CONFIRM reply", ok.id):
-        if type(entry) is not list or len(entry) != 2 or type(entry[1]) is not str or not (
+    results = _unpack_array(ok.body, "CONFIRM reply", ok.id, use_list=False)
+    for entry in results:
+        if type(entry) is not tuple or len(entry) != 2 or type(entry[1]) is not str or not (
             entry[0] is None or (type(entry[0]) is int and entry[0] >= 0)
         ):
             raise ProtocolError("each CONFIRM reply entry must be [id, durability] or [nil, error]",
                                 command_id=ok.id)
-        results.append((entry[0], entry[1]))
     if len(results) != count:
         raise ProtocolError(f"the OK to a PUTS of {count} entries carries {len(results)} results",
                             command_id=ok.id)
-    return results
+    return list(results)
 
 
 def message_frames(
