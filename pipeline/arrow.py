@@ -104,8 +104,9 @@ def to_batch(
     stop_id: int | None = None,
     check_crc: bool = True,
 ) -> pa.RecordBatch:
-    """Columns ``key, value, topic, id, timestamp`` (and ``headers`` when ``schema`` has it) for records
-    ``start_id`` .. ``start_id + count - 1`` of ``payload``, cut at ``stop_id`` (exclusive) when given."""
+    """The columns ``schema`` names (of ``key, value, topic, id, timestamp, headers``, in its order) for
+    records ``start_id`` .. ``start_id + count - 1`` of ``payload``, cut at ``stop_id`` (exclusive) when
+    given; a column not asked for is not built."""
     buffer = np.frombuffer(payload, dtype=np.uint8)
     positions = _uniform_positions(payload, buffer, start_id, count, check_crc)
     if positions is None:  # records of several sizes: walk them one by one
@@ -135,8 +136,9 @@ def to_batch(
         length_bytes[bin_marker == code] = width
     usual &= length_bytes > 0
 
+    names = schema.names  # the columns asked for (all of them unless the read was given a schema)
     timestamps = marker.astype(np.uint64)  # the fixint case: the marker is the value
-    for code, width in _UINT_BYTES.items():
+    for code, width in _UINT_BYTES.items() if "timestamp" in names else ():
         chosen = usual & (marker == code)
         if chosen.any():
             timestamps[chosen] = _big_endian(buffer, start[chosen] + 2, width)
@@ -160,25 +162,29 @@ def to_batch(
             headers[index] = [(name.decode("utf-8", "surrogateescape"), value)
                               for name, value in message_headers.items() if name != KEY_HEADER]
 
-    lengths = ends - body_starts
-    offsets = np.zeros(count + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    bodies = _bodies(buffer, positions, body_starts, ends, lengths)
-    value = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(bodies)])
-
-    micros = (timestamps.astype(np.int64) * 1000).astype(np.int64)
-    columns: dict[str, Any] = {
-        "key": pa.array(keys, pa.binary()) if keys is not None else pa.nulls(count, pa.binary()),
-        "value": value,
-        "topic": pa.repeat(pa.scalar(topic, pa.string()), count) if count else pa.array([], pa.string()),
-        "id": pa.array(np.arange(start_id, start_id + count, dtype=np.int64)),
-        "timestamp": pa.Array.from_buffers(schema.field("timestamp").type, count,
-                                           [None, pa.py_buffer(micros)]),
-    }
-    if "headers" in schema.names:
+    columns: dict[str, Any] = {}
+    if "value" in names:
+        lengths = ends - body_starts
+        offsets = np.zeros(count + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        bodies = _bodies(buffer, positions, body_starts, ends, lengths)
+        columns["value"] = pa.Array.from_buffers(pa.binary(), count,
+                                                 [None, pa.py_buffer(offsets), pa.py_buffer(bodies)])
+    if "key" in names:
+        columns["key"] = pa.array(keys, pa.binary()) if keys is not None else pa.nulls(count, pa.binary())
+    if "topic" in names:
+        columns["topic"] = (pa.repeat(pa.scalar(topic, pa.string()), count) if count
+                            else pa.array([], pa.string()))
+    if "id" in names:
+        columns["id"] = pa.array(np.arange(start_id, start_id + count, dtype=np.int64))
+    if "timestamp" in names:
+        micros = (timestamps.astype(np.int64) * 1000).astype(np.int64)
+        columns["timestamp"] = pa.Array.from_buffers(schema.field("timestamp").type, count,
+                                                     [None, pa.py_buffer(micros)])
+    if "headers" in names:
         if headers is None:
             columns["headers"] = pa.ListArray.from_arrays(
                 pa.array(np.zeros(count + 1, dtype=np.int32)), pa.array([], HEADER_TYPE.value_type))
         else:
             columns["headers"] = pa.array(headers, HEADER_TYPE)
-    return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
+    return pa.RecordBatch.from_arrays([columns[name] for name in names], schema=schema)

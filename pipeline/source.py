@@ -20,6 +20,7 @@ Register once per session: :func:`register`, then ``spark.read.format("mc0")``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -81,6 +82,33 @@ SCHEMA = StructType([
     StructField("timestamp", TimestampType()),
 ])
 SCHEMA_WITH_HEADERS = StructType([*SCHEMA.fields, StructField("headers", HEADERS_TYPE)])
+
+
+def chosen_columns(schema: StructType, full: StructType) -> StructType | None:
+    """The columns a read was given with ``.schema(...)``: None when ``schema`` is the source's own ``full``
+    one, else ``schema`` once every field in it is one of ``full``'s, with the same type (in any order, each
+    once). Spark's Python data sources cannot prune columns, so naming only the columns a query needs is how
+    a reader spares the executors and Spark's JVM the others (docs/pipeline.md, "Reading only some
+    columns")."""
+    if schema == full:
+        return None
+    types = {field.name: field.dataType for field in full.fields}
+    names = [field.name for field in schema.fields]
+    if not names:
+        raise OptionError("a schema given to an mc0 read must name at least one column")
+    if len(set(names)) != len(names):
+        raise OptionError(f"a schema given to an mc0 read names a column twice: {', '.join(names)}")
+    for column in schema.fields:
+        expected = types.get(column.name)
+        if expected is None:
+            offered = ", ".join(f"{name} {kind.simpleString()}" for name, kind in types.items())
+            hint = " (headers needs includeHeaders=true)" if column.name == "headers" else ""
+            raise OptionError(f"column {column.name!r} of the given schema is not one an mc0 read has{hint}: "
+                              f"choose among {offered}")
+        if column.dataType != expected:
+            raise OptionError(f"column {column.name!r} of an mc0 read is {expected.simpleString()}, not "
+                              f"{column.dataType.simpleString()}: give it that type in the schema")
+    return schema
 
 log = logging.getLogger("mc0.pipeline")
 if not log.handlers and not logging.getLogger().handlers:
@@ -190,6 +218,7 @@ class ReadSettings:
     fetch_max_wait_ms: int
     discovery_ms: int
     parallelism: int | None = None  # Spark's default parallelism when registered (None: the machine's cores)
+    columns: StructType | None = None  # the columns a schema given to the read chose (None: all of them)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], mode: Mode, parallelism: int | None = None) -> ReadSettings:
@@ -239,8 +268,17 @@ class ReadSettings:
     def matches(self, topic: str) -> bool:
         return topic in self.topics if self.pattern is None else re.fullmatch(self.pattern, topic) is not None
 
-    def schema(self) -> StructType:
+    def full_schema(self) -> StructType:
         return SCHEMA_WITH_HEADERS if self.include_headers else SCHEMA
+
+    def schema(self) -> StructType:
+        """What each row carries: the columns a given schema chose, or all of them."""
+        return self.columns if self.columns is not None else self.full_schema()
+
+    def reading(self, schema: StructType) -> ReadSettings:
+        """These settings for a read Spark plans with ``schema`` (this source's own, or one given with
+        ``.schema(...)``: see :func:`chosen_columns`)."""
+        return dataclasses.replace(self, columns=chosen_columns(schema, self.full_schema()))
 
     def loss(self, message: str) -> None:
         """Data a query was to read is gone: fail (failOnDataLoss) or say so and go on."""
@@ -712,10 +750,12 @@ class Mc0DataSource(DataSource):
         return SCHEMA_WITH_HEADERS if opts.flag(self.options, "includeHeaders", False) else SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return Mc0BatchReader(ReadSettings.parse(self.options, Mode.READ, self.default_parallelism))
+        settings = ReadSettings.parse(self.options, Mode.READ, self.default_parallelism)
+        return Mc0BatchReader(settings.reading(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return Mc0StreamReader(ReadSettings.parse(self.options, Mode.STREAM, self.default_parallelism))
+        settings = ReadSettings.parse(self.options, Mode.STREAM, self.default_parallelism)
+        return Mc0StreamReader(settings.reading(schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from pipeline.sink import batch_writer

@@ -68,3 +68,18 @@ def test_a_stop_id_cuts_the_batch_and_a_bad_record_is_refused() -> None:
     broken[-1] ^= 0xFF
     with pytest.raises(ProtocolError, match="CRC"):
         rows(bytes(broken), 1, 20)
+
+
+@pytest.mark.parametrize("names",
+                         [["value"], ["id", "value"], ["timestamp", "key", "topic"], ["headers", "id"]])
+def test_only_the_columns_a_schema_names_are_built_in_its_order(names: list[str]) -> None:
+    from pyspark.sql.types import StructType
+
+    payload = (b"".join(record(n, 1_700_000_000_000 + n, {}, b"v%d" % n) for n in range(1, 4))
+               + record(4, 1_700_000_000_004, {b"KEY": b"k", b"X": b"y"}, b"v4"))
+    full = rows(payload, 1, 4, headers=True)
+    chosen = StructType([SCHEMA_WITH_HEADERS[name] for name in names])
+    schema = to_arrow_schema(chosen, timezone="UTC")
+    batch = to_batch(payload, 1, 4, "t", schema)
+    assert batch.schema.equals(schema)
+    assert batch.to_pylist() == [{name: row[name] for name in names} for row in full]

@@ -239,3 +239,39 @@ def test_the_demo_command_sets_the_python_its_workers_run(tmp_path: Path) -> Non
     assert said.startswith("shipped 300 events over Lumberjack to the topic logs;"), said
     assert header.split() == ["minute", "host", "level", "count"]
     assert sum(int(line.split()[-1]) for line in table) == 300
+
+
+# ------------------------------------------------------------------------------------- chosen columns
+
+
+def test_a_schema_given_to_a_read_chooses_its_columns_batch_and_streaming(
+    spark: Any, broker: Broker, tmp_path: Path
+) -> None:
+    publish(broker, "cols", 9)  # ids 1..10
+    frame = spark.read.format("mc0").options(**options(broker), subscribe="cols").schema(
+        "id long, value binary").load()
+    assert frame.columns == ["id", "value"]
+    got = sorted((r.id, bytes(r.value)) for r in frame.collect())
+    assert got == [(n + 1, b"cols:%d" % n) for n in range(10)]
+    stream = (spark.readStream.format("mc0").options(**options(broker), subscribe="cols",
+                                                     startingOffsets="earliest")
+              .schema("value binary").load())
+    assert stream.columns == ["value"]
+    query = (stream.writeStream.format("memory").queryName("chosen_columns")
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert sorted(bytes(r.value) for r in spark.table("chosen_columns").collect()) == sorted(
+        b"cols:%d" % n for n in range(10))
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    ("value string", "column 'value' of an mc0 read is binary, not string"),
+    ("value binary, offset long", "column 'offset' of the given schema is not one an mc0 read has"),
+    ("headers array<struct<key string, value binary>>", "headers needs includeHeaders=true"),
+])
+def test_a_schema_with_a_column_the_source_does_not_have_is_refused(
+    spark: Any, broker: Broker, schema: str, message: str
+) -> None:
+    publish(broker, "cols", 0)
+    with pytest.raises(Exception, match=message):  # Spark wraps ours in its own exception
+        spark.read.format("mc0").options(**options(broker), subscribe="cols").schema(schema).load().collect()

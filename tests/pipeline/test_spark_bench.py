@@ -21,6 +21,7 @@ def test_the_spark_benchmark_runs() -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=380, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.endswith("rows/s")]
-    assert len(rows) == 6, done.stdout
+    assert len(rows) == 7, done.stdout
     assert all(float(row.split()[-2].replace(",", "")) > 0 for row in rows), rows
     assert done.stdout.count("target >=") == 3, done.stdout
+    assert "value only / Parquet" in done.stdout, done.stdout

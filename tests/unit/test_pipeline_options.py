@@ -65,3 +65,50 @@ def test_z85_keys_go_together() -> None:
     connection = options.Connection.parse({"connectTimeoutMs": "1500"})
     assert (connection.broker, connection.connect_timeout, connection.request_timeout) == (
         options.DEFAULT_BROKER, 1.5, options.DEFAULT_REQUEST_TIMEOUT_MS / 1000)
+
+
+# ------------------------------------------------------------------------------- a schema given to a read
+
+
+def test_a_given_schema_chooses_columns_in_its_order_and_the_full_one_chooses_none() -> None:
+    from pyspark.sql.types import StructType
+
+    from pipeline.source import SCHEMA, SCHEMA_WITH_HEADERS, chosen_columns
+
+    assert chosen_columns(SCHEMA, SCHEMA) is None
+    chosen = StructType([SCHEMA_WITH_HEADERS["headers"], SCHEMA["id"]])
+    assert chosen_columns(chosen, SCHEMA_WITH_HEADERS) == chosen
+    assert chosen_columns(StructType(list(reversed(SCHEMA.fields))), SCHEMA) is not None
+
+
+def refused_schemas() -> list[tuple[list, str]]:
+    from pyspark.sql.types import BinaryType, IntegerType, StructField
+
+    from pipeline.source import HEADERS_TYPE
+
+    return [
+        ([StructField("value", BinaryType()), StructField("value", BinaryType())], "names a column twice"),
+        ([StructField("id", IntegerType())], "column 'id' of an mc0 read is bigint, not int"),
+        ([StructField("partition", IntegerType())],
+         "column 'partition' of the given schema is not one an mc0 read has: choose among key binary"),
+        ([StructField("headers", HEADERS_TYPE)], "headers needs includeHeaders=true"),
+    ]
+
+
+@pytest.mark.parametrize(("fields", "says"), refused_schemas())
+def test_a_given_schema_with_other_columns_or_types_is_refused(fields: list, says: str) -> None:
+    from pyspark.sql.types import StructType
+
+    from pipeline.source import SCHEMA, chosen_columns
+
+    with pytest.raises(OptionError, match=says):
+        chosen_columns(StructType(fields), SCHEMA)
+
+
+def test_a_given_schema_without_columns_is_refused() -> None:
+    from pyspark.sql.types import StructType
+
+    from pipeline.source import SCHEMA, chosen_columns
+
+    with pytest.raises(OptionError, match="at least one column"):
+        chosen_columns(StructType([]), SCHEMA)
