@@ -92,8 +92,8 @@ def chosen_columns(schema: StructType, full: StructType) -> StructType | None:
     columns")."""
     if schema == full:
         return None
-    types = {field.name: field.dataType for field in full.fields}
-    names = [field.name for field in schema.fields]
+    types = {column.name: column.dataType for column in full.fields}
+    names = [column.name for column in schema.fields]
     if not names:
         raise OptionError("a schema given to an mc0 read must name at least one column")
     if len(set(names)) != len(names):
@@ -109,6 +109,7 @@ def chosen_columns(schema: StructType, full: StructType) -> StructType | None:
             raise OptionError(f"column {column.name!r} of an mc0 read is {expected.simpleString()}, not "
                               f"{column.dataType.simpleString()}: give it that type in the schema")
     return schema
+
 
 log = logging.getLogger("mc0.pipeline")
 if not log.handlers and not logging.getLogger().handlers:
