@@ -170,12 +170,13 @@ class Confirmation:
             callback(self)
 
 
-def _settle_all(
-    confirmations: list[Confirmation], outcomes: list[Outcome], condition: threading.Condition
-) -> None:
-    """Settle the confirmations of one command with the broker's ``outcomes``: a few attribute stores each,
-    and the condition taken once for all of them, for their callbacks. Their waiters are woken afterwards,
-    once (Client._release_confirms)."""
+def _settle_all(confirmations: list[Confirmation], outcomes: list[Outcome]) -> None:
+    """Settle the confirmations of one command (of one client: they share its condition) with the broker's
+    ``outcomes``: a few attribute stores each, and the condition taken once for all of them, for their
+    callbacks. Their waiters are woken afterwards, once (Client._release_confirms)."""
+    if not confirmations:
+        return
+    condition = confirmations[0]._condition
     for confirmation, outcome in zip(confirmations, outcomes, strict=True):
         if isinstance(outcome, ConnectorError):
             confirmation._error = outcome
@@ -197,16 +198,11 @@ def _settle_all(
 class _BulkConfirms(Confirms):
     """The :class:`Confirms` of a :class:`Client`: its :class:`Confirmation` futures, settled together."""
 
-    __slots__ = ("condition",)
-
-    def __init__(self, futures: list[Confirmation], release: Callable[[int], None], items: list[Publish],
-                 condition: threading.Condition) -> None:
-        super().__init__(futures, release, items)  # type: ignore[arg-type] - Confirmation is a _Future
-        self.condition = condition
+    __slots__ = ()
 
     def settle(self, reply: mc0.Ok | mc0.Error) -> None:
-        futures: list[Confirmation] = self.futures  # type: ignore[assignment] - made so by __init__
-        _settle_all(futures, confirm_results(reply, len(futures)), self.condition)
+        futures: list[Confirmation] = self.futures  # type: ignore[assignment] - the client makes them so
+        _settle_all(futures, confirm_results(reply, len(futures)))
         self.release(len(futures))
 
 
@@ -848,7 +844,7 @@ class Client(ClientBase):
             for command_id, frames, count in self._core.pack_confirms(items):
                 end = start + count
                 self._waiting[command_id] = _BulkConfirms(futures[start:end], self._release_confirms,
-                                                          items[start:end], self._room)
+                                                          items[start:end])
                 start = end
                 self._send(frames, now)
 

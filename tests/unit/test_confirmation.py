@@ -17,9 +17,9 @@ def confirmations(count: int) -> tuple[threading.Condition, list[Confirmation]]:
 
 
 def test_settled_together_each_resolves_to_its_own_outcome() -> None:
-    condition, futures = confirmations(3)
+    _, futures = confirmations(3)
     refused = ConnectorError("broker refused PUT: too big")
-    _settle_all(futures, [(7, "fsync"), refused, {"MESSAGE-ID": "9", "DURABILITY": "memory"}], condition)
+    _settle_all(futures, [(7, "fsync"), refused, {"MESSAGE-ID": "9", "DURABILITY": "memory"}])
     assert all(future.done() for future in futures)
     assert futures[0].result(0) == {"MESSAGE-ID": "7", "DURABILITY": "fsync"}
     assert futures[0].result(0) is futures[0].result(0), "the headers are made once"
@@ -30,10 +30,10 @@ def test_settled_together_each_resolves_to_its_own_outcome() -> None:
 
 
 def test_callbacks_added_before_and_after_settling_run_once_each() -> None:
-    condition, futures = confirmations(2)
+    _, futures = confirmations(2)
     calls: list[tuple[str, Confirmation]] = []
     futures[0].add_done_callback(lambda future: calls.append(("before", future)))
-    _settle_all(futures, [(1, "fsync"), (2, "fsync")], condition)
+    _settle_all(futures, [(1, "fsync"), (2, "fsync")])
     futures[0].add_done_callback(lambda future: calls.append(("after", future)))
     futures[1].add_done_callback(lambda future: calls.append(("after", future)))
     assert calls == [("before", futures[0]), ("after", futures[0]), ("after", futures[1])]
@@ -47,13 +47,13 @@ def add_counting_callbacks(futures: list[Confirmation], counts: list[int], start
 
 def test_a_callback_added_while_another_thread_settles_runs_exactly_once() -> None:
     for _ in range(200):
-        condition, futures = confirmations(50)
+        _, futures = confirmations(50)
         counts = [0] * len(futures)
         start = threading.Barrier(2)
         adder = threading.Thread(target=add_counting_callbacks, args=(futures, counts, start))
         adder.start()
         start.wait()
-        _settle_all(futures, [(n, "fsync") for n in range(len(futures))], condition)
+        _settle_all(futures, [(n, "fsync") for n in range(len(futures))])
         adder.join(5)
         assert counts == [1] * len(futures)
 
@@ -67,7 +67,7 @@ def test_a_waiter_wakes_when_the_command_is_settled_and_released() -> None:
             released.append(count)
             condition.notify_all()
 
-    batch = _BulkConfirms(futures, release, [(b"t", b"a", {}), (b"t", b"b", {})], condition)
+    batch = _BulkConfirms(futures, release, [(b"t", b"a", {}), (b"t", b"b", {})])
     outcome: list[dict[str, str]] = []
     waiter = threading.Thread(target=lambda: outcome.append(futures[1].result(5)))
     waiter.start()
@@ -78,8 +78,8 @@ def test_a_waiter_wakes_when_the_command_is_settled_and_released() -> None:
 
 
 def test_an_error_reply_fails_every_confirmation_of_the_command() -> None:
-    condition, futures = confirmations(2)
-    batch = _BulkConfirms(futures, lambda count: None, [(b"t", b"a", {}), (b"t", b"b", {})], condition)
+    _, futures = confirmations(2)
+    batch = _BulkConfirms(futures, lambda count: None, [(b"t", b"a", {}), (b"t", b"b", {})])
     batch.settle(mc0.Error(b"topic limit reached", b"c1"))
     errors = [future.exception(0) for future in futures]
     assert all(isinstance(error, ConnectorError) and "topic limit reached" in str(error) for error in errors)
