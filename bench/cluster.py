@@ -60,6 +60,7 @@ class Member:
     paused: bool = False
     starts: int = 0
     lumberjack: int | None = None  # the Lumberjack door's port, when it has one
+    http: int | None = None  # the monitoring endpoint's port, when it has one
 
     @property
     def endpoint(self) -> str:
@@ -200,10 +201,11 @@ class Cluster:
 
 
 def make_cluster(folder: Path, *, size: int = 3, curve: bool = False, settings: str = "",
-                 clustered: bool = True, lumberjack: bool = False) -> Cluster:
+                 clustered: bool = True, lumberjack: bool = False, monitoring: bool = False) -> Cluster:
     """``size`` brokers under ``folder`` (not started): a cluster, or with ``clustered`` false one plain
-    broker (the baseline the benchmark compares with); with ``lumberjack`` each has that door on a loopback
-    port of its own (``Member.lumberjack``)."""
+    broker (the baseline the benchmark compares with); with ``lumberjack`` each has that door, and with
+    ``monitoring`` its HTTP endpoint, on a loopback port of its own (``Member.lumberjack``,
+    ``Member.http``)."""
     tmp_path = folder
     keys_dir = None
     if curve:
@@ -211,7 +213,7 @@ def make_cluster(folder: Path, *, size: int = 3, curve: bool = False, settings: 
         key_files.generate(keys_dir)  # one key pair for every member (docs/cluster.md), and a client
     # Every port at once: the brokers and their Raft bind them only when they start, and a port chosen alone
     # could be chosen again meanwhile (a member's Raft port was once another's mc0 port).
-    ports = iter(free_ports(size * (3 if lumberjack else 2)))
+    ports = iter(free_ports(size * (2 + lumberjack + monitoring)))
     rafts = [f"127.0.0.1:{next(ports)}" for _ in range(size)]
     members = []
     for index in range(size):
@@ -219,6 +221,7 @@ def make_cluster(folder: Path, *, size: int = 3, curve: bool = False, settings: 
         folder.mkdir(parents=True)
         port = next(ports)
         shipping = next(ports) if lumberjack else None
+        http = next(ports) if monitoring else None
         peers = ", ".join(f'"{raft}"' for other, raft in enumerate(rafts) if other != index)
         config = folder / "mc0.toml"
         config.write_text(
@@ -226,14 +229,15 @@ def make_cluster(folder: Path, *, size: int = 3, curve: bool = False, settings: 
             f'bind = "tcp://127.0.0.1:{port}"\n'
             f'data_dir = "{folder / "data"}"\n'
             + (f'keys_dir = "{keys_dir}"\n' if keys_dir else "")
-            + 'sexp = "off"\nmsgq = "off"\nrstreams = "off"\nhttp = "off"\n'
+            + 'sexp = "off"\nmsgq = "off"\nrstreams = "off"\n'
+            + (f'http = "127.0.0.1:{http}"\n' if http else 'http = "off"\n')
             + (f'lumberjack = "127.0.0.1:{shipping}"\n' if shipping else 'lumberjack = "off"\n')
             + (f'cluster_node = "{rafts[index]}"\ncluster_peers = [{peers}]\ncluster_commit_timeout = 3.0\n'
                if clustered else "")
             + settings
         )
         members.append(Member(index, rafts[index], port, folder / "data", config, folder / "broker.log",
-                              lumberjack=shipping))
+                              lumberjack=shipping, http=http))
     return Cluster(members, curve, keys_dir)
 
 

@@ -113,6 +113,9 @@ class Hub:
         self._failed = asyncio.Event()
         #: Figures of the broker's limits, by name, added to stats (descriptors, sessions, ...).
         self.limits: dict[str, Callable[[], dict[str, Any]]] = {}
+        #: Checks that say why clients can get nothing done through this broker now (None: they can), for
+        #: the monitoring's readiness (a cluster member that knows no leader).
+        self.readiness: list[Callable[[], str | None]] = []
         self._scheduled = False
         self._retry_timer: asyncio.TimerHandle | None = None
         # For the monitoring: how long each turn took (a door's read and this flush, or a scheduled flush
@@ -292,5 +295,13 @@ class Hub:
             "topics": topics,
         }
         if self.limits:
-            out["limits"] = {name: figures() for name, figures in self.limits.items()}
+            out["limits"] = self.limit_figures()
         return out
+
+    def limit_figures(self) -> dict[str, dict[str, Any]]:
+        """Every figure of :attr:`limits`, taken now (STATS and the monitoring show the same)."""
+        return {name: figures() for name, figures in self.limits.items()}
+
+    def unready(self) -> str | None:
+        """The first reason of :attr:`readiness` that applies now, or None."""
+        return next((why for check in self.readiness if (why := check()) is not None), None)

@@ -304,6 +304,7 @@ async def _serve(
             cluster = Cluster(config, engine, store, hub.schedule, hub.flush, hub.fail, context, endpoint)
             router.cluster = cluster
             hub.limits["cluster"] = cluster.stats
+            hub.readiness.append(cluster.unready)
             cluster.on_demoted = functools.partial(_demoted, router, gateways)
             hub.ahead.append(router.answer_ahead)
             for gateway in gateways.values():

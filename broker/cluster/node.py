@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,8 @@ class Cluster:
         self.taking_over: asyncio.Task[None] | None = None
         self.replicator: Replicator | None = None
         self.positions: dict[bytes, dict[str, int]] = {}  # topic -> replica -> next id it acknowledged
+        self.heard: dict[str, float] = {}  # member -> when (monotonic) its last REPLICA fetch arrived
+        self.copied_before = 0  # records copied by the replicators closed so far (stats: a running total)
         self.raft: RaftNode | None = None
         self.joined = False
         self.reported: dict[str, int] = {}
@@ -154,9 +157,7 @@ class Cluster:
     def close(self) -> None:
         if self.taking_over is not None:
             self.taking_over.cancel()
-        if self.replicator is not None:
-            self.replicator.close()
-            self.replicator = None
+        self._stop_copying()
         if self.raft is not None:
             self.raft.close()
             self.raft = None
@@ -199,8 +200,7 @@ class Cluster:
         current = self.replicator
         if current is not None and current.epoch == self.state.epoch and current.link.endpoint == endpoint:
             return
-        if current is not None:
-            current.close()
+        self._stop_copying()
         keys_dir = Path(self.config.keys_dir) if self.config.curve else None
         self.replicator = Replicator(self.engine, Link(self.context, endpoint, keys_dir), node=self.node,
                                      epoch=self.state.epoch, flush=self.flush, fail=self.fail,
@@ -212,6 +212,12 @@ class Cluster:
             if topic.log is not None:
                 self.replicator.follow(topic.name)
         log.info("following %s (%s), epoch %d", self.state.leader, endpoint, self.state.epoch)
+
+    def _stop_copying(self) -> None:
+        if self.replicator is not None:
+            self.copied_before += self.replicator.copied
+            self.replicator.close()
+            self.replicator = None
 
     def _ensure_topic(self, name: bytes, spec: dict[str, Any]) -> None:
         if name in self.engine.topics:
@@ -242,19 +248,20 @@ class Cluster:
         return ("this broker does not lead the cluster: the TCP doors are the leader's"
                 + (f" (mc0 at {endpoint})" if endpoint else ""))
 
+    def _no_leader(self) -> str:
+        """Why this broker, which does not lead, cannot name a leader to go to."""
+        if self.role.leader == self.node:
+            return "it was just elected and is catching up from the replicas: try again in a moment"
+        return (f"no leader is known ({self.role.reachable} of {self.size} brokers reachable): try again "
+                "once a majority is")
+
     def refusal(self, event: mc0.Event) -> mc0.Error | None:
         """A follower's answer to what only the leader serves: ERROR with the leader's endpoint."""
         if self.serving:
             return None
         if isinstance(event, LEADER_ONLY) or (type(event) is mc0.Fetch and event.replica is None):
             endpoint = self._leader_endpoint()
-            if endpoint:
-                where = f"the leader is {endpoint}"
-            elif self.role.leader == self.node:
-                where = "it was just elected and is catching up from the replicas: try again in a moment"
-            else:
-                where = (f"no leader is known ({self.role.reachable} of {self.size} brokers reachable): try "
-                         "again once a majority is")
+            where = f"the leader is {endpoint}" if endpoint else self._no_leader()
             # Without a leader to name but with a majority in reach, a leader is being chosen or is taking
             # over, which is short: the client is told when to ask again. A minority's refusal is final.
             electing = self.role.reachable * 2 > self.size
@@ -263,14 +270,20 @@ class Cluster:
                                     retry_ms=RETRY_MS if electing else None)
         return None
 
+    def unready(self) -> str | None:
+        """Why clients can get nothing done through this broker now (the monitoring's /readyz), or None: it
+        leads, or it follows a leader it can send them to."""
+        if self.serving or self._leader_endpoint() is not None:
+            return None
+        return f"this broker does not lead the cluster and cannot name a leader ({self._no_leader()})"
+
     # ----------------------------------------------------------------------------------------- leading
 
     def _serve(self) -> None:
         self.serving = True
         self.positions.clear()
-        if self.replicator is not None:
-            self.replicator.close()
-            self.replicator = None
+        self.heard.clear()
+        self._stop_copying()
         for topic in list(self.engine.topics.values()):
             if topic.log is not None:
                 self.engine.gate(topic, 1)
@@ -313,6 +326,7 @@ class Cluster:
         if self.member_key is not None and (peer is None or peer.get("User-Id").encode() != self.member_key):
             raise EngineError("REPLICA fetches come from the cluster's members, which present the brokers' "
                               "key: this connection presented another")
+        self.heard[node] = time.monotonic()
         if epoch > self.fence:
             self.fence = epoch  # a new leader is collecting what we hold: copy nothing older from now on
             if self.serving and epoch > self.state.epoch:
@@ -390,9 +404,7 @@ class Cluster:
     async def _try_take_over(self) -> bool:
         epoch = self.state.epoch + 1
         self.fence = max(self.fence, epoch)
-        if self.replicator is not None:
-            self.replicator.close()
-            self.replicator = None
+        self._stop_copying()
         names = {bytes.fromhex(name_hex) for name_hex in self.state.topics}
         names |= {topic.name for topic in self.engine.topics.values() if topic.log is not None}
         for name in names:
@@ -510,17 +522,24 @@ class Cluster:
     # -------------------------------------------------------------------------------------------- stats
 
     def stats(self) -> dict[str, Any]:
+        """This member's view, for STATS and the monitoring (docs/cluster.md, "Watching a cluster")."""
         watermarks = {}
         for topic in self.engine.topics.values():
             if topic.visible_until is not None:
-                watermarks[topic.name.decode("utf-8", "replace")] = topic.visible_until
+                watermarks[topic.name.decode("utf-8", "backslashreplace")] = topic.visible_until
+        now = time.monotonic()
         return {
             "node": self.node, "endpoint": self.endpoint, "size": self.size, "epoch": self.state.epoch,
+            "peers": list(self.config.cluster_peers),
             "leader": self.state.leader, "leader_endpoint": self.state.endpoints.get(self.state.leader or ""),
             "serving": self.serving, "raft_leader": self.role.leading, "reachable": self.role.reachable,
+            "unready": self.unready(),
             "takeovers": self.takeovers, "high_watermarks": watermarks,
-            "copied": self.replicator.copied if self.replicator is not None else 0,
-            # The leader's view: each follower's acknowledged next id per topic.
-            "replicas": {name.decode("utf-8", "replace"): dict(replicas)
+            "copied": self.copied_before + (self.replicator.copied if self.replicator is not None else 0),
+            # The leader's view: each follower's acknowledged next id per topic, and how long ago each
+            # member's last REPLICA fetch arrived (seconds).
+            # Names as STATS and the monitoring show topics (undecodable bytes escaped, never merged).
+            "replicas": {name.decode("utf-8", "backslashreplace"): dict(replicas)
                          for name, replicas in self.positions.items()},
+            "heard": {node: round(now - when, 3) for node, when in self.heard.items()},
         }

@@ -5,7 +5,8 @@ Routes (``docs/monitoring.md`` describes each):
 * ``/metrics``: Prometheus exposition, through prometheus-client (text, or OpenMetrics when asked);
 * ``/healthz``: 200 while the broker is alive and its loop answers; 503 with a reason when the store failed,
   the broker is stopping, or the loop has not answered for ``LOOP_TIMEOUT``;
-* ``/readyz``: 200 once the broker serves its doors; 503 while it starts (recovering its logs) or stops;
+* ``/readyz``: 200 once the broker serves its doors; 503 while it starts (recovering its logs) or stops, and
+  while a cluster member knows no leader to send clients to;
 * ``/api/overview``, ``/api/stats``, ``/api/topics``, ``/api/topics/NAME``: JSON (:mod:`.views`);
 * ``/`` and ``/static/...``: the dashboard, every file it needs served from ``static/``.
 
@@ -213,17 +214,20 @@ class Monitor:
                 return 503, {"status": "starting", "reason": "the broker is opening its store and its doors"}
             return 200, {"status": "starting"}
 
-        async def check(broker: Broker) -> tuple[BaseException | None, bool]:
-            return broker.hub.failure, broker.hub.closed
+        async def check(broker: Broker) -> tuple[BaseException | None, bool, str | None]:
+            hub = broker.hub
+            return hub.failure, hub.closed, hub.unready() if ready else None
 
         try:
-            failure, closed = self.on_loop(check)
+            failure, closed, unready = self.on_loop(check)
         except Unavailable as error:
             return 503, {"status": "unavailable", "reason": str(error)}
         if failure is not None:
             return 503, {"status": "failing", "reason": f"{type(failure).__name__}: {failure}"}
         if closed:
             return 503, {"status": "unavailable", "reason": "stopping"}
+        if unready is not None:
+            return 503, {"status": "unavailable", "reason": unready}
         return 200, {"status": "ready" if ready else "ok"}
 
     def broker_info(self) -> dict[str, Any]:

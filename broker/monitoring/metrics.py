@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from broker.histogram import HistogramCopy
 from broker.monitoring.snapshot import Snapshot, TopicRecord
+from broker.monitoring.views import cluster
 
 #: The label value under which the topics without a label of their own are summed. A topic with this very
 #: name never gets a label of its own, so two series can never share it.
@@ -92,6 +93,7 @@ class BrokerCollector(Collector):
         if self.topic_labels > 0:
             yield from self._topics(snapshot)
         yield from self._slowest(snapshot)
+        yield from self._cluster(snapshot)
         histograms = snapshot.histograms
         if "fsync_seconds" in histograms:
             yield _histogram("mc0_fsync_duration_seconds", "How long each fsync of a segment file took.",
@@ -226,6 +228,43 @@ class BrokerCollector(Collector):
         for topic, subscription in snapshot.slowest(SLOWEST_SUBSCRIPTIONS):
             family.add_metric([topic.name, subscription.door, subscription.who], subscription.lag)
         yield family
+
+
+    def _cluster(self, snapshot: Snapshot) -> Iterator[Metric]:
+        """A cluster member's role and, on the leader, how far behind each other member is (nothing on a
+        single broker)."""
+        view = cluster(snapshot)
+        if view is None:
+            return
+        member = InfoMetricFamily("mc0_cluster_member", "This broker in its cluster: its Raft address and "
+                                  "the leader's (empty while none is known).", labels=[])
+        member.add_metric([], {"node": view["node"], "leader": view["leader"] or ""})
+        yield member
+        yield GaugeMetricFamily("mc0_cluster_brokers", "Brokers in the cluster.", value=view["size"])
+        yield GaugeMetricFamily("mc0_cluster_reachable_brokers",
+                                "Brokers this one's Raft holds a connection to, itself included.",
+                                value=view["reachable"])
+        yield GaugeMetricFamily("mc0_cluster_epoch", "The epoch of the cluster's current leader.",
+                                value=view["epoch"])
+        yield GaugeMetricFamily("mc0_cluster_leading", "1 while this broker leads the cluster and serves, 0 "
+                                "otherwise.", value=1 if view["role"] == "leader" else 0)
+        yield CounterMetricFamily("mc0_cluster_takeovers", "Epochs this broker took as the new leader.",
+                                  value=view["takeovers"])
+        yield CounterMetricFamily("mc0_cluster_copied_messages",
+                                  "Messages this broker copied from a leader as a follower.",
+                                  value=view["copied"])
+        lag = GaugeMetricFamily("mc0_cluster_replica_lag_messages",
+                                "On the leader: messages of its persistent topics another member has not "
+                                "acknowledged.", labels=["replica"])
+        heard = GaugeMetricFamily("mc0_cluster_replica_last_fetch_age_seconds",
+                                  "On the leader: seconds since another member's last replica fetch.",
+                                  labels=["replica"])
+        for node, replica in sorted(view["replicas"].items()):
+            lag.add_metric([node], replica["lag"])
+            if replica["heard_seconds_ago"] is not None:
+                heard.add_metric([node], replica["heard_seconds_ago"])
+        yield lag
+        yield heard
 
 
 def _free_bytes(path: str | os.PathLike[str]) -> int | None:

@@ -85,6 +85,7 @@ class Snapshot:
     sessions: int  # mc0 sessions
     histograms: dict[str, HistogramCopy]
     refused_handshakes: dict[str, int]  # by reason
+    limits: dict[str, dict[str, Any]]  # what STATS shows under "limits" (a cluster member's view included)
     failure: str | None  # why the broker is failing (a store error), or None
     loop_seconds: float  # loop time spent taking this snapshot
     slices: int  # in how many slices
@@ -202,6 +203,7 @@ async def take(broker: Broker, names: list[bytes] | None = None) -> Snapshot:
         sessions=len(broker.router.sessions),
         histograms=_histograms(broker),
         refused_handshakes=broker.handshakes.refused if broker.handshakes is not None else {},
+        limits=hub.limit_figures(),
         failure=None if failure is None else f"{type(failure).__name__}: {failure}",
         loop_seconds=spent + clock() - started,
         slices=slices,

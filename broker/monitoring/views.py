@@ -53,12 +53,40 @@ def topic_stats(topic: TopicRecord) -> dict[str, Any]:
 
 def stats(snapshot: Snapshot) -> dict[str, Any]:
     """What the mc0 STATS command answers."""
-    return {
+    out = {
         "uptime_seconds": round(snapshot.uptime_seconds, 3),
         "connections": {name: door["connections"] for name, door in snapshot.doors.items()},
         "doors": snapshot.doors,
         "topics": {topic.name: topic_stats(topic) for topic in snapshot.topics},
     }
+    if snapshot.limits:
+        out["limits"] = snapshot.limits
+    return out
+
+
+def cluster(snapshot: Snapshot) -> dict[str, Any] | None:
+    """A cluster member's view (None on a single broker): its role, the epoch, the leader, how many members
+    its Raft is connected to and, on the leader, each other member's ``lag`` (messages of the leader's
+    persistent topics it has not acknowledged; all of a topic's it never acknowledged anything of) and how
+    many seconds ago its last REPLICA fetch arrived (None: not since this broker began leading)."""
+    view = snapshot.limits.get("cluster")
+    if view is None:
+        return None
+    role = "leader" if view["serving"] else "follower" if view["unready"] is None else "no leader"
+    replicas: dict[str, dict[str, Any]] = {}
+    if view["serving"]:
+        acknowledged = view["replicas"]
+        logged = [topic for topic in snapshot.topics if topic.first_id is not None]
+        for node in view["peers"]:
+            lag = 0
+            for topic in logged:
+                held = acknowledged.get(topic.name, {}).get(node, topic.first_id)
+                lag += max(0, topic.last_id + 1 - held)
+            replicas[node] = {"lag": lag, "heard_seconds_ago": view["heard"].get(node)}
+    return {"node": view["node"], "role": role, "epoch": view["epoch"], "leader": view["leader"],
+            "leader_endpoint": view["leader_endpoint"], "size": view["size"], "reachable": view["reachable"],
+            "unready": view["unready"], "takeovers": view["takeovers"], "copied": view["copied"],
+            "replicas": replicas}
 
 
 def topics(snapshot: Snapshot, *, sort: str = "name", limit: int | None = None, offset: int = 0,
@@ -129,5 +157,6 @@ def overview(snapshot: Snapshot, broker: dict[str, Any]) -> dict[str, Any]:
         "slowest": [subscription(item, topic.name) for topic, item in snapshot.slowest(OVERVIEW_SLOWEST)],
         "histograms": {name: histogram(copy) for name, copy in snapshot.histograms.items()},
         "refused_handshakes": snapshot.refused_handshakes,
+        "cluster": cluster(snapshot),
         "snapshot": {"loop_ms": round(snapshot.loop_seconds * 1000, 3), "slices": snapshot.slices},
     }

@@ -1,7 +1,8 @@
 """The dashboard as a person sees it: headless Chromium (Debian's package) opens the page a real broker
 serves while messages are published through two doors, and the test reads what the page shows: the topic in
 the table, a publish rate that is above zero and moves as the pace changes, its line in the chart, a lagging
-subscriber among the slowest, fsync latency, and the topic's own page.
+subscriber among the slowest, fsync latency, and the topic's own page; and in a three-broker cluster, what
+each member's header says of its role.
 
 Screenshots of both pages are saved as artifacts: under pytest's temporary directory, or in the folder named
 by ``MC0_SCREENSHOTS`` when it is set (that is how the picture in docs/monitoring.md is made).
@@ -20,6 +21,7 @@ import pytest
 from chromium import EXECUTABLE, Chromium
 from conftest import BrokerFactory, DealerFactory
 
+from bench.cluster import make_cluster
 from broker.server import Broker
 from broker.topics import Delivery, Persistence, Sync, TopicRule, TopicSpec
 from connector import Client
@@ -137,6 +139,7 @@ def test_the_dashboard_shows_the_topic_and_a_rate_that_moves(
             assert slowest == "orders.eu"
             fsync = browser.evaluate("document.querySelector('[data-card=\"fsync-p99\"] .value').textContent")
             assert fsync.endswith(("µs", "ms", " s")), fsync
+            assert browser.evaluate("document.querySelector('#cluster').hidden") is True  # no cluster
             connections = browser.evaluate("document.querySelector('#connections').textContent")
             assert "mc0" in connections
             assert "sexp" in connections
@@ -158,3 +161,33 @@ def test_the_dashboard_shows_the_topic_and_a_rate_that_moves(
         data = picture.read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n")
         assert len(data) > 20_000, f"{picture} is suspiciously small"
+
+
+CLUSTER_PILL = "document.querySelector('#cluster')"
+
+
+@pytest.mark.timeout(120)
+def test_a_cluster_members_header_says_its_role(browser: Chromium, tmp_path: Path) -> None:
+    cluster = make_cluster(tmp_path / "cluster", monitoring=True)
+    try:
+        for member in cluster.members:
+            cluster.start(member)
+        leader = cluster.settled()
+        epoch = cluster.cluster_view(leader)["epoch"]
+        follower = next(member for member in cluster.members if member is not leader)
+        browser.open(f"http://127.0.0.1:{leader.http}/")
+        text = browser.wait_for(f"{CLUSTER_PILL}.textContent.endsWith('3/3 connected') && "
+                                f"{CLUSTER_PILL}.textContent")
+        assert text == f"leader · epoch {epoch} · 3/3 connected"
+        assert browser.evaluate(f"{CLUSTER_PILL}.className") == "pill ok"
+        title = browser.wait_for(f"{CLUSTER_PILL}.title.includes('last fetch') && {CLUSTER_PILL}.title")
+        for other in cluster.members:
+            if other is not leader:
+                assert f"{other.raft}: 0 behind" in title, title
+        browser.open(f"http://127.0.0.1:{follower.http}/")
+        text = browser.wait_for(f"{CLUSTER_PILL}.textContent.startsWith('follower') && "
+                                f"{CLUSTER_PILL}.textContent")
+        assert text == f"follower of {leader.raft} · epoch {epoch} · 3/3 connected"
+    finally:
+        cluster.stop_all()
+        cluster.context.term()

@@ -1,5 +1,6 @@
 """The monitoring snapshot, taken on a loop: it yields between slices, copies what STATS shows, names
-subscribers by their owners, counts lag once per subscriber, and the group commit sizes the engine reports."""
+subscribers by their owners, counts lag once per subscriber, and the group commit sizes the engine reports;
+a cluster member's view built from it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from memory_log import MemoryStore
 from broker.engine import Engine, Subscriber
 from broker.hub import Hub
 from broker.monitoring import snapshot
-from broker.monitoring.views import topic_stats
+from broker.monitoring.views import cluster, topic_stats
 from broker.topics import Persistence, TopicRule, TopicRules, TopicSpec
 
 
@@ -91,3 +92,44 @@ def test_names_that_are_not_utf8_stay_distinct() -> None:
     engine.publish(b"caf\xe9", b"x", {}, 0)
     engine.publish(b"caf\xc3\xa9", b"x", {}, 0)
     assert sorted(record.name for record in take(engine).topics) == ["caf\\xe9", "café"]
+
+
+def cluster_figures(serving: bool, **changes: Any) -> dict[str, Any]:
+    """What broker.cluster.node.Cluster.stats() gives, for a member "n1" of three."""
+    return {"node": "n1", "endpoint": "tcp://n1:1", "size": 3, "epoch": 4, "peers": ["n2", "n3"],
+            "leader": "n1" if serving else "n2", "leader_endpoint": None if serving else "tcp://n2:1",
+            "serving": serving, "raft_leader": serving, "reachable": 3, "unready": None, "takeovers": 1,
+            "high_watermarks": {}, "copied": 7, "replicas": {}, "heard": {}, **changes}
+
+
+def test_a_cluster_leaders_view_counts_each_followers_lag_over_its_persistent_topics() -> None:
+    rules = TopicRules([TopicRule("p.*", TopicSpec(persistence=Persistence.PERSISTENT))])
+    engine = Engine(rules, MemoryStore())
+    for n in range(10):
+        engine.publish(b"p.a", b"x", {}, n)  # ids 1..10
+    for n in range(4):
+        engine.publish(b"p.b", b"x", {}, n)  # ids 1..4
+        engine.publish(b"plain", b"x", {}, n)  # transient: not copied, never lag
+    engine.commit()
+    broker = broker_of(engine)
+    # n2 acknowledged all of p.a and none of p.b yet; n3 nothing at all, and was never heard from.
+    figures = cluster_figures(True, replicas={"p.a": {"n2": 11}}, heard={"n2": 0.25})
+    broker.hub.limits["cluster"] = lambda: figures
+    view = cluster(asyncio.run(snapshot.take(broker)))
+    assert view is not None
+    assert view["role"] == "leader"
+    assert view["replicas"] == {"n2": {"lag": 4, "heard_seconds_ago": 0.25},
+                                "n3": {"lag": 14, "heard_seconds_ago": None}}
+
+
+def test_a_followers_view_and_a_single_brokers() -> None:
+    engine = Engine()
+    broker = broker_of(engine)
+    assert cluster(asyncio.run(snapshot.take(broker))) is None
+    broker.hub.limits["cluster"] = lambda: cluster_figures(False)
+    view = cluster(asyncio.run(snapshot.take(broker)))
+    assert view is not None
+    assert (view["role"], view["leader"], view["replicas"]) == ("follower", "n2", {})
+    broker.hub.limits["cluster"] = lambda: cluster_figures(False, leader=None, leader_endpoint=None,
+                                                           unready="no leader is known")
+    assert cluster(asyncio.run(snapshot.take(broker)))["role"] == "no leader"

@@ -199,8 +199,25 @@ function renderHeader(overview) {
   health.textContent = broker.failure ? "failing" : "healthy";
   health.className = "pill " + (broker.failure ? "bad" : "ok");
   health.title = broker.failure || "the broker's loop answers and its store works";
+  renderCluster(overview.cluster);
   $("footer").textContent = `snapshot took ${overview.snapshot.loop_ms} ms of the broker's loop in ` +
     `${overview.snapshot.slices} slice(s) · updated ${new Date(broker.time * 1000).toLocaleTimeString()}`;
+}
+
+// A cluster member's role; on the leader, the title lists how far behind each other member is.
+function renderCluster(cluster) {
+  const pill = $("cluster");
+  pill.hidden = !cluster;
+  if (!cluster) return;
+  const where = cluster.role === "follower" ? ` of ${cluster.leader}` : "";
+  pill.textContent = `${cluster.role}${where} · epoch ${cluster.epoch} · ` +
+    `${cluster.reachable}/${cluster.size} connected`;
+  const whole = cluster.role !== "no leader" && cluster.reachable === cluster.size;
+  pill.className = "pill " + (whole ? "ok" : "bad");
+  const replicas = Object.entries(cluster.replicas).map(([node, replica]) =>
+    `${node}: ${number(replica.lag)} behind, last fetch ` +
+    (replica.heard_seconds_ago === null ? "never" : seconds(replica.heard_seconds_ago) + " ago"));
+  pill.title = [cluster.unready || `this broker is ${cluster.node}`, ...replicas].join("\n");
 }
 
 function renderCards(overview) {
