@@ -8,6 +8,9 @@ against a single broker, same run, and how long a failover takes.
 2. **Failover**: SIGKILL the leader while a publisher (connected to every member) publishes; the time from the
    kill to the first publish confirmed by the new leader, p50 and p99 over ``--trials`` kills (the killed
    broker is restarted between trials).
+3. **Handover**: the same with SIGTERM (a rolling restart): the leader hands the cluster to a follower before
+   it stops. The time from the signal to the first publish confirmed by the new leader, p50 and p99 over
+   ``--trials`` stops, and how many publishes failed meanwhile (none should).
 
 The brokers are ``mc0 broker`` processes of this checkout (``ClusterProcesses``, which ``tests/cluster`` uses
 too) on loopback ports, each with its own data directory, every door but mc0 off.
@@ -264,24 +267,35 @@ def confirmed_rate(cluster: Cluster, count: int, in_flight: int) -> tuple[float,
     return count / seconds, durable
 
 
-def failover_seconds(cluster: Cluster, client: Client) -> float:
-    """SIGKILL the leader; seconds until a publish is confirmed again (by the new leader). The killed broker
-    is started again (as a follower) before this returns."""
+def failover_seconds(cluster: Cluster, client: Client, graceful: bool = False) -> tuple[float, int]:
+    """SIGKILL the leader (SIGTERM with ``graceful``: it hands the cluster over); seconds until a publish is
+    confirmed again, by the new leader, and how many publishes failed meanwhile. The stopped broker is
+    started again (as a follower) before this returns."""
     leader = cluster.settled()
     client.publish(TOPIC, b"before", confirm=True)
-    killed = time.monotonic()
-    cluster.kill(leader)
+    stopped = time.monotonic()
+    if graceful:
+        assert leader.process is not None
+        leader.process.send_signal(signal.SIGTERM)
+    else:
+        cluster.kill(leader)
+    failed = 0
     while True:
         try:
+            where = client.endpoint
             client.publish(TOPIC, b"after", confirm=True, timeout=2)
-            break
+            if where != leader.endpoint and client.endpoint == where:  # confirmed by another broker
+                break
         except ConnectorError:
-            if time.monotonic() - killed > 60:
+            failed += 1
+            if time.monotonic() - stopped > 60:
                 raise
-    seconds = time.monotonic() - killed
+    seconds = time.monotonic() - stopped
+    if leader.process is not None:
+        leader.process.wait(LIFECYCLE)
     cluster.start(leader)
     cluster.settled()
-    return seconds
+    return seconds, failed
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -294,6 +308,8 @@ class Report:
     rates: dict[str, float] = field(default_factory=dict)
     durable: bool = True
     failovers: list[float] = field(default_factory=list)
+    handovers: list[float] = field(default_factory=list)
+    handover_failures: int = 0
 
     def ratio(self, in_flight: int) -> float:
         return self.rates[f"cluster {in_flight}"] / self.rates[f"single {in_flight}"]
@@ -318,7 +334,11 @@ def run(*, confirms: int, pipelined: int, trials: int, repeat: int, base: Path |
                         report.durable = report.durable and durable
             with Client(cluster.endpoints, **cluster.client_options(), timeout=10) as client:
                 for _ in range(trials):
-                    report.failovers.append(failover_seconds(cluster, client))
+                    report.failovers.append(failover_seconds(cluster, client)[0])
+                for _ in range(trials):
+                    seconds, failed = failover_seconds(cluster, client, graceful=True)
+                    report.handovers.append(seconds)
+                    report.handover_failures += failed
         finally:
             for group in (single, cluster):
                 group.stop_all()
@@ -332,7 +352,8 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--confirms", type=int, default=1_000, help="messages per 1-in-flight run")
     parser.add_argument("--pipelined", type=int, default=20_000, help="messages per 100-in-flight run")
-    parser.add_argument("--trials", type=int, default=20, help="leader kills for the failover figures")
+    parser.add_argument("--trials", type=int, default=20,
+                        help="leader kills for the failover figures, and as many stops for the handover ones")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
     args = parser.parse_args(argv)
     print(f"python {platform.python_version()}, pyzmq {zmq.pyzmq_version()}, {BODY_SIZE}-byte messages into "
@@ -343,6 +364,10 @@ def main(argv: list[str]) -> int:
     if report.failovers:
         print(f"{'failover (kill -> first confirmed)':<40}p50 {percentile(report.failovers, 0.5):.2f} s, "
               f"p99 {percentile(report.failovers, 0.99):.2f} s over {len(report.failovers)} kills")
+    if report.handovers:
+        print(f"{'handover (SIGTERM -> first confirmed)':<40}p50 {percentile(report.handovers, 0.5):.2f} s, "
+              f"p99 {percentile(report.handovers, 0.99):.2f} s over {len(report.handovers)} stops, "
+              f"{report.handover_failures} publishes failed")
     if not report.durable:
         print("WRONG: confirmations without DURABILITY fsync")
     print()

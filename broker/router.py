@@ -79,13 +79,20 @@ _pack_batch = msgpack.Packer(use_bin_type=True).pack
 DURABILITY_RANK = {b"memory": 0, b"written": 1, b"fsync": 2}
 
 
+#: Seconds a cluster member refuses what only a leader serves from a client it named the leader to (the OK to
+#: its CONNECT, a refusal, or being sent away), even if it leads meanwhile. The connector relies on it: a
+#: command it had in flight there was not stored, and goes to the leader (docs/cluster.md, "On the wire").
+#: What is in flight arrives within milliseconds; the connector's next connection has another identity.
+REDIRECTED_FOR = 10.0
+
 class ClusterGate(Protocol):
     """What a cluster (:mod:`broker.cluster`) decides for this door; absent on a single broker."""
 
     commit_timeout: float
 
-    def refusal(self, event: mc0.Event) -> mc0.Error | None:
-        """An ERROR (with LEADER) for a command this broker must not serve now, or None."""
+    def refusal(self, event: mc0.Event, redirected: bool) -> mc0.Error | None:
+        """An ERROR (with LEADER) for a command this broker must not serve now, or None; ``redirected``: this
+        client was named the leader lately (REDIRECTED_FOR)."""
         ...
 
     def leader(self) -> bytes | None:
@@ -325,9 +332,11 @@ class RouterShell:
     def dispatch(self, session: Session, event: mc0.Event, wall: int) -> None:
         engine = self.engine
         if self.cluster is not None:
-            refusal = self.cluster.refusal(event)
+            refusal = self.cluster.refusal(event, session.redirected_until > session.last_heard)
             if refusal is not None:
                 self.counters["errors"] += 1
+                if mc0.LEADER in refusal.headers:
+                    session.redirected_until = session.last_heard + REDIRECTED_FOR
                 self.reply(session, refusal)
                 return
         match event:
@@ -427,6 +436,7 @@ class RouterShell:
                     leader = self.cluster.leader() if self.cluster is not None else None
                     if leader is not None:
                         extra[mc0.LEADER] = leader  # a cluster's follower: the client may go there at once
+                        session.redirected_until = session.last_heard + REDIRECTED_FOR
                     self.ok(session, command_id, extra)
             case mc0.Disconnect(command_id):
                 if command_id is not None:
@@ -895,7 +905,15 @@ class RouterShell:
         now = self.monotonic()
         error = mc0.leader_error(text, leader, None)
         for session in list(self.sessions.by_identity.values()):
-            self.send(session, mc0.encode(error, delimiter=session.delimiter), now)
+            session.redirected_until = now + REDIRECTED_FOR
+            frames = mc0.encode(error, delimiter=session.delimiter)
+            # Behind every reply still owed to the client (a held OK, a FETCH's, one a full pipe stopped): the
+            # connector counts on it, sending again what this broker left unanswered when it sent it away.
+            if session.stalled:
+                session.stalled.append(frames)
+                self.stalled.add(session)
+            else:
+                self.send(session, frames, now)
             self._unsubscribe(session)
 
     # -------------------------------------------------------------------------------------------------- stats

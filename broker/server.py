@@ -351,6 +351,10 @@ async def _serve(
                 tasks.add(group.create_task(cluster.run(), name="cluster"))
             stopper = group.create_task(broker.stop_event.wait(), name="stop")
             await asyncio.wait({*tasks, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if cluster is not None and stopper.done() and not any(task.done() for task in tasks):
+                # Asked to stop: a leader hands the cluster over first, its doors still serving meanwhile
+                # (followers fetch, held OKs go out, its clients are sent to the new leader).
+                await cluster.hand_over()
             for task in (*tasks, stopper, watching):
                 task.cancel()
         log.info("mc0 broker stopped")

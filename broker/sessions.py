@@ -57,6 +57,9 @@ class Session:
     version: bytes | None = None
     commands: int = 0
     last_probe: float = float("-inf")  # when a session without TTL was last probed (see the module docstring)
+    # Until when (monotonic) this broker serves nothing that only a leader serves to this client: it named
+    # the cluster's leader to it (broker.router.REDIRECTED_FOR).
+    redirected_until: float = float("-inf")
     # Replies waiting for room in the client's pipe.
     stalled: deque[list[bytes]] = field(default_factory=deque)
 

@@ -68,6 +68,12 @@ def _stop_watching(fd: int | None) -> None:
             asyncio.get_event_loop().remove_reader(fd)
 
 
+def _resendable(waiting: Any, event: Any) -> bool:
+    """Whether a waiting command may go to another broker when the one it went to did not store it: what
+    callers published (not a CONNECT or a resubscription, which the move makes again)."""
+    return type(waiting) is Confirms or (waiting is not None and event is not None)
+
+
 def _fail(waiting: asyncio.Future[Any] | Confirms, why: str) -> None:
     """Fail a command waiting for its answer: its future, or the publishes it confirms."""
     if type(waiting) is Confirms:
@@ -137,6 +143,7 @@ class AsyncClient(ClientBase):
                 leader = leader_of(answer) if isinstance(answer, mc0.Ok) else None
                 if leader is not None and self._move(leader):
                     self._moving = False
+                    self._sent_away = True
                     reply = self._open()  # a cluster member that does not lead: connect to the leader
                     continue
                 if self._connecting is not reply:
@@ -425,6 +432,13 @@ class AsyncClient(ClientBase):
     def _open(self) -> asyncio.Future[mc0.Ok | mc0.Error]:
         """A new DEALER, CONNECT, and SUB for everything subscribed before; returns the CONNECT's reply."""
         self._close_socket()
+        if self._sent_away:  # see BaseClient._sent_away: unanswered commands were not stored
+            self._sent_away = False
+            for command_id, waiting in list(self._waiting.items()):
+                event = self._events.pop(command_id, None)
+                if _resendable(waiting, event):
+                    self._resend.append(waiting if type(waiting) is Confirms else (waiting, event))
+                    del self._waiting[command_id]
         self._fail_waiting("connection to the broker was lost")  # nothing answers on the old socket any more
         socket, monitor = make_socket(self._context, self.endpoint, self._credentials)  # type: ignore[arg-type]
         self._socket = socket  # type: ignore[assignment] - an asyncio socket, made by the asyncio context
@@ -657,7 +671,8 @@ class AsyncClient(ClientBase):
             reply = future.result()
             leader = leader_of(reply) if isinstance(reply, mc0.Ok) else None
             if leader is not None and self._move(leader):
-                return  # a cluster member that does not lead: the reader connects to the leader
+                self._sent_away = True  # a member that does not lead: the reader connects to the leader
+                return
             if isinstance(reply, mc0.Ok):
                 self._moves_in_row = 0
                 self._core.connected(reply)
@@ -665,8 +680,7 @@ class AsyncClient(ClientBase):
     def _resolve(self, reply: mc0.Ok | mc0.Error) -> None:
         waiting = self._waiting.pop(reply.id, None)  # type: ignore[arg-type] - the caller checked the id
         event = self._events.pop(reply.id, None)  # type: ignore[arg-type]
-        resendable = type(waiting) is Confirms or (waiting is not None and event is not None)
-        if not self._closing and self._redirected(reply) and resendable:
+        if not self._closing and self._redirected(reply) and _resendable(waiting, event):
             self._resend.append(waiting if type(waiting) is Confirms else (waiting, event))
             return
         # (A refused resubscription is settled here: the move subscribes again where it goes.)

@@ -340,6 +340,10 @@ class ClientBase:
         self._moves_in_row = 0
         self._refused: dict[str, float] = {}  # endpoint -> when nothing listened there (moves go elsewhere)
         self._resend: list[Any] = []  # commands a follower refused, sent again once connected to the leader
+        # A broker named the leader, sending us away or refusing a command: it answered, in order, everything
+        # it took before and stores nothing more from this connection, so what it left unanswered goes to
+        # the leader like what it refused (instead of failing as "may or may not have been stored").
+        self._sent_away = False
         self.reconnects = 0
         self._credentials = resolve_credentials(keys, credentials, curve)
         self._core = ClientCore(ttl)
@@ -388,7 +392,8 @@ class ClientBase:
             elif reply is not None and reply.id is not None:
                 self._resolve(reply)
             elif isinstance(reply, mc0.Error) and leader_of(reply) not in (None, self.endpoint):
-                self._move(leader_of(reply))  # a cluster member that stopped leading sends its clients away
+                # A cluster member that stopped leading sends its clients away.
+                self._sent_away = self._move(leader_of(reply)) or self._sent_away
         if got:
             self._arrived.set()
         return count
@@ -502,7 +507,9 @@ class ClientBase:
             # for, at the next member of the list (the same broker when there is one).
             wait = retry_after(reply)
             return wait is not None and self._move(None, after=wait)
-        return self._move(leader if leader != self.endpoint else None)
+        moved = self._move(leader if leader != self.endpoint else None)
+        self._sent_away = moved or self._sent_away
+        return moved
 
     def _handshake(self, now: float) -> None:
         """The connection came back (the broker restarted, or dropped us): CONNECT and subscribe again on this

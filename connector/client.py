@@ -87,6 +87,12 @@ class _Request:
             self.future.set_exception(ConnectorError(why))
 
 
+def _resendable(request: Any) -> bool:
+    """Whether a waiting command may go to another broker when the one it went to did not store it: what
+    callers published (not a CONNECT or a resubscription, which the move makes again)."""
+    return type(request) is _BulkConfirms or (type(request) is _Request and request.event is not None)
+
+
 class _Close(_Request):
     """DISCONNECT with an ID: the broker's OK proves that everything sent before it arrived."""
 
@@ -666,6 +672,12 @@ class Client(ClientBase):
         """A new DEALER (new identity), CONNECT, and SUB for everything subscribed before."""
         if self._socket is not None:
             close_socket(self._socket, self._monitor)
+        if self._sent_away:  # see BaseClient._sent_away: unanswered commands were not stored
+            self._sent_away = False
+            for command_id, request in list(self._waiting.items()):
+                if _resendable(request):
+                    self._resend.append(request)
+                    del self._waiting[command_id]
         for request in self._waiting.values():  # nothing answers on the old socket any more
             request.fail("connection to the broker was lost")
         self._waiting.clear()
@@ -703,7 +715,8 @@ class Client(ClientBase):
         with contextlib.suppress(BaseException):
             reply = future.result()
             if isinstance(reply, mc0.Ok) and leader_of(reply) is not None and self._move(leader_of(reply)):
-                return  # a cluster member that does not lead: connect to the leader instead
+                self._sent_away = True  # a cluster member that does not lead: connect to the leader instead
+                return
             if isinstance(reply, mc0.Ok):
                 self._moves_in_row = 0
                 self._core.connected(reply)
@@ -776,9 +789,7 @@ class Client(ClientBase):
         request = self._waiting.pop(reply.id, None)  # type: ignore[arg-type] - the caller checked the id
         if request is None:
             return
-        resendable = type(request) is _BulkConfirms or (
-            type(request) is _Request and request.event is not None)
-        if self._closing is None and self._redirected(reply) and resendable:
+        if self._closing is None and self._redirected(reply) and _resendable(request):
             self._resend.append(request)  # refused by a follower: nothing was stored, the leader gets it
             return
         request.settle(reply)  # a refused resubscription too: the move subscribes again where it goes

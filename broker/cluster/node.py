@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +41,7 @@ import zmq.asyncio
 
 from broker.cluster.link import Link, LinkError
 from broker.cluster.raft import RaftNode, Role
-from broker.cluster.replicator import Replicator, record_producers
+from broker.cluster.replicator import WAIT_MS, Replicator, record_producers
 from broker.cluster.state import (
     ClusterState,
     ReplicaEnd,
@@ -66,6 +67,12 @@ REPORT_EVERY = 2.0
 ASK_TIMEOUT = 1.0
 #: Milliseconds a client is told to wait before it sends a command again while a leader is being chosen.
 RETRY_MS = 100
+#: Seconds a leader asked to stop may spend handing the cluster over (:meth:`Cluster.hand_over`) before it
+#: stops anyway: then the others elect a leader once it is gone, as after a crash.
+HAND_OVER_SECONDS = 5.0
+#: Seconds between a leader's requests to hand Raft's leadership over (refused while the target's Raft log
+#: is not complete yet).
+HAND_OVER_RETRY = 0.05
 #: Verbs a follower refuses (the leader serves them): what reads or writes topics.
 LEADER_ONLY = (mc0.Put, mc0.Puts, mc0.Sub, mc0.Declare, mc0.Delete, mc0.Ack)
 
@@ -102,6 +109,8 @@ class Cluster:
         self.state = ClusterState()
         self.role = Role(False, None, 1, self.size)
         self.serving = False  # leading an epoch this broker took
+        self.handing_over = False  # a leader asked to stop: it takes no more publishes (hand_over)
+        self._changed = asyncio.Event()  # set, while handing over, when the state or a position moves
         self.fence = 0  # the highest epoch a new leader announced: nothing copied from an older one
         self.taking_over: asyncio.Task[None] | None = None
         self.replicator: Replicator | None = None
@@ -166,6 +175,7 @@ class Cluster:
 
     def on_role(self, role: Role) -> None:
         self.role = role
+        self._changed.set()
         if role.leading and not self.serving and self.taking_over is None:
             self.taking_over = asyncio.get_running_loop().create_task(self._take_over(), name="take over")
         if not role.leading and self.serving:
@@ -174,6 +184,7 @@ class Cluster:
     def on_state(self, command: tuple[Any, ...], state: ClusterState) -> None:
         before = self.state.epoch
         self.state = state
+        self._changed.set()
         kind = command[0]
         if kind == "take_over" and state.leader != self.node and self.serving:
             self._step_down(f"{state.leader} took epoch {state.epoch}")
@@ -242,8 +253,10 @@ class Cluster:
 
     def tcp_refusal(self) -> str | None:
         """Why a TCP door of this broker takes no connection now (a follower's doors: one line in its log)."""
-        if self.serving:
+        if self.serving and not self.handing_over:
             return None
+        if self.serving:
+            return "this broker is stopping and hands the cluster over to another member"
         endpoint = self._leader_endpoint()
         return ("this broker does not lead the cluster: the TCP doors are the leader's"
                 + (f" (mc0 at {endpoint})" if endpoint else ""))
@@ -255,18 +268,29 @@ class Cluster:
         return (f"no leader is known ({self.role.reachable} of {self.size} brokers reachable): try again "
                 "once a majority is")
 
-    def refusal(self, event: mc0.Event) -> mc0.Error | None:
-        """A follower's answer to what only the leader serves: ERROR with the leader's endpoint."""
-        if self.serving:
+    def refusal(self, event: mc0.Event, redirected: bool = False) -> mc0.Error | None:
+        """A follower's answer to what only the leader serves: ERROR with the leader's endpoint. A leader
+        handing the cluster over gives the same answer, without an endpoint yet; and so does a leader to a
+        client it named another leader to lately (``redirected``: what that client had in flight here is
+        not stored, it goes to the leader it was named)."""
+        if self.serving and not self.handing_over and not redirected:
             return None
         if isinstance(event, LEADER_ONLY) or (type(event) is mc0.Fetch and event.replica is None):
             endpoint = self._leader_endpoint()
-            where = f"the leader is {endpoint}" if endpoint else self._no_leader()
+            if self.serving and self.handing_over:
+                text = ("this broker does not lead the cluster (it is stopping and hands the cluster over to "
+                        "another member: try again in a moment)")
+            elif self.serving:
+                endpoint = self.endpoint
+                text = (f"this connection was sent to another leader before this broker ({endpoint}) led the "
+                        "cluster: commands go on a new connection")
+            else:
+                where = f"the leader is {endpoint}" if endpoint else self._no_leader()
+                text = f"this broker does not lead the cluster ({where})"
             # Without a leader to name but with a majority in reach, a leader is being chosen or is taking
             # over, which is short: the client is told when to ask again. A minority's refusal is final.
             electing = self.role.reachable * 2 > self.size
-            return mc0.leader_error(f"this broker does not lead the cluster ({where})",
-                                    endpoint.encode() if endpoint else None, getattr(event, "id", None),
+            return mc0.leader_error(text, endpoint.encode() if endpoint else None, getattr(event, "id", None),
                                     retry_ms=RETRY_MS if electing else None)
         return None
 
@@ -290,6 +314,96 @@ class Cluster:
                 self._register(topic)
         log.info("leading the cluster: epoch %d, mc0 at %s", self.state.epoch, self.endpoint)
         self.schedule()
+
+    async def hand_over(self) -> None:
+        """A leader asked to stop hands the cluster to a follower first, so that its clients carry on at once
+        instead of after an election timeout. It takes no more publishes (refusing them with RETRY-AFTER:
+        nothing stored, the clients send them again), waits until what it wrote is on a majority (so every
+        held OK goes out as an OK), asks Raft to hand leadership to the follower that acknowledged the most
+        (PySyncObj's transferLeadership: Raft's TimeoutNow, an election at once), and waits for that
+        follower's take-over, whose questions it still answers. By then it has stepped down and sent its
+        clients to the new leader. At most HAND_OVER_SECONDS; a follower, or a leader with no follower to
+        hand to, stops at once."""
+        if not self.serving or self.raft is None:
+            return
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + HAND_OVER_SECONDS
+        epoch = self.state.epoch
+        self.handing_over = True
+        await self._until(lambda: not self._majority_in_reach() or self._all_on_majority(), deadline)
+        target = self._successor()
+        if target is None or not self._majority_in_reach():
+            log.warning("stopping without handing the cluster over: %s", "no follower fetched lately"
+                        if target is None else f"{self.role.reachable} of {self.size} brokers reachable")
+            return
+        log.info("stopping: handing the cluster over to %s", target)
+
+        def handed() -> bool:
+            return self._handed_over(epoch)
+
+        while not handed():
+            if loop.time() >= deadline or not self._majority_in_reach() or not self._fetched_lately(target):
+                log.warning("could not hand the cluster over to %s: the others elect a leader once this "
+                            "broker is gone", target)
+                return
+            sent = self.role.leading and await self._transfer(target)
+            # After a request that went out: the target's election and take-over. After a refused one (its
+            # Raft log was not complete yet), or once Raft moved on: a moment.
+            wait = self.config.cluster_timeout if sent else HAND_OVER_RETRY
+            await self._until(handed, min(deadline, loop.time() + wait))
+        log.info("handed the cluster over to %s (epoch %d) in %.2f s", self.state.leader,
+                 self.state.epoch, loop.time() - started)
+
+    async def _until(self, condition: Callable[[], bool], deadline: float) -> bool:
+        """Wait until ``condition()`` holds (checked whenever the cluster's state or a replica's position
+        moves, and every HAND_OVER_RETRY) or the loop's clock reaches ``deadline``; whether it holds."""
+        loop = asyncio.get_running_loop()
+        while not condition():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(remaining, HAND_OVER_RETRY))
+        return True
+
+    async def _transfer(self, target: str) -> bool:
+        """Ask Raft to hand leadership to ``target``; whether the request went out (refused while its Raft
+        log is not complete)."""
+        outcome: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        assert self.raft is not None
+        self.raft.transfer(target, lambda sent: outcome.done() or outcome.set_result(sent))
+        try:
+            return await asyncio.wait_for(outcome, self.config.cluster_timeout)
+        except TimeoutError:
+            return False
+
+    def _all_on_majority(self) -> bool:
+        """Whether every message this leader wrote is on a majority (no gate holds anything back)."""
+        return all(topic.visible_until >= topic.next_id for topic in self.engine.topics.values()
+                   if topic.visible_until is not None)
+
+    def _majority_in_reach(self) -> bool:
+        return self.role.reachable * 2 > self.size
+
+    def _fetched_lately(self, node: str) -> bool:
+        """Whether ``node`` fetched lately: twice the longest an idle follower's long poll waits, or two
+        election timeouts if longer (a member taking over asks with FETCHes too)."""
+        lately = max(2 * WAIT_MS / 1000, 2 * self.config.cluster_timeout)
+        return self.heard.get(node, -math.inf) >= time.monotonic() - lately
+
+    def _successor(self) -> str | None:
+        """The follower to hand the cluster to: of those that fetched lately, the one that acknowledged the
+        most messages."""
+        candidates = [node for node in self.heard if self._fetched_lately(node)]
+        if not candidates:
+            return None
+        return max(candidates, key=lambda node: (sum(replicas.get(node, 0) for replicas in
+                                                     self.positions.values()), node))
+
+    def _handed_over(self, epoch: int) -> bool:
+        return self.state.epoch > epoch and self.state.leader not in (None, self.node)
 
     def _step_down(self, why: str) -> None:
         """Stop serving. The gates stay where they are (readers never see what a majority may not hold);
@@ -350,6 +464,8 @@ class Cluster:
         # No flush to schedule: this runs inside the router's turn, whose flush comes next and sends what the
         # release allows (held OKs, gated deliveries) in the same loop iteration.
         self.engine.release(event.topic, watermark)
+        if self.handing_over:
+            self._changed.set()
 
     def replica_extra(self, topic: bytes, start: int, count: int, known: bytes | None) -> dict[bytes, bytes]:
         local = self.engine.topics.get(topic)

@@ -5,7 +5,8 @@ commands; :class:`RaftNode` embeds it in the broker. The one thing that crosses 
 broker's loop is a call through ``loop.call_soon_threadsafe``: each applied command with a copy of the state
 after it (:meth:`RaftNode.on_state`), and a change in who leads or how many brokers this one reaches
 (:meth:`RaftNode.on_role`). The loop submits commands with :meth:`RaftNode.submit`, which only queues them
-(PySyncObj's queue is thread-safe) and reports the outcome the same way.
+(PySyncObj's queue is thread-safe) and reports the outcome the same way, and asks for a leadership transfer
+with :meth:`RaftNode.transfer`, which PySyncObj's thread makes on its next tick.
 
 Raft's own log lives in the data directory (``.cluster/raft.journal`` and ``.cluster/raft.dump``), so a
 restarted broker keeps its term, its vote and the state. With CURVE on, PySyncObj's ``password`` option
@@ -112,6 +113,9 @@ class RaftNode:
         self._on_state = on_state
         self._on_role = on_role
         self._last_role: Role | None = None
+        # A leadership transfer the loop asked for, made by PySyncObj's thread on its next tick (its transport
+        # belongs to that thread): the target node and the callback for the outcome.
+        self._transfer: tuple[str, Callable[[bool], None]] | None = None
         self._consumer = _ReplicatedState(self._applied)
         conf = password_conf(password, timeout, directory, lambda _old, _new: self._tick())
         self._sync = SyncObj(node, self.peers, conf=conf, consumers=[self._consumer])
@@ -127,6 +131,10 @@ class RaftNode:
         sync = self._sync if hasattr(self, "_sync") else None
         if sync is None:
             return
+        transfer, self._transfer = self._transfer, None
+        if transfer is not None:
+            node, done = transfer
+            sync.transferLeadership(node, lambda _, error: self._post(done, error == FAIL_REASON.SUCCESS))
         leader = sync._getLeader()
         reachable = 1 + sum(1 for peer in sync.otherNodes if sync.isNodeConnected(peer))
         role = Role(sync._isLeader(), None if leader is None else leader.id, reachable, 1 + len(self.peers))
@@ -151,6 +159,12 @@ class RaftNode:
                 self._post(done, result, why)
 
         self._consumer.command(command, callback=callback)
+
+    def transfer(self, node: str, done: Callable[[bool], None]) -> None:
+        """Ask PySyncObj to hand Raft's leadership to ``node`` (Raft's TimeoutNow: ``node`` stands for
+        election at once); ``done(sent)`` on the loop: False when it was refused (this node does not lead, or
+        ``node``'s Raft log is not yet complete), True once the request went to ``node``."""
+        self._transfer = (node, done)
 
     def close(self) -> None:
         self._sync.destroy()

@@ -1,5 +1,5 @@
 """A smoke test of ``python -m bench cluster`` with tiny counts: every figure positive, every confirmation
-fsync, failovers timed. It measures nothing (the counts are far too small for the ratios to mean anything);
+fsync, failovers and handovers timed, no publish failed during a handover. It measures nothing (the counts are far too small for the ratios to mean anything);
 it proves that the benchmark still runs against the current brokers and connector."""
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ def test_cluster_benchmark_runs(tmp_path):
     assert all(rate > 0 for rate in report.rates.values())
     assert len(report.failovers) == 2
     assert all(0 < seconds < 60 for seconds in report.failovers)
+    assert len(report.handovers) == 2
+    assert all(0 < seconds < 60 for seconds in report.handovers)
+    assert report.handover_failures == 0
     assert report.ratio(1) > 0
     assert report.ratio(100) > 0
     assert list(tmp_path.iterdir()) == []  # the brokers' folders are removed afterwards
