@@ -5,7 +5,9 @@
 - a long-polling FETCH at the end of the log parks without an OK being built for it;
 - a replica's FETCH reply carries the log's LINEAGE only to a reader that did not name this log;
 - only the cluster's other members may fetch as a replica (what a replica says moves the majority), and with
-  CURVE only over a connection that presented the brokers' key.
+  CURVE only over a connection that presented the brokers' key;
+- a client the door named the leader to (a refusal with LEADER) is told so for REDIRECTED_FOR, whoever leads
+  meanwhile; another client is not.
 """
 
 from __future__ import annotations
@@ -88,8 +90,14 @@ class Gate:
 
     def __init__(self) -> None:
         self.majority = False
+        self.following: bytes | None = None  # the leader's endpoint while this broker follows
+        self.asked: list[bool] = []  # each refusal()'s ``redirected``
 
-    def refusal(self, event: mc0.Event) -> mc0.Error | None:
+    def refusal(self, event: mc0.Event, redirected: bool) -> mc0.Error | None:
+        self.asked.append(redirected)
+        if self.following is not None or redirected:
+            return mc0.leader_error("this broker does not lead the cluster", self.following or b"tcp://me:1",
+                                    getattr(event, "id", None))
         return None
 
     def leader(self) -> bytes | None:
@@ -269,3 +277,23 @@ def test_a_replica_gets_the_lineage_only_when_it_did_not_name_this_log(tmp_path:
             assert mc0.decode_lineage(lineage) == topic.log.identity.lineage
     finally:
         engine.close()
+
+
+def test_a_client_named_the_leader_is_refused_for_a_while_even_once_this_broker_leads(
+    leader: tuple[RouterShell, Pipe, Loop, Gate],
+) -> None:
+    shell, pipe, loop, gate = leader
+    gate.majority = True
+    gate.following = b"tcp://leader:1"
+    turn(shell, loop, put(b"publisher", b"1"))
+    assert pipe.verbs() == [b"ERROR"]
+    gate.following = None  # this broker leads from now on
+    loop.now = 1.0
+    turn(shell, loop, put(b"publisher", b"2"), put(b"newcomer", b"3"))
+    assert gate.asked == [False, True, False]
+    assert [(frames[0], frames[2]) for frames in pipe.sent[1:]] == [(b"publisher", b"ERROR"),
+                                                                    (b"newcomer", b"OK")]
+    loop.now = 1.0 + router_module.REDIRECTED_FOR
+    turn(shell, loop, put(b"publisher", b"4"))
+    assert gate.asked[-1] is False
+    assert (pipe.sent[-1][0], pipe.sent[-1][2]) == (b"publisher", b"OK")
