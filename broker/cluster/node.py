@@ -188,7 +188,10 @@ class Cluster:
         kind = command[0]
         if kind == "take_over" and state.leader != self.node and self.serving:
             self._step_down(f"{state.leader} took epoch {state.epoch}")
-        if state.leader == self.node and state.epoch != before and not self.serving:
+        # Only while Raft says this broker leads: a restarted broker replays its journal, whose last take-over
+        # may be its own, of an epoch long over (it served a moment on that once, and could confirm a weak
+        # publish as leader of nothing).
+        if state.leader == self.node and state.epoch != before and not self.serving and self.role.leading:
             self._serve()
         if state.leader != self.node and state.leader is not None:
             self._follow()

@@ -7,7 +7,9 @@
 - only the cluster's other members may fetch as a replica (what a replica says moves the majority), and with
   CURVE only over a connection that presented the brokers' key;
 - a client the door named the leader to (a refusal with LEADER) is told so for REDIRECTED_FOR, whoever leads
-  meanwhile; another client is not.
+  meanwhile; another client is not;
+- a member serves an epoch the replicated state gives it only while Raft says it leads (a restarted broker
+  replaying its own old take-over does not serve).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import zmq.asyncio
 
 from broker import router as router_module
 from broker.cluster.node import Cluster
+from broker.cluster.raft import Role
+from broker.cluster.state import ClusterState
 from broker.config import BrokerConfig
 from broker.engine import Engine, EngineError
 from broker.hub import Hub
@@ -297,3 +301,20 @@ def test_a_client_named_the_leader_is_refused_for_a_while_even_once_this_broker_
     turn(shell, loop, put(b"publisher", b"4"))
     assert gate.asked[-1] is False
     assert (pipe.sent[-1][0], pipe.sent[-1][2]) == (b"publisher", b"OK")
+
+
+def test_a_take_over_of_its_own_serves_only_while_raft_says_it_leads(tmp_path: Path) -> None:
+    engine = Engine(RULES, FileStore(tmp_path / "data"))
+    try:
+        cluster = member(engine, tmp_path)
+        state = ClusterState()
+        state.apply(("join", "127.0.0.1:2", "tcp://127.0.0.1:1"))
+        assert state.apply(("take_over", "127.0.0.1:2", 1, {}))
+        cluster.on_state(("take_over", "127.0.0.1:2", 1, {}), state.copy())  # replayed from the journal
+        assert not cluster.serving
+        cluster.role = Role(True, "127.0.0.1:2", 3, 3)  # Raft elected it (its take-over is not run here)
+        assert state.apply(("take_over", "127.0.0.1:2", 2, {}))
+        cluster.on_state(("take_over", "127.0.0.1:2", 2, {}), state.copy())
+        assert cluster.serving
+    finally:
+        engine.close()
