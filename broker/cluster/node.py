@@ -176,10 +176,13 @@ class Cluster:
     def on_role(self, role: Role) -> None:
         self.role = role
         self._changed.set()
-        if role.leading and not self.serving and self.taking_over is None:
+        # A leader handing the cluster over that Raft elects again (its target lost the election) does not
+        # take over: it hands leadership on again (hand_over).
+        if role.leading and not self.serving and self.taking_over is None and not self.handing_over:
             self.taking_over = asyncio.get_running_loop().create_task(self._take_over(), name="take over")
         if not role.leading and self.serving:
-            self._step_down(f"Raft elected {role.leader or 'nobody yet'}")
+            # PySyncObj may still name this broker for a tick after it stopped leading.
+            self._step_down(f"Raft elected {role.leader if role.leader != self.node else 'nobody yet'}")
 
     def on_state(self, command: tuple[Any, ...], state: ClusterState) -> None:
         before = self.state.epoch
@@ -335,21 +338,28 @@ class Cluster:
         epoch = self.state.epoch
         self.handing_over = True
         await self._until(lambda: not self._majority_in_reach() or self._all_on_majority(), deadline)
-        target = self._successor()
-        if target is None or not self._majority_in_reach():
-            log.warning("stopping without handing the cluster over: %s", "no follower fetched lately"
-                        if target is None else f"{self.role.reachable} of {self.size} brokers reachable")
-            return
-        log.info("stopping: handing the cluster over to %s", target)
+        target = None
 
         def handed() -> bool:
             return self._handed_over(epoch)
 
         while not handed():
-            if loop.time() >= deadline or not self._majority_in_reach() or not self._fetched_lately(target):
-                log.warning("could not hand the cluster over to %s: the others elect a leader once this "
-                            "broker is gone", target)
+            # Chosen again each time: a target that lost its election (Raft may elect this broker again,
+            # which then does not take over) or stopped fetching is replaced.
+            chosen = self._successor()
+            if chosen is None or not self._majority_in_reach() or loop.time() >= deadline:
+                if chosen is None:
+                    why = "no follower fetched lately"
+                elif not self._majority_in_reach():
+                    why = f"{self.role.reachable} of {self.size} brokers reachable"
+                else:
+                    why = f"not done within {HAND_OVER_SECONDS:g} s"
+                log.warning("stopping without handing the cluster over (%s): the others elect a leader once "
+                            "this broker is gone", why)
                 return
+            if chosen != target:
+                target = chosen
+                log.info("stopping: handing the cluster over to %s", target)
             sent = self.role.leading and await self._transfer(target)
             # After a request that went out: the target's election and take-over. After a refused one (its
             # Raft log was not complete yet), or once Raft moved on: a moment.
