@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import zmq
+from prometheus_client.parser import text_string_to_metric_families
 from zmq.utils.monitor import recv_monitor_message
 
 from broker.config import BrokerConfig
@@ -473,6 +474,23 @@ class RawStream:
 
 #: Seconds a test waits for messages that should arrive at once; generous for a loaded 2-core machine.
 ARRIVAL = 5.0
+
+
+#: Every sample of a /metrics page, by sample name and label set.
+Samples = dict[str, dict[frozenset[tuple[str, str]], float]]
+
+
+def metric_samples(text: str) -> Samples:
+    """A /metrics page read by prometheus-client's own parser."""
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[frozenset(sample.labels.items())] = sample.value
+    return samples
+
+
+def metric_value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get(name, {}).get(frozenset(labels.items()))
 
 
 def free_port() -> int:

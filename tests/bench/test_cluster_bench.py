@@ -1,6 +1,7 @@
 """A smoke test of ``python -m bench cluster`` with tiny counts: every figure positive, every confirmation
-fsync, failovers and handovers timed, no publish failed during a handover. It measures nothing (the counts are far too small for the ratios to mean anything);
-it proves that the benchmark still runs against the current brokers and connector."""
+fsync, failovers and handovers timed, no publish failed during a handover. It measures nothing (the counts
+are far too small for the ratios to mean anything); it proves that the benchmark still runs against the
+current brokers and connector."""
 
 from __future__ import annotations
 

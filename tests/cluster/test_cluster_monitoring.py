@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 from cluster_harness import Cluster, Member, cluster_factory  # noqa: F401 - the fixture
-from prometheus_client.parser import text_string_to_metric_families
+from conftest import Samples, metric_samples
+from conftest import metric_value as value
 
 from connector import Client
 
@@ -23,9 +24,6 @@ TOPIC = "durable.watched"
 #: Seconds a figure may take to show: snapshots are shared for half a second, a follower acknowledges by its
 #: next FETCH, and Raft's view of who is reachable follows its heartbeats.
 SHOWS = 20.0
-
-Samples = dict[str, dict[frozenset[tuple[str, str]], float]]
-
 
 def get(member: Member, path: str) -> tuple[int, bytes]:
     assert member.http is not None
@@ -46,15 +44,7 @@ def health(member: Member, path: str) -> tuple[int, dict[str, str]]:
 def scrape(member: Member) -> Samples:
     status, body = get(member, "/metrics")
     assert status == 200, body
-    samples: Samples = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            samples.setdefault(sample.name, {})[frozenset(sample.labels.items())] = sample.value
-    return samples
-
-
-def value(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get(name, {}).get(frozenset(labels.items()))
+    return metric_samples(body.decode())
 
 
 def until(check: Callable[[], Any], what: str) -> Any:

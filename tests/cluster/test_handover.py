@@ -5,6 +5,7 @@ failover takes. Twice in a row, each stopped broker started again. Real broker p
 
 from __future__ import annotations
 
+import itertools
 import signal
 import threading
 import time
@@ -81,7 +82,7 @@ def test_a_leader_asked_to_stop_hands_over_and_no_publish_fails(cluster_factory)
             assert cluster.cluster_view(new)["epoch"] == epoch + 1
             # The longest wait for a confirmation around the stop.
             times = [when for when, _ in publisher.confirmed if when >= stopped - 1]
-            gaps.append(max(later - earlier for earlier, later in zip(times, times[1:], strict=False)))
+            gaps.append(max(later - earlier for earlier, later in itertools.pairwise(times)))
             cluster.start(leader)
     finally:
         publisher.stop.set()

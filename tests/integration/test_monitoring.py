@@ -18,8 +18,16 @@ from typing import Any
 
 import pytest
 import zmq
-from conftest import ARRIVAL, FREE_GATEWAY_PORTS, BrokerFactory, BrokerThread, DealerFactory
-from prometheus_client.parser import text_string_to_metric_families
+from conftest import (
+    ARRIVAL,
+    FREE_GATEWAY_PORTS,
+    BrokerFactory,
+    BrokerThread,
+    DealerFactory,
+    Samples,
+    metric_samples,
+    metric_value,
+)
 
 from broker import config as broker_config
 from broker.config import BrokerConfig
@@ -32,8 +40,6 @@ from connector import Client, keys
 from connector.sexp_client import SexpClient
 
 STRONG = TopicRule("orders.*", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG))
-
-Samples = dict[str, dict[frozenset[tuple[str, str]], float]]
 
 
 # ----------------------------------------------------------------------------------------------- scraping
@@ -63,15 +69,10 @@ def scrape(broker: Broker) -> Samples:
     status, headers, body = get(broker, "/metrics")
     assert status == 200, body
     assert headers["Content-Type"].startswith("text/plain"), headers
-    samples: Samples = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            samples.setdefault(sample.name, {})[frozenset(sample.labels.items())] = sample.value
-    return samples
+    return metric_samples(body.decode())
 
 
-def value(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get(name, {}).get(frozenset(labels.items()))
+value = metric_value
 
 
 def eventually(check: Callable[[], Any], within: float = ARRIVAL) -> Any:
