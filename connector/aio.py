@@ -143,7 +143,6 @@ class AsyncClient(ClientBase):
                 leader = leader_of(answer) if isinstance(answer, mc0.Ok) else None
                 if leader is not None and self._move(leader):
                     self._moving = False
-                    self._sent_away = True
                     reply = self._open()  # a cluster member that does not lead: connect to the leader
                     continue
                 if self._connecting is not reply:
@@ -671,8 +670,7 @@ class AsyncClient(ClientBase):
             reply = future.result()
             leader = leader_of(reply) if isinstance(reply, mc0.Ok) else None
             if leader is not None and self._move(leader):
-                self._sent_away = True  # a member that does not lead: the reader connects to the leader
-                return
+                return  # a cluster member that does not lead: the reader connects to the leader
             if isinstance(reply, mc0.Ok):
                 self._moves_in_row = 0
                 self._core.connected(reply)

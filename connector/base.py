@@ -340,9 +340,10 @@ class ClientBase:
         self._moves_in_row = 0
         self._refused: dict[str, float] = {}  # endpoint -> when nothing listened there (moves go elsewhere)
         self._resend: list[Any] = []  # commands a follower refused, sent again once connected to the leader
-        # A broker named the leader, sending us away or refusing a command: it answered, in order, everything
-        # it took before and stores nothing more from this connection, so what it left unanswered goes to
-        # the leader like what it refused (instead of failing as "may or may not have been stored").
+        # A broker named the leader (answering our CONNECT, refusing a command, or sending us away; _move sets
+        # it): it answered, in order, everything it took before and stores nothing more from this connection,
+        # so what it left unanswered goes to the leader like what it refused (instead of failing as "may or
+        # may not have been stored").
         self._sent_away = False
         self.reconnects = 0
         self._credentials = resolve_credentials(keys, credentials, curve)
@@ -392,8 +393,7 @@ class ClientBase:
             elif reply is not None and reply.id is not None:
                 self._resolve(reply)
             elif isinstance(reply, mc0.Error) and leader_of(reply) not in (None, self.endpoint):
-                # A cluster member that stopped leading sends its clients away.
-                self._sent_away = self._move(leader_of(reply)) or self._sent_away
+                self._move(leader_of(reply))  # a cluster member that stopped leading sends its clients away
         if got:
             self._arrived.set()
         return count
@@ -473,6 +473,8 @@ class ClientBase:
             return True  # a move is due already (what the old connection still says changes nothing)
         if self._moves_in_row >= MAX_REDIRECTS * len(self.endpoints):
             return False
+        if leader is not None:
+            self._sent_away = True  # a broker named the leader: see _sent_away
         now = time.monotonic()
         if leader is not None and self._refused_lately(leader, now):
             # A member still names the leader whose port just refused us (it has not noticed yet): ask the
@@ -507,9 +509,7 @@ class ClientBase:
             # for, at the next member of the list (the same broker when there is one).
             wait = retry_after(reply)
             return wait is not None and self._move(None, after=wait)
-        moved = self._move(leader if leader != self.endpoint else None)
-        self._sent_away = moved or self._sent_away
-        return moved
+        return self._move(leader if leader != self.endpoint else None)
 
     def _handshake(self, now: float) -> None:
         """The connection came back (the broker restarted, or dropped us): CONNECT and subscribe again on this

@@ -715,8 +715,7 @@ class Client(ClientBase):
         with contextlib.suppress(BaseException):
             reply = future.result()
             if isinstance(reply, mc0.Ok) and leader_of(reply) is not None and self._move(leader_of(reply)):
-                self._sent_away = True  # a cluster member that does not lead: connect to the leader instead
-                return
+                return  # a cluster member that does not lead: connect to the leader instead
             if isinstance(reply, mc0.Ok):
                 self._moves_in_row = 0
                 self._core.connected(reply)

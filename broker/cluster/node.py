@@ -274,7 +274,7 @@ class Cluster:
         return (f"no leader is known ({self.role.reachable} of {self.size} brokers reachable): try again "
                 "once a majority is")
 
-    def refusal(self, event: mc0.Event, redirected: bool = False) -> mc0.Error | None:
+    def refusal(self, event: mc0.Event, redirected: bool) -> mc0.Error | None:
         """A follower's answer to what only the leader serves: ERROR with the leader's endpoint. A leader
         handing the cluster over gives the same answer, without an endpoint yet; and so does a leader to a
         client it named another leader to lately (``redirected``: what that client had in flight here is
