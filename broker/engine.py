@@ -1042,16 +1042,29 @@ class Engine:
         topic = self.topics.get(name)
         if topic is None or topic.log is None or from_id >= topic.next_id:
             return 0
+        return self._recut(topic, lambda log: log.truncate(from_id))
+
+    def restart_log(self, name: bytes, first_id: int) -> int:
+        """Drop every message of a persistent topic's log (durably) and go on at ``first_id``, past its next
+        id: a cluster follower whose leader no longer holds what it lacks. Returns how many messages went."""
+        topic = self.topics.get(name)
+        if topic is None or topic.log is None:
+            return 0
+        return self._recut(topic, lambda log: log.restart_at(first_id))
+
+    def _recut(self, topic: Topic, change: Callable[[TopicLog], int]) -> int:
+        """Apply a change that cuts ``topic``'s log, after committing its turn, and follow its new end."""
+        assert topic.log is not None
         if topic.dirty:
             self.commit()
         try:
-            cut = topic.log.truncate(from_id)
+            cut = change(topic.log)
         except SyncFailed:
             raise
         except StoreError as error:
             raise EngineError(str(error)) from None
         topic.next_id = topic.committed_id = topic.log.next_id
-        topic.next_dispatch = min(topic.next_dispatch, topic.next_id)
+        topic.next_dispatch = min(max(topic.next_dispatch, topic.log.first_id), topic.next_id)
         return cut
 
     def _realign(self, topic: Topic, message: Message) -> Message:
@@ -1296,14 +1309,16 @@ class Engine:
         return count
 
     def enforce_retention(self, now_ms: int) -> int:
-        """Delete whole sealed segments past their topic's retention; returns how many went."""
+        """Delete whole sealed segments past their topic's retention; returns how many went. A cluster
+        leader's segments that hold messages not yet on a majority stay (Kafka's log start never passes the
+        high watermark either): a follower that has not copied them yet must still find them."""
         removed = 0
         for topic in self.topics.values():
             spec = topic.spec
             if topic.log is None or (spec.retention_bytes is None and spec.retention_seconds is None):
                 continue
             try:
-                removed += topic.log.enforce_retention(now_ms)
+                removed += topic.log.enforce_retention(now_ms, topic.visible_until)
             except SyncFailed:
                 raise
             except StoreError:

@@ -41,7 +41,7 @@ import zmq.asyncio
 
 from broker.cluster.link import Link, LinkError
 from broker.cluster.raft import RaftNode, Role
-from broker.cluster.replicator import WAIT_MS, Replicator, record_producers
+from broker.cluster.replicator import WAIT_MS, Replicator, record_producers, restart_behind
 from broker.cluster.state import (
     ClusterState,
     ReplicaEnd,
@@ -639,6 +639,8 @@ class Cluster:
             records = mc0.decode_records_reply(reply)
             if not records.count:
                 break
+            if records.start_id > topic.next_id:
+                restart_behind(self.engine, name, records.start_id)
             record_producers(topic.log, reply.headers.get(mc0.PRODUCERS), records.start_id,
                              records.start_id + records.count)
             self.engine.append_replicated(name, records.payload, records.start_id, records.count)

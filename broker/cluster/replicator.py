@@ -7,8 +7,8 @@ leader answers as soon as it has committed something past that id. The follower 
 records (the store checks every CRC), commits them as its topic's sync level says (a strong topic fsyncs),
 and only then asks for more: the FROM of that next FETCH tells the leader that everything below it is as
 durable here as the topic promises. If the leader's log is another one than the follower's (a new epoch),
-the leader answers from where the two logs part: the follower cuts its log there, durably, takes the
-leader's log identity, and copies on.
+the follower finds where the two logs part from both lineages (the leader's comes with its answer), cuts
+its log there, durably, takes the leader's log identity, and copies on.
 
 Idempotent publishers' batches travel with the records (``PRODUCERS``), so the producer window of a
 follower that becomes leader is the one the old leader had for the same messages.
@@ -26,6 +26,7 @@ from collections.abc import Callable
 import msgpack
 
 from broker.cluster.link import Answer, Link, LinkError
+from broker.cluster.state import ReplicaEnd, shared_until
 from broker.engine import Engine, EngineError
 from broker.store import LogIdentity, TopicLog
 from protocol import ProtocolError, mc0
@@ -55,6 +56,17 @@ def record_producers(log: TopicLog, raw: bytes | None, start: int, stop: int) ->
             last_sequence -= over
         if count > 0 and first_id + count > start:
             window.record(producer, last_sequence, first_id, count)
+
+
+def restart_behind(engine: Engine, topic: bytes, first_id: int) -> None:
+    """The log this copy follows starts at ``first_id``, past this copy's next id: its retention removed
+    the messages between (this broker was away, or is new). Everything the copy holds is older than that
+    log's oldest message, so it goes, durably, and the copy goes on at ``first_id``."""
+    behind = engine.topics[topic].next_id
+    dropped = engine.restart_log(topic, first_id)
+    log.warning("topic %r: the log copied starts at id %d, past this copy's next id %d (retention removed "
+                "the messages between): the %d older messages here dropped, copying on from there",
+                topic.decode("utf-8", "replace"), first_id, behind, dropped)
 
 
 class Replicator:
@@ -152,12 +164,24 @@ class Replicator:
         if local.next_id != event.start:
             return True  # changed under us (a truncation): ask again
         if incarnation != identity.incarnation:
-            # The leader's log is another one: cut ours where they part, take its identity, copy on.
-            cut = self.engine.truncate(topic, records.start_id)
+            # The leader's log is another one: cut ours where they part, take its identity, copy on. Where
+            # they part is worked out here, from both lineages: the leader knows only this copy's identity,
+            # and answers from its first id when its lineage does not name it (two identities taken from one
+            # log share what they took).
+            part = shared_until(ReplicaEnd(self.node.decode(), local.next_id, identity.incarnation,
+                                           identity.lineage),
+                                ReplicaEnd("leader", records.next_id, incarnation, lineage))
+            cut = self.engine.truncate(topic, part)
             if cut:
                 log.warning("topic %r: cut %d messages from id %d to follow the leader's log",
-                            topic.decode("utf-8", "replace"), cut, records.start_id)
+                            topic.decode("utf-8", "replace"), cut, part)
             self.set_identity(topic, LogIdentity(incarnation, lineage))
+            if part != records.start_id:
+                return True  # the leader answered from elsewhere: ask again from where the logs part
+        elif records.start_id > local.next_id:
+            # The leader's retention removed what this copy lacks (it was away, or it is new): everything it
+            # holds is older than the leader's oldest message, so it goes, and the copy starts there.
+            restart_behind(self.engine, topic, records.start_id)
         elif records.start_id != local.next_id:
             return False
         if records.count:

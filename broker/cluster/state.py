@@ -142,18 +142,29 @@ def most_advanced(ends: Sequence[ReplicaEnd], epoch_of: Callable[[str], int]) ->
 
 def shared_until(mine: ReplicaEnd, theirs: ReplicaEnd) -> int:
     """The first id at which ``mine`` may differ from ``theirs``: ``mine.next_id`` if ``theirs`` extends it
-    (same identity, or one that descends from mine), the point where the lineages part otherwise (1: nothing
-    shared, the logs are unrelated)."""
+    (the same identity, or one that descends from mine); otherwise where the two part after the latest
+    incarnation both descend from (1: nothing shared, the logs are unrelated).
+
+    Within one incarnation an id names one message, so both logs hold the messages of an incarnation they
+    share, up to the first ``until`` after it in either lineage. The shared ancestor may be neither log's
+    own identity: two brokers that each took a new identity from the same log (one of them for a take-over
+    that Raft did not accept) share what they held of it."""
     if mine.incarnation == theirs.incarnation:
         return mine.next_id  # one log: a shorter copy of it differs in nothing
-    for index, (earlier, _) in enumerate(theirs.lineage):
-        if earlier == mine.incarnation:
-            return min(mine.next_id, *(until for _, until in theirs.lineage[index:]))
-    for index, (earlier, _) in enumerate(mine.lineage):
-        if earlier == theirs.incarnation:
-            # Mine descends from theirs: we share what theirs held below where mine took over.
-            return min(theirs.next_id, *(until for _, until in mine.lineage[index:]))
-    return 1
+    mine_from, theirs_from = _held_from(mine), _held_from(theirs)
+    return max((min(below, theirs_from[incarnation]) for incarnation, below in mine_from.items()
+                if incarnation in theirs_from), default=1)
+
+
+def _held_from(end: ReplicaEnd) -> dict[str, int]:
+    """incarnation -> the id below which ``end``'s log holds that incarnation's messages: its own identity's
+    up to its next id, each earlier one's up to the first ``until`` from there on."""
+    held = {end.incarnation: end.next_id}
+    below = end.next_id
+    for incarnation, until in reversed(end.lineage):
+        below = min(below, until)
+        held.setdefault(incarnation, below)
+    return held
 
 
 def positions_by_topic(state: ClusterState, nodes: Mapping[str, object]) -> dict[str, dict[str, int]]:

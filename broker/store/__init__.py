@@ -153,6 +153,20 @@ class TopicLog(Protocol):
         stopped the first entry, or when it is a SyncFailed)."""
         ...
 
+    def append_records(self, records: bytes, start_id: int, count: int) -> None:
+        """Append records another log numbered (a cluster's copy), from ``start_id`` = ``next_id``, each
+        checked."""
+        ...
+
+    def truncate(self, from_id: int) -> int:
+        """Cut the suffix from ``from_id`` on, durably; returns how many messages went."""
+        ...
+
+    def restart_at(self, first_id: int) -> int:
+        """Drop every message, durably, and go on at ``first_id`` (past ``next_id``); returns how many
+        went."""
+        ...
+
     def commit(self) -> None:
         """Write what was appended and acked; for strong topics also fsync (group commit, once per turn)."""
         ...
@@ -179,8 +193,9 @@ class TopicLog(Protocol):
         """The first written id stored at or after ``timestamp_ms`` (``next_id`` if none is)."""
         ...
 
-    def enforce_retention(self, now_ms: int) -> int:
-        """Delete whole sealed segments past the topic's retention, oldest first; returns how many."""
+    def enforce_retention(self, now_ms: int, keep_from: int | None = None) -> int:
+        """Delete whole sealed segments past the topic's retention, oldest first, but none holding
+        ``keep_from`` or a later id; returns how many."""
         ...
 
     def ack(self, ids: Iterable[int]) -> None:

@@ -515,9 +515,27 @@ class SegmentLog:
         caller's business (a cluster's new epoch)."""
         if from_id >= self._next_id:
             return 0
+        cut = self._next_id - max(from_id, self.first_id)
+        self._cut(from_id, from_id)
+        log.warning("%s: %d messages from id %d cut: they were not on a majority of the cluster",
+                    self.directory, cut, from_id)
+        return cut
+
+    def restart_at(self, first_id: int) -> int:
+        """Drop every message, durably, and go on at ``first_id``, past this log's next id: a cluster's copy
+        whose leader's retention removed the messages between; returns how many messages went."""
+        if first_id <= self._next_id:
+            raise StoreError(f"{self.directory}: a log restarts past its next id {self._next_id}, not at "
+                             f"{first_id}")
+        dropped = self._next_id - self.first_id
+        self._cut(0, first_id)
+        return dropped
+
+    def _cut(self, from_id: int, go_on_at: int) -> None:
+        """Delete or cut the segments from ``from_id`` on and fsync them and the directory; with nothing
+        left, an empty segment goes on at ``go_on_at``. Then the state is read back from the files."""
         self._use()
         self.sync()  # what is buffered goes to the files first: one state to cut, the files'
-        cut = self._next_id - max(from_id, self.first_id)
         self._forget_places()
         kept = 0
         try:
@@ -541,16 +559,13 @@ class SegmentLog:
                         os.close(fd)
                 break
             if not kept:
-                Segment(self.directory, from_id).create_empty()  # everything went: go on at from_id
+                Segment(self.directory, go_on_at).create_empty()  # everything went: go on there
             fsync_directory(self.directory)
         finally:
             self._close_all()
             self._open_sealed.clear()
         self._reset()
         self._open()
-        log.warning("%s: %d messages from id %d cut: they were not on a majority of the cluster",
-                    self.directory, cut, from_id)
-        return cut
 
     def _roll(self) -> None:
         """Start a new segment at the next id; the full one is sealed by the next write."""
@@ -726,8 +741,9 @@ class SegmentLog:
 
     # ---------------------------------------------------------------------------------------- retention
 
-    def enforce_retention(self, now_ms: int) -> int:
-        """Delete whole sealed segments, oldest first, while over the byte budget or older than allowed."""
+    def enforce_retention(self, now_ms: int, keep_from: int | None = None) -> int:
+        """Delete whole sealed segments, oldest first, while over the byte budget or older than allowed, but
+        none holding ``keep_from`` or a later id (a cluster leader's messages not yet on a majority)."""
         retention_bytes = self.spec.retention_bytes
         retention_seconds = self.spec.retention_seconds
         if retention_bytes is None and retention_seconds is None:
@@ -742,7 +758,7 @@ class SegmentLog:
             oldest = segments[0]
             over_budget = retention_bytes is not None and self._bytes_on_disk > retention_bytes
             too_old = cutoff is not None and oldest.last_timestamp < cutoff
-            if not (over_budget or too_old):
+            if not (over_budget or too_old) or (keep_from is not None and oldest.last_id >= keep_from):
                 break
             self._open_sealed.pop(oldest, None)
             oldest.delete()

@@ -11,6 +11,8 @@ import pytest
 import zmq
 from cluster_harness import Cluster, cluster_factory  # noqa: F401 - the fixture
 
+from broker.store.files import FileStore
+from broker.topics import Persistence, Sync, TopicSpec
 from connector import Client, ConnectorError
 from connector import keys as key_files
 from protocol.bodies import TopicBodies
@@ -144,6 +146,48 @@ def test_a_restarted_replica_catches_up(cluster_factory) -> None:  # noqa: F811
             break
         assert time.monotonic() < deadline, f"the restarted replica did not catch up: {replicas}"
         time.sleep(0.2)
+
+
+KEPT = ('retention_interval = 0.2\n[[topics]]\npattern = "kept.*"\npersistence = "persistent"\n'
+        'sync = "strong"\nsegment_bytes = 1024\nretention_bytes = 4096\n')
+
+
+@pytest.mark.timeout(120)
+def test_a_replica_back_after_the_leaders_retention_moved_past_it_copies_on(cluster_factory) -> None:  # noqa: F811
+    """While a follower was down the leader's retention deleted messages it never copied: it drops what it
+    held (all older than the leader's oldest message) and copies on from the leader's first id."""
+    cluster: Cluster = cluster_factory(settings=KEPT)
+    leader = cluster.leader()
+    victim = _followers(cluster, leader)[0]
+    with Client(cluster.endpoints, **cluster.client_options(), timeout=10) as client:
+        for n in range(5):
+            client.publish("kept.r", f"early {n}", confirm=True)
+        cluster.kill(victim)
+        futures = [client.publish_async("kept.r", f"later {n:04d} " + "." * 100) for n in range(300)]
+        last = max(int(future.result(20)["MESSAGE-ID"]) for future in futures)
+        deadline = time.monotonic() + 20
+        while (first := client.fetch("kept.r", max_messages=1).first_id) <= 6:
+            assert time.monotonic() < deadline, "the leader's retention deleted nothing"
+            time.sleep(0.2)
+        cluster.start(victim)
+        deadline = time.monotonic() + 30
+        while True:
+            replicas = cluster.cluster_view(cluster.leader())["replicas"].get("kept.r", {})
+            if replicas.get(victim.raft, 0) > last:
+                break
+            assert time.monotonic() < deadline, f"the replica back from away did not catch up: {replicas}"
+            time.sleep(0.2)
+        kept = client.fetch("kept.r", first, max_messages=1000)
+    assert "older messages here dropped, copying on from there" in victim.log()
+    cluster.kill(victim)
+    copy = FileStore(victim.data_dir).open(b"kept.r", TopicSpec(persistence=Persistence.PERSISTENT,
+                                                                 sync=Sync.STRONG, segment_bytes=1024))
+    held = [(message.id, message.body) for message in copy.read(1, 1000, 1 << 24)]
+    leaders = [(message.id, message.body) for message in kept.messages]
+    assert held
+    assert held == leaders[len(leaders) - len(held):]  # its own retention may have cut more since
+    assert held[-1][0] == last
+    assert not any(body.startswith(b"early") for _, body in held)
 
 
 @pytest.mark.timeout(90)

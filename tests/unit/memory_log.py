@@ -147,11 +147,15 @@ class MemoryLog:
         self.syncs += 1
         self.fsyncs += 1
 
-    def enforce_retention(self, now_ms: int) -> int:
-        """Forget every message below :attr:`retain_from`; one "segment" removed if anything went."""
-        if self.retain_from is None or self.retain_from <= self._first_id:
+    def enforce_retention(self, now_ms: int, keep_from: int | None = None) -> int:
+        """Forget every message below :attr:`retain_from` (and below ``keep_from``); one "segment" removed if
+        anything went."""
+        if self.retain_from is None:
             return 0
-        self.drop_before(self.retain_from)
+        until = self.retain_from if keep_from is None else min(self.retain_from, keep_from)
+        if until <= self._first_id:
+            return 0
+        self.drop_before(until)
         return 1
 
     def drop_before(self, message_id: int) -> None:

@@ -103,6 +103,25 @@ def test_where_two_logs_part() -> None:
     assert shared_until(ReplicaEnd("me", 30, "new", (("old", 10),)), ReplicaEnd("them", 12, "old")) == 10
 
 
+def test_two_logs_that_each_took_a_new_identity_from_one_log_share_it() -> None:
+    # Both took an identity from "a": mine at 14 (a take-over Raft did not accept), theirs at 10 (the one it
+    # did). Neither knows the other's identity; both hold a's messages below 10.
+    mine = ReplicaEnd("me", 20, "mine", (("a", 14),))
+    theirs = ReplicaEnd("them", 25, "theirs", (("a", 10),))
+    assert shared_until(mine, theirs) == 10
+    assert shared_until(theirs, mine) == 10
+    # Deeper: the latest shared ancestor decides, bounded by every later "until" on either side.
+    mine = ReplicaEnd("me", 40, "m2", (("root", 5), ("b", 30), ("m1", 35)))
+    theirs = ReplicaEnd("them", 50, "t1", (("root", 5), ("b", 22)))
+    assert shared_until(mine, theirs) == 22
+    assert shared_until(ReplicaEnd("me", 18, "m1", (("b", 30),)), theirs) == 18  # mine is shorter still
+    # An ancestor's messages end where a later identity of the same log cut them.
+    mine = ReplicaEnd("me", 40, "m2", (("b", 30), ("m1", 12)))
+    assert shared_until(mine, theirs) == 12
+    # A lineage that forgot the shared ancestor shares nothing that can be shown.
+    assert shared_until(ReplicaEnd("me", 40, "m2", (("m1", 35),)), theirs) == 1
+
+
 def test_cluster_settings_load_and_are_checked(tmp_path: Path) -> None:
     path = tmp_path / "mc0.toml"
     path.write_text('[broker]\ncluster_node = "127.0.0.1:7001"\ncluster_peers = ["127.0.0.1:7002", '

@@ -90,3 +90,21 @@ def test_write_ahead_lets_a_replica_read_before_the_fsync() -> None:
     assert [message.id for message in replica.messages] == [1]
     engine.commit()
     assert engine.topics[b"log.w"].committed_id == 2
+
+
+def test_retention_keeps_what_the_gate_holds_back() -> None:
+    """A leader's retention never deletes messages not yet on a majority: a follower must still find them."""
+    engine = Engine(TopicRules([TopicRule("kept.*", TopicSpec(persistence=Persistence.PERSISTENT,
+                                                               retention_bytes=1))]), MemoryStore())
+    engine.gate(engine.topic(b"kept.a"), 1)
+    for n in range(10):
+        engine.publish(b"kept.a", b"m%d" % n, {}, NOW)
+    turn(engine)
+    log = engine.topics[b"kept.a"].log
+    log.retain_from = 9  # type: ignore[union-attr]
+    engine.release(b"kept.a", 4)
+    assert engine.enforce_retention(NOW) == 1
+    assert log.first_id == 4  # type: ignore[union-attr]
+    engine.release(b"kept.a", 11)
+    assert engine.enforce_retention(NOW) == 1
+    assert log.first_id == 9  # type: ignore[union-attr]

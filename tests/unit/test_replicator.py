@@ -15,7 +15,7 @@ from broker.cluster import replicator as replicator_module
 from broker.cluster.link import Answer, LinkError
 from broker.cluster.replicator import Replicator
 from broker.engine import Engine
-from broker.store import SyncFailed
+from broker.store import LogIdentity, SyncFailed
 from broker.store.files import FileStore
 from broker.topics import Persistence, Sync, TopicRule, TopicRules, TopicSpec
 from protocol import mc0
@@ -59,13 +59,19 @@ def follower(tmp_path: Path) -> Iterator[Engine]:
 
 
 def answer_from(leader: Engine, fetch: mc0.Fetch) -> mc0.Ok:
-    """What a leader answers a replica's FETCH with: its records from the FETCH's FROM."""
+    """What a leader answers a replica's FETCH with: its records from the FETCH's FROM, or from where its
+    log's lineage says the replica's log parts from it (and then the lineage too)."""
+    assert fetch.start is not None
+    known = fetch.incarnation.decode() if fetch.incarnation else None
+    read = leader.read_range(TOPIC, fetch.start, 10_000, 4 << 20, records=True, known_incarnation=known,
+                        replica=True)
+    ok = mc0.records_ok(b"1", read.first_id, read.next_id, read.start_id, read.count,
+                        (read.incarnation or "").encode(), read.records)
     log = leader.topics[TOPIC].log
     assert log is not None
-    assert fetch.start is not None
-    start, count, records = log.read_records(fetch.start, 10_000, 4 << 20)
-    return mc0.records_ok(b"1", log.first_id, leader.topics[TOPIC].next_id, start, count,
-                          log.identity.incarnation.encode(), records)
+    if known != log.identity.incarnation:
+        ok.headers[mc0.LINEAGE] = mc0.encode_lineage(log.identity.lineage)
+    return ok
 
 
 def make(follower: Engine, link: FakeLink, flush: Callable[[], None],
@@ -160,3 +166,95 @@ def test_a_failed_fsync_while_copying_stops_the_broker(leader: Engine, follower:
         replicator.close()
 
     asyncio.run(run())
+
+
+def test_a_copy_whose_identity_the_leader_does_not_know_cuts_where_their_lineages_part(
+        leader: Engine, follower: Engine) -> None:
+    """Both logs took a new identity from one log: the leader's when it took over at id 10, this copy's in a
+    take-over at id 14 that Raft did not accept. The leader cannot place the copy's identity and answers from
+    its first id; the copy keeps the 9 messages both hold, cuts the rest, and copies the leader's from 10."""
+    common = LogIdentity.fresh()
+    for engine in (leader, follower):
+        engine.topic(TOPIC)
+        engine.store.set_identity(TOPIC, common)  # type: ignore[union-attr]
+        for n in range(1, 10):
+            engine.publish(TOPIC, b"shared %d" % n, {}, NOW)
+    for n in range(10, 14):
+        follower.publish(TOPIC, b"copy only %d" % n, {}, NOW)
+    for n in range(10, 16):
+        leader.publish(TOPIC, b"leader %d" % n, {}, NOW)
+    leader.commit()
+    follower.commit()
+    leader.store.set_identity(TOPIC, common.successor(10))  # type: ignore[union-attr]
+    follower.store.set_identity(TOPIC, common.successor(14))  # type: ignore[union-attr]
+
+    async def run() -> None:
+        link = FakeLink()
+        failures: list[BaseException] = []
+        replicator = make(follower, link, follower.commit, failures)
+        replicator.follow(TOPIC)
+        first = link.asked[-1][0]
+        answer = answer_from(leader, first)
+        assert mc0.decode_records_reply(answer).start_id == 1  # the leader could not place the copy
+        link.asked[-1][1](answer)
+        again = link.asked[-1][0]
+        assert again.start == 10  # cut where the two part, not at 1
+        assert again.incarnation == leader.incarnation(TOPIC)
+        link.asked[-1][1](answer_from(leader, again))
+        assert link.asked[-1][0].start == 16
+        log = follower.topics[TOPIC].log
+        assert log is not None
+        assert [message.body for message in log.read(1, 100, 1 << 20)] == \
+            [b"shared %d" % n for n in range(1, 10)] + [b"leader %d" % n for n in range(10, 16)]
+        assert log.identity == leader.topics[TOPIC].log.identity  # type: ignore[union-attr]
+        assert not failures
+        replicator.close()
+
+    asyncio.run(run())
+
+
+def test_a_copy_behind_the_leaders_retention_drops_its_old_messages_and_copies_on(tmp_path: Path) -> None:
+    """The leader's retention removed messages this copy never had (it was away): everything the copy holds
+    is older than the leader's oldest message, so the copy starts again at that message."""
+    rules = TopicRules([TopicRule("copy.*", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG,
+                                                      segment_bytes=1024, retention_bytes=2048))])
+    leader, follower = Engine(rules, FileStore(tmp_path / "leader")), Engine(rules, FileStore(tmp_path / "f"))
+    try:
+        leader.topic(TOPIC)
+        follower.topic(TOPIC)
+        follower.store.set_identity(TOPIC, leader.topics[TOPIC].log.identity)  # type: ignore[union-attr]
+        for n in range(1, 6):
+            for engine in (leader, follower):
+                engine.publish(TOPIC, b"old %d" % n, {}, NOW)
+                engine.commit()
+        for n in range(6, 80):
+            leader.publish(TOPIC, b"new %d" % n + b"." * 100, {}, NOW)
+            leader.commit()
+        log = leader.topics[TOPIC].log
+        assert log is not None
+        assert log.enforce_retention(NOW) > 0
+        first = log.first_id
+        assert first > 6
+
+        async def run() -> None:
+            link = FakeLink()
+            failures: list[BaseException] = []
+            replicator = make(follower, link, follower.commit, failures)
+            replicator.follow(TOPIC)
+            assert link.asked[-1][0].start == 6
+            link.asked[-1][1](answer_from(leader, link.asked[-1][0]))
+            copy = follower.topics[TOPIC].log
+            assert copy is not None
+            assert copy.first_id == first
+            while link.asked[-1][0].start < 80:  # a read stops at a segment's end
+                link.asked[-1][1](answer_from(leader, link.asked[-1][0]))
+            assert copy.next_id == 80
+            assert [message.body for message in copy.read(1, 100, 1 << 20)] == \
+                [message.body for message in log.read(1, 100, 1 << 20)]
+            assert not failures
+            replicator.close()
+
+        asyncio.run(run())
+    finally:
+        leader.close()
+        follower.close()

@@ -379,6 +379,19 @@ def test_retention_never_deletes_the_active_segment(store: FileStore) -> None:
     assert read_all(log)[-3:] == more
 
 
+def test_retention_keeps_every_segment_from_the_one_holding_keep_from(store: FileStore) -> None:
+    log = store.open(TOPIC, spec(retention_bytes=1))
+    messages = fill(log, 120, commit_every=5)
+    bases = [parse_segment(path)[0] for path in segment_paths(topic_dir(store.root))]
+    assert len(bases) > 3
+    keep_from = bases[2] + 1  # inside the third segment: a cluster's messages not yet on a majority
+    assert log.enforce_retention(NOW, keep_from) == 2
+    assert log.first_id == bases[2]
+    assert log.enforce_retention(NOW, keep_from) == 0
+    assert read_all(log) == messages[bases[2] - 1 :]
+    assert log.enforce_retention(NOW) == len(bases) - 3  # once they are, the rest may go
+
+
 def test_retention_by_age_stops_at_the_first_young_segment(store: FileStore) -> None:
     log = store.open(TOPIC, spec(retention_seconds=10))
     # Three segments' worth of old messages, then young ones; timestamps ascend by 1 s per message.

@@ -82,6 +82,25 @@ def test_truncate_cuts_durably_across_segments(tmp_path: Path) -> None:
     assert again.next_id == 1
 
 
+def test_a_log_restarts_past_its_end_durably(tmp_path: Path) -> None:
+    log = SegmentLog(TOPIC, tmp_path, SPEC)
+    for n in range(1, 30):
+        log.append(Message(TOPIC, n, b"y" * 100, {}, 1000 + n))
+    log.commit()
+    assert log.segment_count > 1
+    with pytest.raises(StoreError, match="past its next id 30"):
+        log.restart_at(30)
+    assert log.restart_at(500) == 29
+    assert (log.first_id, log.next_id, log.segment_count) == (500, 500, 1)
+    assert bodies(log) == []
+    log.append_records(record(500, b"five hundred"), 500, 1)  # a copy goes on at the leader's first id
+    log.commit()
+    log.close()
+    again = SegmentLog(TOPIC, tmp_path, SPEC)  # and so it stays after a restart
+    assert (again.first_id, again.next_id) == (500, 501)
+    assert bodies(again) == [(500, b"five hundred")]
+
+
 def test_truncate_forgets_the_producers_of_what_it_cut(tmp_path: Path) -> None:
     log = SegmentLog(TOPIC, tmp_path, SPEC)
     for n in range(1, 11):
