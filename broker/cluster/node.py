@@ -67,6 +67,8 @@ REPORT_EVERY = 2.0
 ASK_TIMEOUT = 1.0
 #: Milliseconds a client is told to wait before it sends a command again while a leader is being chosen.
 RETRY_MS = 100
+#: The same while this broker hands the cluster over, which takes tens of milliseconds.
+HAND_OVER_RETRY_MS = 25
 #: Seconds a leader asked to stop may spend handing the cluster over (:meth:`Cluster.hand_over`) before it
 #: stops anyway: then the others elect a leader once it is gone, as after a crash.
 HAND_OVER_SECONDS = 5.0
@@ -296,8 +298,9 @@ class Cluster:
             # Without a leader to name but with a majority in reach, a leader is being chosen or is taking
             # over, which is short: the client is told when to ask again. A minority's refusal is final.
             electing = self.role.reachable * 2 > self.size
+            retry_ms = HAND_OVER_RETRY_MS if self.serving and self.handing_over else RETRY_MS
             return mc0.leader_error(text, endpoint.encode() if endpoint else None, getattr(event, "id", None),
-                                    retry_ms=RETRY_MS if electing else None)
+                                    retry_ms=retry_ms if electing else None)
         return None
 
     def unready(self) -> str | None:

@@ -1,0 +1,62 @@
+"""What a cluster member answers a command only a leader serves (``Cluster.refusal``): a follower names the
+leader; without one to name, RETRY-AFTER while a majority is in reach (a leader is being chosen) and nothing
+with a minority (the refusal is final); a leader handing the cluster over asks the client back sooner, since a
+hand-over takes tens of milliseconds. Pure: no Raft, no sockets."""
+
+from __future__ import annotations
+
+import zmq.asyncio
+from memory_log import MemoryStore
+
+from broker.cluster.node import HAND_OVER_RETRY_MS, RETRY_MS, Cluster
+from broker.cluster.raft import Role
+from broker.config import BrokerConfig
+from broker.engine import Engine
+from protocol import mc0
+
+PEERS = ("127.0.0.1:7002", "127.0.0.1:7003")
+
+
+def member() -> Cluster:
+    config = BrokerConfig(bind="tcp://127.0.0.1:7101", curve=False, cluster_node="127.0.0.1:7001",
+                          cluster_peers=PEERS)
+    engine = Engine(config.topic_rules(), MemoryStore())
+    return Cluster(config, engine, MemoryStore(), lambda: None, lambda: None, lambda error: None,  # type: ignore[arg-type]
+                   zmq.asyncio.Context.instance(), "tcp://127.0.0.1:7101")
+
+
+def refused(cluster: Cluster) -> mc0.Error:
+    answer = cluster.refusal(mc0.Put(b"t", b"body", id=b"7"), redirected=False)
+    assert isinstance(answer, mc0.Error)
+    return answer
+
+
+def test_the_answer_to_a_publish_says_where_to_go_or_when_to_ask_again() -> None:
+    cluster = member()
+    cluster.state.endpoints = {"127.0.0.1:7002": "tcp://127.0.0.1:7102"}
+    cluster.state.leader = "127.0.0.1:7002"
+    answer = refused(cluster)  # a follower that knows the leader: go there
+    assert answer.headers[mc0.LEADER] == b"tcp://127.0.0.1:7102"
+    assert mc0.RETRY_AFTER not in answer.headers
+
+    cluster.state.leader = None
+    cluster.role = Role(False, None, 2, 3)  # an election with a majority in reach: ask again soon
+    answer = refused(cluster)
+    assert mc0.LEADER not in answer.headers
+    assert answer.headers[mc0.RETRY_AFTER] == b"%d" % RETRY_MS
+
+    cluster.role = Role(False, None, 1, 3)  # a minority: final
+    assert mc0.RETRY_AFTER not in refused(cluster).headers
+
+
+def test_a_leader_handing_the_cluster_over_asks_clients_back_sooner() -> None:
+    cluster = member()
+    cluster.state.leader = cluster.node
+    cluster.role = Role(True, cluster.node, 3, 3)
+    cluster.serving = True
+    assert cluster.refusal(mc0.Put(b"t", b"body", id=b"7"), redirected=False) is None  # it serves
+    cluster.handing_over = True
+    answer = refused(cluster)
+    assert b"hands the cluster over" in answer.message
+    assert answer.headers[mc0.RETRY_AFTER] == b"%d" % HAND_OVER_RETRY_MS
+    assert HAND_OVER_RETRY_MS < RETRY_MS
