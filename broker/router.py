@@ -888,8 +888,10 @@ class RouterShell:
             return  # already gone, or the identity came back as a new session that must not be dropped
         self.sessions.remove(session.identity)
         if not quiet:
-            # A client that said DISCONNECT left as it should: only an operator debugging wants a line for it.
-            level = logging.DEBUG if why == DISCONNECTED else logging.INFO
+            # A client that said DISCONNECT left as it should, and so did one this broker sent to a cluster's
+            # leader (after a leader change, the old leader would log a line for each of its clients): only an
+            # operator debugging wants a line for them.
+            level = logging.DEBUG if why == DISCONNECTED or session.sent_away else logging.INFO
             log.log(level, "client %s dropped: %s", session.identity.hex(), why)
         self._unsubscribe(session)
 

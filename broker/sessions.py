@@ -63,6 +63,12 @@ class Session:
     # Replies waiting for room in the client's pipe.
     stalled: deque[list[bytes]] = field(default_factory=deque)
 
+    @property
+    def sent_away(self) -> bool:
+        """Whether this broker ever named another leader to this client (or sent it away): its connection
+        going later is what was asked of it."""
+        return self.redirected_until > float("-inf")
+
     def __hash__(self) -> int:
         return id(self)
 

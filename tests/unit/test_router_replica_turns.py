@@ -9,11 +9,14 @@
 - a client the door named the leader to (a refusal with LEADER) is told so for REDIRECTED_FOR, whoever leads
   meanwhile; another client is not;
 - a member serves an epoch the replicated state gives it only while Raft says it leads (a restarted broker
-  replaying its own old take-over does not serve).
+  replaying its own old take-over does not serve);
+- a client it sent to another leader and later finds gone is dropped with a DEBUG line, not INFO.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -301,6 +304,30 @@ def test_a_client_named_the_leader_is_refused_for_a_while_even_once_this_broker_
     turn(shell, loop, put(b"publisher", b"4"))
     assert gate.asked[-1] is False
     assert (pipe.sent[-1][0], pipe.sent[-1][2]) == (b"publisher", b"OK")
+
+
+def test_a_client_sent_to_the_leader_that_is_gone_later_is_no_news_at_info(
+    leader: tuple[RouterShell, Pipe, Loop, Gate], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After a leader change the old leader still has a session for each client it sent away; when one of
+    them is found gone, that is what was asked of it: a DEBUG line, where a client that vanished gets INFO."""
+    shell, _, loop, gate = leader
+    gate.majority = True
+    turn(shell, loop, put(b"moved", b"1"))
+    shell.send_away("this broker no longer leads the cluster", b"tcp://leader:1")
+    turn(shell, loop, put(b"vanished", b"2"))  # a client that came later, never sent away
+
+    def gone(identity: bytes, frames: list[bytes]) -> None:
+        raise zmq.ZMQError(errno.EHOSTUNREACH)
+
+    shell.transmit = gone  # type: ignore[method-assign]
+    with caplog.at_level(logging.DEBUG, logger="mc0.router"):
+        for identity in (b"vanished", b"moved"):
+            assert not shell.send(shell.sessions.by_identity[identity], [b"", b"NOOP"], loop.now)
+    levels = {record.getMessage(): record.levelno for record in caplog.records
+              if "dropped" in record.getMessage()}
+    assert levels == {f"client {b'vanished'.hex()} dropped: unreachable": logging.INFO,
+                      f"client {b'moved'.hex()} dropped: unreachable": logging.DEBUG}
 
 
 def test_a_take_over_of_its_own_serves_only_while_raft_says_it_leads(tmp_path: Path) -> None:
