@@ -9,7 +9,7 @@ import time
 
 import pytest
 import zmq
-from cluster_harness import Cluster, cluster_factory  # noqa: F401 - the fixture
+from cluster_harness import Cluster, Member, cluster_factory  # noqa: F401 - the fixture
 
 from broker.store.files import FileStore
 from broker.topics import Persistence, Sync, TopicSpec
@@ -36,6 +36,17 @@ def _ask_by_hand(cluster: Cluster, endpoint: str, command: list[bytes]) -> list[
         return socket.recv_multipart()
     finally:
         socket.close(linger=0)
+
+
+def _until_copied(cluster: Cluster, replica: Member, topic: str, last: int, within: float = 30.0) -> None:
+    """Wait until the leader says ``replica`` holds ``topic`` up to id ``last``."""
+    deadline = time.monotonic() + within
+    while True:
+        replicas = cluster.cluster_view(cluster.leader())["replicas"].get(topic, {})
+        if replicas.get(replica.raft, 0) > last:
+            return
+        assert time.monotonic() < deadline, f"the replica did not catch up: {replicas}"
+        time.sleep(0.2)
 
 
 @pytest.mark.timeout(90)
@@ -139,13 +150,7 @@ def test_a_restarted_replica_catches_up(cluster_factory) -> None:  # noqa: F811
         futures = [client.publish_async("durable.restart", f"m{n}") for n in range(500)]
         last = max(int(future.result(20)["MESSAGE-ID"]) for future in futures)
         cluster.start(victim)
-    deadline = time.monotonic() + 30
-    while True:
-        replicas = cluster.cluster_view(cluster.leader())["replicas"].get("durable.restart", {})
-        if replicas.get(victim.raft, 0) > last:
-            break
-        assert time.monotonic() < deadline, f"the restarted replica did not catch up: {replicas}"
-        time.sleep(0.2)
+    _until_copied(cluster, victim, "durable.restart", last)
 
 
 KEPT = ('retention_interval = 0.2\n[[topics]]\npattern = "kept.*"\npersistence = "persistent"\n'
@@ -170,13 +175,7 @@ def test_a_replica_back_after_the_leaders_retention_moved_past_it_copies_on(clus
             assert time.monotonic() < deadline, "the leader's retention deleted nothing"
             time.sleep(0.2)
         cluster.start(victim)
-        deadline = time.monotonic() + 30
-        while True:
-            replicas = cluster.cluster_view(cluster.leader())["replicas"].get("kept.r", {})
-            if replicas.get(victim.raft, 0) > last:
-                break
-            assert time.monotonic() < deadline, f"the replica back from away did not catch up: {replicas}"
-            time.sleep(0.2)
+        _until_copied(cluster, victim, "kept.r", last)
         kept = client.fetch("kept.r", first, max_messages=1000)
     assert "older messages here dropped, copying on from there" in victim.log()
     cluster.kill(victim)
