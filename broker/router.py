@@ -99,9 +99,10 @@ class ClusterGate(Protocol):
         """The leader's mc0 endpoint when this broker does not lead (the OK to CONNECT names it), or None."""
         ...
 
-    def replica_fetch(self, event: mc0.Fetch, peer: zmq.Frame | None) -> None:
+    def replica_fetch(self, event: mc0.Fetch, peer: zmq.Frame | None) -> bool:
         """A cluster member's FETCH (``peer``: its message's identity frame, whose metadata says who sent it):
-        record what it acknowledges; EngineError to refuse it."""
+        record what it acknowledges; whether that brought more messages onto a majority. EngineError to refuse
+        it."""
         ...
 
     def replica_extra(self, topic: bytes, start: int, count: int, known: bytes | None) -> dict[bytes, bytes]:
@@ -183,6 +184,7 @@ class RouterShell:
         self._sent = False  # sent on the socket since the descriptor was last re-armed (see _recheck)
         self.peer: zmq.Frame | None = None  # the identity frame of the command being handled (who sent it)
         self.receive_exhausted = False  # the last receive() stopped at its budget, not at an empty socket
+        self.end_turn = False  # a command asks for the flush before anything more is read
         self._heartbeat_timer: asyncio.TimerHandle | None = None
         # What FETCH replies may still read this turn (see FETCH_TURN_BYTES), and whether some had to wait.
         self.fetch_bytes = FETCH_TURN_BYTES
@@ -295,8 +297,12 @@ class RouterShell:
             frames, self.peer = recv_routed(raw)
             size += len(frames[-1])  # the payload: a summing of every frame cost 8x as much per message
             taken += self.handle(frames, now, wall)
+            if self.end_turn:
+                self.end_turn = False
+                self.receive_exhausted = True  # more may wait: the flush's recheck comes back for it
+                break
         else:
-            self.receive_exhausted = True  # more may wait: the flush's recheck comes back for it
+            self.receive_exhausted = True
         self.counters["bytes_in"] += size
         return taken
 
@@ -449,7 +455,10 @@ class RouterShell:
                     if self.cluster is None:
                         raise EngineError("this broker is not in a cluster: REPLICA fetches go to cluster "
                                           "members")
-                    self.cluster.replica_fetch(event, self.peer)
+                    if self.cluster.replica_fetch(event, self.peer) and self.stalled:
+                        # A majority for OKs that may be held: they leave with a flush now, not after
+                        # whatever else is readable (the other followers' FETCHes, more publishes).
+                        self.end_turn = True
                 # Answered after the commit (answer()), in this reply's place: see _FetchReply.
                 self.replies.append((session, _FetchReply(event, session.delimiter)))
             case mc0.Stats(command_id, _, prefix, after, limit):

@@ -445,7 +445,7 @@ class Cluster:
         if name_hex not in self.state.topics and self.raft is not None:
             self.raft.submit(("topic", name_hex, spec_to_json(topic.spec)))
 
-    def replica_fetch(self, event: mc0.Fetch, peer: zmq.Frame | None) -> None:
+    def replica_fetch(self, event: mc0.Fetch, peer: zmq.Frame | None) -> bool:
         epoch = event.epoch or 0
         node = (event.replica or b"").decode("utf-8", "replace")
         # What a replica says moves the majority and fences epochs: only the other members may say it, and
@@ -462,26 +462,27 @@ class Cluster:
             if self.serving and epoch > self.state.epoch:
                 self._step_down(f"{node} is taking epoch {epoch}")
         if not self.serving:
-            return  # a new leader reading our log: served as it is
+            return False  # a new leader reading our log: served as it is
         if epoch != self.state.epoch:
             raise EngineError(f"this leader serves epoch {self.state.epoch}, not {epoch}")
         if event.start is None:
-            return
+            return False
         topic = self.engine.topics.get(event.topic)
         if topic is None or topic.log is None or topic.visible_until is None:
-            return
+            return False
         if event.incarnation != topic.log.identity.incarnation.encode():
-            return  # its log is not (yet) a copy of this one: the answer says where to cut; it holds nothing
+            return False  # its log is not (yet) a copy of this one: the answer says where to cut
         replicas = self.positions.setdefault(event.topic, {})
         if replicas.get(node, 0) >= event.start:
-            return
+            return False
         replicas[node] = event.start
         watermark = high_watermark([topic.committed_id, *replicas.values()], self.size)
-        # No flush to schedule: this runs inside the router's turn, whose flush comes next and sends what the
-        # release allows (held OKs, gated deliveries) in the same loop iteration.
-        self.engine.release(event.topic, watermark)
+        # No flush to schedule: this runs inside the router's turn, whose flush sends what the release allows
+        # (held OKs, gated deliveries) in the same loop iteration; the router ends the turn there if it did.
+        released = self.engine.release(event.topic, watermark)
         if self.handing_over:
             self._changed.set()
+        return released
 
     def replica_extra(self, topic: bytes, start: int, count: int, known: bytes | None) -> dict[bytes, bytes]:
         local = self.engine.topics.get(topic)

@@ -1,7 +1,8 @@
 """What a cluster leader's mc0 door does per replicated message, driven through a fake socket (no network):
 
-- an OK held until a majority holds its message is sent by the turn that brings the acknowledgement, or as an
-  ERROR when its deadline comes (one timer), not by the hub's backing-off retry meant for full pipes;
+- an OK held until a majority holds its message is sent by the turn that brings the acknowledgement (which
+  ends there, before anything more is read), or as an ERROR when its deadline comes (one timer), not by the
+  hub's backing-off retry meant for full pipes;
 - a long-polling FETCH at the end of the log parks without an OK being built for it;
 - a replica's FETCH reply carries the log's LINEAGE only to a reader that did not name this log;
 - only the cluster's other members may fetch as a replica (what a replica says moves the majority), and with
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from broker.router import RouterShell
 from broker.store.files import FileStore
 from broker.topics import Persistence, Sync, TopicRule, TopicRules, TopicSpec
 from connector import keys as key_files
+from connector.zsock import send_frames
 from protocol import mc0
 
 TOPIC = b"log.strong"
@@ -110,8 +113,8 @@ class Gate:
     def leader(self) -> bytes | None:
         return None
 
-    def replica_fetch(self, event: mc0.Fetch) -> None:
-        pass
+    def replica_fetch(self, event: mc0.Fetch, peer: object) -> bool:
+        return self.majority  # an acknowledgement that brings the majority releases what it holds
 
     def replica_extra(self, topic: bytes, start: int, count: int, known: bytes | None) -> dict[bytes, bytes]:
         return {}
@@ -175,6 +178,37 @@ def test_a_held_ok_leaves_with_the_turn_that_brings_the_majority(
     oks = [frames for frames in pipe.sent if frames[0] == b"publisher"]
     assert [frames[frames.index(b"ID") + 1] for frames in oks] == [b"1", b"2"]
     assert shell.stalled == set()
+
+
+def test_the_acknowledgement_that_brings_the_majority_ends_the_turn_before_more_is_read(
+    leader: tuple[RouterShell, Pipe, Loop, Gate],
+) -> None:
+    """Both followers' FETCHes are readable at once: the first one's majority sends the held OK with a flush
+    right away; the second is read by the next turn, not before the OK leaves."""
+    shell, pipe, loop, gate = leader
+    turn(shell, loop, put(b"publisher", b"1"))
+    assert pipe.sent == []
+    endpoint = "inproc://router-turns"
+    shell.raw.bind(endpoint)
+    follower = zmq.Socket(shell.socket.context, zmq.DEALER)  # a plain socket: sent to without a loop
+    try:
+        follower.connect(endpoint)
+        gate.majority = True
+        for command_id in (b"f1", b"f2"):
+            send_frames(follower, mc0.encode(mc0.Fetch(TOPIC, 2, 100, 1000, id=command_id, records=True,
+                                                       replica=b"127.0.0.1:2", epoch=1)))
+        deadline = time.monotonic() + 5
+        while shell.raw.poll(0) == 0:
+            assert time.monotonic() < deadline, "the FETCHes never arrived"
+            time.sleep(0.01)
+        time.sleep(0.05)  # both of them
+        assert shell.receive(loop.now) == 1
+        assert shell.receive_exhausted, "the flush's recheck comes back for the rest"
+        shell.hub.flush(loop.now)
+        assert [frames[2] for frames in pipe.sent if frames[0] == b"publisher"] == [b"OK"]
+        assert shell.receive(loop.now) == 1  # the second FETCH, in the next turn
+    finally:
+        follower.close(linger=0)
 
 
 def test_a_held_ok_becomes_an_error_when_its_deadline_timer_fires(
