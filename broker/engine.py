@@ -301,6 +301,9 @@ class Engine:
         self.unavailable: dict[bytes, str] = {}
         #: Called with each persistent topic once its log is open (a cluster registers and gates it).
         self.on_persistent: Callable[[Topic], None] | None = None
+        #: The first id a persistent topic's retention must keep, or None for no bound (a cluster leader's
+        #: messages not yet on a majority stay for the followers that have not copied them).
+        self.retention_floor: Callable[[Topic], int | None] | None = None
         # Gated topics whose gate moved since the last commit: readable as if the commit had written them.
         self._released: list[bytes] = []
         # Gated topics written ahead of this turn's commit (write_ahead), and the write failures it met.
@@ -1309,16 +1312,16 @@ class Engine:
         return count
 
     def enforce_retention(self, now_ms: int) -> int:
-        """Delete whole sealed segments past their topic's retention; returns how many went. A cluster
-        leader's segments that hold messages not yet on a majority stay (Kafka's log start never passes the
-        high watermark either): a follower that has not copied them yet must still find them."""
+        """Delete whole sealed segments past their topic's retention, none holding :attr:`retention_floor`
+        or a later id; returns how many went."""
         removed = 0
+        floor = self.retention_floor
         for topic in self.topics.values():
             spec = topic.spec
             if topic.log is None or (spec.retention_bytes is None and spec.retention_seconds is None):
                 continue
             try:
-                removed += topic.log.enforce_retention(now_ms, topic.visible_until)
+                removed += topic.log.enforce_retention(now_ms, None if floor is None else floor(topic))
             except SyncFailed:
                 raise
             except StoreError:

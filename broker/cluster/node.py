@@ -128,6 +128,7 @@ class Cluster:
         self.on_demoted: Callable[[str | None], None] | None = None
         self._demoted = False
         engine.on_persistent = self.on_persistent
+        engine.retention_floor = self.retention_floor
 
     # ------------------------------------------------------------------------------------------ running
 
@@ -432,6 +433,12 @@ class Cluster:
             self.on_demoted(None)  # the TCP doors close now: they must not publish into a follower's logs
         self.schedule()  # held OKs become ERRORs now
         self._follow()
+
+    def retention_floor(self, topic: Topic) -> int | None:
+        """While leading, retention keeps the messages not yet on a majority (Kafka's log start never passes
+        the high watermark either): a follower that has not copied them must still find them. A follower's
+        copy has no such bound (the gate a former leader keeps says nothing about it)."""
+        return topic.visible_until if self.serving else None
 
     def on_persistent(self, topic: Topic) -> None:
         if self.serving:

@@ -1,7 +1,10 @@
-"""What a cluster member answers a command only a leader serves (``Cluster.refusal``): a follower names the
-leader; without one to name, RETRY-AFTER while a majority is in reach (a leader is being chosen) and nothing
-with a minority (the refusal is final); a leader handing the cluster over asks the client back sooner, since a
-hand-over takes tens of milliseconds. Pure: no Raft, no sockets."""
+"""What a cluster member decides on its own, without Raft or sockets.
+
+``Cluster.refusal``, its answer to a command only a leader serves: a follower names the leader; without one
+to name, RETRY-AFTER while a majority is in reach (a leader is being chosen) and nothing with a minority (the
+refusal is final); a leader handing the cluster over asks the client back sooner, since a hand-over takes tens
+of milliseconds. ``Cluster.retention_floor``: a leader's retention keeps what is not yet on a majority, a
+follower's has no bound (even where the gate it kept from leading stands)."""
 
 from __future__ import annotations
 
@@ -60,3 +63,14 @@ def test_a_leader_handing_the_cluster_over_asks_clients_back_sooner() -> None:
     assert b"hands the cluster over" in answer.message
     assert answer.headers[mc0.RETRY_AFTER] == b"%d" % HAND_OVER_RETRY_MS
     assert HAND_OVER_RETRY_MS < RETRY_MS
+
+
+def test_only_a_leader_bounds_its_retention_by_the_majority() -> None:
+    cluster = member()
+    topic = cluster.engine.topic(b"t")
+    cluster.engine.gate(topic, 7)
+    assert cluster.engine.retention_floor is not None
+    cluster.serving = True
+    assert cluster.engine.retention_floor(topic) == 7
+    cluster.serving = False  # stepped down: the gate stays, the copy's retention is its own
+    assert cluster.engine.retention_floor(topic) is None
