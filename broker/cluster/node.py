@@ -666,7 +666,7 @@ class Cluster:
     def stats(self) -> dict[str, Any]:
         """This member's view, for STATS and the monitoring (docs/cluster.md, "Watching a cluster")."""
         watermarks = {}
-        for topic in self.engine.topics.values():
+        for topic in self.engine.topics.values() if self.serving else ():  # a former leader's gates are old
             if topic.visible_until is not None:
                 watermarks[topic.name.decode("utf-8", "backslashreplace")] = topic.visible_until
         now = time.monotonic()

@@ -4,7 +4,8 @@
 to name, RETRY-AFTER while a majority is in reach (a leader is being chosen) and nothing with a minority (the
 refusal is final); a leader handing the cluster over asks the client back sooner, since a hand-over takes tens
 of milliseconds. ``Cluster.retention_floor``: a leader's retention keeps what is not yet on a majority, a
-follower's has no bound (even where the gate it kept from leading stands)."""
+follower's has no bound (even where the gate it kept from leading stands), and only a leader's STATS show
+high watermarks."""
 
 from __future__ import annotations
 
@@ -65,12 +66,14 @@ def test_a_leader_handing_the_cluster_over_asks_clients_back_sooner() -> None:
     assert HAND_OVER_RETRY_MS < RETRY_MS
 
 
-def test_only_a_leader_bounds_its_retention_by_the_majority() -> None:
+def test_only_a_leader_bounds_its_retention_and_shows_watermarks() -> None:
     cluster = member()
     topic = cluster.engine.topic(b"t")
     cluster.engine.gate(topic, 7)
     assert cluster.engine.retention_floor is not None
     cluster.serving = True
     assert cluster.engine.retention_floor(topic) == 7
+    assert cluster.stats()["high_watermarks"] == {"t": 7}
     cluster.serving = False  # stepped down: the gate stays, the copy's retention is its own
     assert cluster.engine.retention_floor(topic) is None
+    assert cluster.stats()["high_watermarks"] == {}  # and its STATS show no watermark of its old epoch
