@@ -72,6 +72,9 @@ HAND_OVER_RETRY_MS = 25
 #: Seconds a leader asked to stop may spend handing the cluster over (:meth:`Cluster.hand_over`) before it
 #: stops anyway: then the others elect a leader once it is gone, as after a crash.
 HAND_OVER_SECONDS = 5.0
+#: Seconds a broker that handed the cluster over still answers its clients (naming the new leader) before it
+#: stops: the others learn of the new leader within a Raft commit, a few milliseconds.
+HAND_OVER_LINGER = 0.2
 #: Seconds between a leader's requests to hand Raft's leadership over (refused while the target's Raft log
 #: is not complete yet).
 HAND_OVER_RETRY = 0.05
@@ -371,6 +374,11 @@ class Cluster:
             await self._until(handed, min(deadline, loop.time() + wait))
         log.info("handed the cluster over to %s (epoch %d) in %.2f s", self.state.leader,
                  self.state.epoch, loop.time() - started)
+        # A client may have been sent back here meanwhile (a member that still named this broker, or the next
+        # of its list after a RETRY-AFTER): what it sends now is refused naming the new leader, so it goes
+        # there and sends it again. Gone at once, this broker would leave it a publish nobody answered, which
+        # the client must fail as "may or may not have been stored".
+        await asyncio.sleep(HAND_OVER_LINGER)
 
     async def _until(self, condition: Callable[[], bool], deadline: float) -> bool:
         """Wait until ``condition()`` holds (checked whenever the cluster's state or a replica's position
