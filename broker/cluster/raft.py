@@ -28,6 +28,7 @@ from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
+from broker.cluster.prevote import PreVote
 from broker.cluster.state import ClusterState
 
 log = logging.getLogger("mc0.cluster")
@@ -124,6 +125,8 @@ class RaftNode:
         self._consumer = _ReplicatedState(self._applied)
         conf = password_conf(password, timeout, directory, lambda _old, _new: self._tick())
         self._sync = SyncObj(node, self.peers, conf=conf, consumers=[self._consumer])
+        # Before PySyncObj's first tick (its thread waits 0.1 s) and its first election deadline (timeout).
+        self.prevote = PreVote(self._sync)
         self._sync.addOnTickCallback(self._tick)
 
     # ------------------------------------------------------------------------------ in PySyncObj's thread
@@ -132,10 +135,13 @@ class RaftNode:
         self._post(self._on_state, command, state)
 
     def _tick(self) -> None:
-        """Each Raft tick (every 50 ms): tell the loop when the role or the reachable count changed."""
-        sync = self._sync if hasattr(self, "_sync") else None
-        if sync is None:
-            return
+        """Each Raft tick (every 50 ms): pre-vote's turn (broker.cluster.prevote), and tell the loop when the
+        role or the reachable count changed."""
+        prevote = getattr(self, "prevote", None)
+        if prevote is None:
+            return  # a state change while PySyncObj is being constructed
+        prevote.tick()
+        sync = self._sync
         transfer, self._transfer = self._transfer, None
         if transfer is not None:
             node, done = transfer

@@ -107,6 +107,34 @@ def test_a_paused_follower_does_not_stop_strong_publishes_and_catches_up(cluster
 
 
 @pytest.mark.timeout(120)
+def test_a_follower_back_from_a_long_pause_does_not_unseat_the_leader(cluster_factory) -> None:  # noqa: F811
+    """Pre-vote (broker.cluster.prevote): paused past the election timeout (0.5-1 s here) and past the
+    leader's connection timeout, the follower comes back with its election deadline gone; it must ask before
+    it stands, and the others, who still hear the leader, refuse. Without pre-vote each of these pauses made
+    an election (a new epoch), measured."""
+    cluster: Cluster = cluster_factory()
+    leader = cluster.leader()
+    epoch = cluster.cluster_view(leader)["epoch"]
+    paused, _ = _followers(cluster, leader)
+    with Client(cluster.endpoints, **cluster.client_options(), timeout=10) as client:
+        for pause in (2.0, 3.0):
+            cluster.pause(paused)
+            for n in range(10):
+                client.publish("durable.prevote", f"p{n}", confirm=True, timeout=5)
+            time.sleep(pause)
+            cluster.resume(paused)
+            last = int(client.publish("durable.prevote", "after", confirm=True, timeout=5)["MESSAGE-ID"])
+            deadline = time.monotonic() + 20
+            while cluster.cluster_view(leader)["replicas"]["durable.prevote"].get(paused.raft, 0) <= last:
+                assert time.monotonic() < deadline, "the resumed follower did not catch up"
+                time.sleep(0.1)
+            time.sleep(2.0)  # twice the longest election timeout: an election it started would be over
+            views = [cluster.cluster_view(member) for member in cluster.members]
+            assert [view["leader"] for view in views] == [leader.raft] * 3, views
+            assert [view["epoch"] for view in views] == [epoch] * 3, f"an election after a {pause} s pause"
+
+
+@pytest.mark.timeout(120)
 def test_two_of_three_gone_refuses_strong_publishes(cluster_factory) -> None:  # noqa: F811
     cluster: Cluster = cluster_factory()
     leader = cluster.leader()

@@ -1,0 +1,150 @@
+"""Pre-vote (broker.cluster.prevote) on three PySyncObj nodes in this process, on loopback ports, with the
+broker's own Raft settings (``password_conf``) and short timeouts.
+
+It must let elections through when a leader is gone and a leadership transfer through when the leader asks
+for one, and stop a follower that cannot hear its leader (while the others can) from unseating it. The last
+case is what PySyncObj alone gets wrong: that follower stands at a higher term and the leader steps down."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pysyncobj import SyncObj
+
+from bench.throughput import free_ports
+from broker.cluster.prevote import NEVER, PreVote
+from broker.cluster.raft import password_conf
+
+TIMEOUT = 0.3  # the shortest election timeout; the longest is twice it
+
+
+class Node:
+    def __init__(self, address: str, others: list[str], directory: Path) -> None:
+        conf = password_conf(None, TIMEOUT, directory, lambda _old, _new: None)
+        self.sync = SyncObj(address, others, conf=conf)
+        self.prevote = PreVote(self.sync)
+        self.sync.addOnTickCallback(self.prevote.tick)
+        self.address = address
+
+    @property
+    def term(self) -> int:
+        return self.sync._SyncObj__raftCurrentTerm  # type: ignore[attr-defined, no-any-return]
+
+    @property
+    def leader(self) -> str | None:
+        leader = self.sync._getLeader()
+        return None if leader is None else leader.id  # type: ignore[no-any-return]
+
+    def deaf_to(self, address: str) -> None:
+        """Drop every message from ``address`` (a one-way cut: what this node sends still arrives)."""
+        receive = self.sync._SyncObj__transport._onMessageReceivedCallback  # type: ignore[attr-defined]
+
+        def filtered(node: Any, message: Any) -> None:
+            if node.id != address:
+                receive(node, message)
+
+        self.sync._SyncObj__transport.setOnMessageReceivedCallback(filtered)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[list[Node]]:
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(3)]
+    made = [Node(address, [other for other in addresses if other != address], tmp_path / str(index))
+            for index, address in enumerate(addresses)]
+    yield made
+    for node in made:
+        node.sync.destroy()
+
+
+def until(condition: Callable[[], Any], seconds: float, what: str) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def agreed_leader(nodes: list[Node]) -> Node | None:
+    names = {node.leader for node in nodes}
+    if len(names) != 1 or None in names:
+        return None
+    return next((node for node in nodes if node.address in names), None)  # None: a node that is gone
+
+
+@pytest.mark.timeout(60)
+def test_elections_still_happen_and_pysyncobj_never_stands_by_itself(nodes: list[Node]) -> None:
+    leader = until(lambda: agreed_leader(nodes), 10, "no leader was elected")
+    followers = [node for node in nodes if node is not leader]
+    # The followers' Raft deadlines are held where they never pass; pre-vote keeps the real ones.
+    until(lambda: all(node.sync._SyncObj__raftElectionDeadline == NEVER for node in followers), 2,  # type: ignore[attr-defined]
+          "a follower's PySyncObj deadline is not held")
+    term = leader.term
+    leader.sync.destroy()
+    nodes.remove(leader)
+    started = time.monotonic()
+    successor = until(lambda: agreed_leader(nodes), 10, "no new leader after the leader went")
+    # One election timeout (up to 2 x TIMEOUT) plus the vote, not a second timeout for the pre-vote.
+    assert time.monotonic() - started < 6 * TIMEOUT
+    assert successor.term > term
+    assert sum(node.prevote.elections for node in nodes) >= 1
+
+
+@pytest.mark.timeout(60)
+def test_a_follower_that_cannot_hear_the_leader_does_not_unseat_it(nodes: list[Node]) -> None:
+    leader = until(lambda: agreed_leader(nodes), 10, "no leader was elected")
+    deaf = next(node for node in nodes if node is not leader)
+    term = leader.term
+    elections = deaf.prevote.elections  # the first election may have been through it
+    deaf.deaf_to(leader.address)
+    time.sleep(10 * TIMEOUT)  # five of its longest election timeouts
+    assert leader.sync._isLeader()
+    assert [node.term for node in nodes] == [term] * 3
+    assert deaf.prevote.asked >= 3  # it asked, again and again ...
+    assert deaf.prevote.elections == elections  # ... and was refused: the other follower hears the leader
+
+
+@pytest.mark.timeout(60)
+def test_a_leadership_transfer_is_not_held_back(nodes: list[Node]) -> None:
+    leader = until(lambda: agreed_leader(nodes), 10, "no leader was elected")
+    target = next(node for node in nodes if node is not leader)
+    until(lambda: target.sync.getStatus()["commit_idx"] == leader.sync.getStatus()["commit_idx"], 5,
+          "the target's Raft log did not catch up")
+    elections = target.prevote.elections  # the first election may have been through it
+    asked: list[bool] = []
+
+    def transfer() -> None:  # on PySyncObj's thread, as broker.cluster.raft does it: the transport is its
+        if not asked:
+            asked.append(True)
+            leader.sync.transferLeadership(target.address)
+
+    started = time.monotonic()
+    leader.sync.addOnTickCallback(transfer)
+    until(lambda: target.sync._isLeader(), 5, "the transfer's target did not take over")
+    assert time.monotonic() - started < TIMEOUT  # at once: TimeoutNow, not an election timeout
+    assert target.prevote.elections == elections  # PySyncObj stood on TimeoutNow, without a pre-vote
+
+
+def test_the_vote_rule_compares_logs_and_refuses_while_a_leader_is_heard(tmp_path: Path) -> None:
+    address, *nobody = (f"127.0.0.1:{port}" for port in free_ports(3))  # peers never started: no election
+    node = Node(address, nobody, tmp_path)
+    try:
+        _check_vote_rule(node)
+    finally:
+        node.sync.destroy()
+
+
+def _check_vote_rule(node: Node) -> None:
+    term, index = node.prevote._log_position()
+    node.prevote._heard = time.monotonic()
+    assert not node.prevote.would_vote({"last_log_term": term + 1, "last_log_index": index})
+    node.prevote._heard = time.monotonic() - 2 * TIMEOUT
+    assert node.prevote.would_vote({"last_log_term": term, "last_log_index": index})
+    assert node.prevote.would_vote({"last_log_term": term + 1, "last_log_index": 0})
+    assert not node.prevote.would_vote({"last_log_term": term, "last_log_index": index - 1})
+    assert not node.prevote.would_vote({"last_log_term": term - 1, "last_log_index": index + 10})
