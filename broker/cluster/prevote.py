@@ -15,15 +15,15 @@ so PySyncObj never starts one by itself. When the deadline passes it sends ``pre
 stand at, its last log index and term) to the others; each answers ``pre_vote_response`` granted if it is not
 the leader, has not heard from a leader for the shortest election timeout, and the asker's log is at least as
 up to date as its own (Raft's vote rule). No term changes and nothing is recorded. With a majority (itself
-included) it hands the election back to PySyncObj, which stands at once; without one it asks again after an
-append period (a fifth of the shortest timeout, with jitter), so a leader's death still costs one election
-timeout, not two. A leadership transfer (Raft's TimeoutNow, which PySyncObj answers by zeroing the deadline)
-is left alone: the outgoing leader asked for it, and the real votes are PySyncObj's as before.
+included) it hands the election back to PySyncObj, which stands at once; without one it asks again after
+one or two append periods (a fifth of the shortest timeout each, at random), so a leader's death still costs
+one election timeout, not two. A leadership transfer (Raft's TimeoutNow, which PySyncObj answers by zeroing
+the deadline) is left alone: the outgoing leader asked for it, and the real votes are PySyncObj's as before.
 
 Everything here runs in PySyncObj's thread: :meth:`PreVote.tick` from its tick callback, the message filter
 from its transport. It reaches into PySyncObj's private attributes (name-mangled ``_SyncObj__*``); the
-pyproject pins the PySyncObj versions this was tested with, and tests/unit/test_cluster_prevote.py fails
-loudly if those names move. Every member of a cluster must run it: a member without it never answers
+pyproject bounds PySyncObj to the versions this was tested with, and tests/cluster/test_cluster_prevote.py
+fails if those names move. Every member of a cluster must run it: a member without it never answers
 ``pre_vote`` and so never helps another to a pre-vote majority (docs/cluster.md).
 """
 

@@ -33,9 +33,6 @@ from broker.cluster.state import ClusterState
 
 log = logging.getLogger("mc0.cluster")
 
-#: PySyncObj's state codes (pysyncobj.syncobj._RAFT_STATE), as the role callbacks name them.
-LEADER_STATE = 2
-
 
 @dataclass(frozen=True, slots=True)
 class Role:
