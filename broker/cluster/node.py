@@ -63,6 +63,8 @@ log = logging.getLogger("mc0.cluster")
 #: Seconds between reports of this broker's durable positions to the replicated state (coarse on purpose:
 #: a Raft command per message would cost a round trip per message; the positions are for STATS and people).
 REPORT_EVERY = 2.0
+#: Seconds a join command may take before the broker sends another (one that got no answer at all).
+JOIN_WAIT = 5.0
 #: Seconds a new leader waits for each other broker's answer while it takes over.
 ASK_TIMEOUT = 1.0
 #: Milliseconds a client is told to wait before it sends a command again while a leader is being chosen.
@@ -123,7 +125,9 @@ class Cluster:
         self.heard: dict[str, float] = {}  # member -> when (monotonic) its last REPLICA fetch arrived
         self.copied_before = 0  # records copied by the replicators closed so far (stats: a running total)
         self.raft: RaftNode | None = None
-        self.joined = False
+        # A join command on its way (the loop's clock until which it is awaited): one at a time, so that a
+        # broker just started adds no stream of them to Raft's log (each can fail a hand-over: _report).
+        self._join_until = -math.inf
         self.reported: dict[str, int] = {}
         self.takeovers = 0
         # Called once a leader is known after this broker stopped leading, with that leader's endpoint: the
@@ -151,23 +155,42 @@ class Cluster:
                         "cluster out", self.node)
         try:
             while True:
-                if not self.joined or self.state.endpoints.get(self.node) != self.endpoint:
+                if not self.joined and loop.time() >= self._join_until:
+                    self._join_until = loop.time() + JOIN_WAIT
                     self.raft.submit(("join", self.node, self.endpoint), self._joined)
                 self._report()
                 await asyncio.sleep(REPORT_EVERY if self.joined else 0.2)
         finally:
             self.close()
 
+    @property
+    def joined(self) -> bool:
+        """Whether the cluster's state names this broker's mc0 endpoint (after a restart, usually at once:
+        the state comes back from Raft's journal)."""
+        return self.state.endpoints.get(self.node) == self.endpoint
+
     def _joined(self, result: bool | None, error: str | None) -> None:
-        self.joined = error is None
+        self._join_until = -math.inf  # applied or failed: the loop asks again if the state lacks it
 
     def _report(self) -> None:
+        if self.handing_over:
+            # No Raft entry of its own while it hands over: one appended after Raft's TimeoutNow left makes
+            # the target's log shorter than this one's, the target's election fails, and the hand-over waits
+            # an election timeout (the other members' commands it refuses meanwhile: RaftNode._receive).
+            return
         positions = {topic.name.hex(): topic.committed_id for topic in self.engine.topics.values()
                      if topic.log is not None}
         changed = {name: value for name, value in positions.items() if self.reported.get(name) != value}
         if changed and self.raft is not None and self.joined:
             self.reported.update(changed)
-            self.raft.submit(("positions", self.node, changed))
+
+            def applied(_: bool | None, error: str | None) -> None:
+                if error is not None:  # not applied (the leader changed, or handed over): again next time
+                    for name, value in changed.items():
+                        if self.reported.get(name) == value:
+                            del self.reported[name]
+
+            self.raft.submit(("positions", self.node, changed), applied)
 
     def close(self) -> None:
         if self.taking_over is not None:
@@ -368,6 +391,8 @@ class Cluster:
                 target = chosen
                 log.info("stopping: handing the cluster over to %s", target)
             sent = self.role.leading and await self._transfer(target)
+            log.debug("Raft's leadership to %s: %s", target,
+                      "TimeoutNow sent" if sent else "refused (its Raft log is not complete yet)")
             # After a request that went out: the target's election and take-over. After a refused one (its
             # Raft log was not complete yet), or once Raft moved on: a moment.
             wait = self.config.cluster_timeout if sent else HAND_OVER_RETRY
@@ -419,13 +444,16 @@ class Cluster:
         return self.heard.get(node, -math.inf) >= time.monotonic() - lately
 
     def _successor(self) -> str | None:
-        """The follower to hand the cluster to: of those that fetched lately, the one that acknowledged the
-        most messages."""
+        """The follower to hand the cluster to: of those that fetched lately, one whose Raft answers this
+        leader's (Raft's TimeoutNow is lost on a broker restarted a moment ago that has not heard from it yet:
+        the hand-over then waited an election timeout), and of those the one that acknowledged the most
+        messages."""
         candidates = [node for node in self.heard if self._fetched_lately(node)]
         if not candidates:
             return None
-        return max(candidates, key=lambda node: (sum(replicas.get(node, 0) for replicas in
-                                                     self.positions.values()), node))
+        answering = self.role.answering
+        return max(candidates, key=lambda node: (node in answering, sum(replicas.get(node, 0) for replicas in
+                                                                        self.positions.values()), node))
 
     def _handed_over(self, epoch: int) -> bool:
         return self.state.epoch > epoch and self.state.leader not in (None, self.node)

@@ -62,7 +62,7 @@ class PreVote:
         transport = sync._SyncObj__transport  # type: ignore[attr-defined]
         self._deliver: Callable[[Any, Any], None] = sync._SyncObj__onMessageReceived  # type: ignore[attr-defined]
         self._send: Callable[[Any, dict[str, Any]], bool] = transport.send
-        transport.setOnMessageReceivedCallback(self._on_message)
+        transport.setOnMessageReceivedCallback(self.receive)
         self.asked = 0  # pre-votes this broker started (for tests and logs)
         self.elections = 0  # of those, how many won a majority and let PySyncObj stand
 
@@ -85,10 +85,14 @@ class PreVote:
 
     def tick(self) -> None:
         """Each Raft tick: take over a deadline PySyncObj set, and ask for pre-votes once it has passed."""
-        if self._get("raftState") == _LEADER:
-            self._asking = None
-            return
         now = monotonic()
+        if self._get("raftState") == _LEADER:
+            # It hears itself; stepping down, it waits a whole election timeout like any follower that just
+            # heard a leader (not the deadline it last had as a follower, long passed).
+            self._asking = None
+            self._heard = now
+            self._deadline = now + self._timeout()
+            return
         deadline = self._get("raftElectionDeadline")
         if deadline != NEVER:
             if deadline <= now:
@@ -118,17 +122,23 @@ class PreVote:
 
     def _count(self) -> None:
         if self._asking is not None and 1 + len(self._granted) > (len(self._get("otherNodes")) + 1) / 2:
+            log.debug("pre-vote granted by %s: standing for election at term %d",
+                      ", ".join(sorted(node.id for node in self._granted)), self._asking)
             self._asking = None
             self.elections += 1
             self._set_deadline(0)  # PySyncObj's next tick stands for election
 
     # ---------------------------------------------------------------------------------------- messages
 
-    def _on_message(self, node: Any, message: Any) -> None:
+    def receive(self, node: Any, message: Any) -> None:
+        """What PySyncObj's transport received from ``node``: pre-vote's own messages are answered or counted
+        here, the rest go on to PySyncObj."""
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "pre_vote":
-            self._send(node, {"type": "pre_vote_response", "term": message["term"],
-                              "granted": self.would_vote(message)})
+            granted = self.would_vote(message)
+            log.debug("pre-vote for %s at term %d: %s", node.id, message["term"],
+                      "granted" if granted else "refused")
+            self._send(node, {"type": "pre_vote_response", "term": message["term"], "granted": granted})
             return
         if kind == "pre_vote_response":
             if message["term"] == self._asking and message["granted"]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,9 @@ class Role:
     leader: str | None
     reachable: int
     size: int
+    #: On a leader: the followers whose Raft answered its appendEntries within the shortest election timeout
+    #: (a broker restarted a moment ago has not, whatever Raft remembers of its log).
+    answering: frozenset[str] = frozenset()
 
 
 class _ReplicatedState(SyncObjConsumer):
@@ -124,6 +128,10 @@ class RaftNode:
         self._sync = SyncObj(node, self.peers, conf=conf, consumers=[self._consumer])
         # Before PySyncObj's first tick (its thread waits 0.1 s) and its first election deadline (timeout).
         self.prevote = PreVote(self._sync)
+        # Until when (monotonic) a leadership transfer it asked for may be under way: see _receive.
+        self._transferring_until = 0.0
+        self._transport = self._sync._SyncObj__transport  # type: ignore[attr-defined]
+        self._transport.setOnMessageReceivedCallback(self._receive)  # in front of pre-vote's
         self._sync.addOnTickCallback(self._tick)
 
     # ------------------------------------------------------------------------------ in PySyncObj's thread
@@ -142,13 +150,38 @@ class RaftNode:
         transfer, self._transfer = self._transfer, None
         if transfer is not None:
             node, done = transfer
-            sync.transferLeadership(node, lambda _, error: self._post(done, error == FAIL_REASON.SUCCESS))
+
+            def sent(_: Any, error: int) -> None:
+                if error == FAIL_REASON.SUCCESS:
+                    self._transferring_until = time.monotonic() + sync.conf.raftMaxTimeout
+                self._post(done, error == FAIL_REASON.SUCCESS)
+
+            sync.transferLeadership(node, sent)
         leader = sync._getLeader()
         reachable = 1 + sum(1 for peer in sync.otherNodes if sync.isNodeConnected(peer))
-        role = Role(sync._isLeader(), None if leader is None else leader.id, reachable, 1 + len(self.peers))
+        leading = sync._isLeader()
+        answering: frozenset[str] = frozenset()
+        if leading:
+            since = time.monotonic() - sync.conf.raftMinTimeout  # PySyncObj's clock is time.monotonic
+            answered = sync._SyncObj__lastResponseTime  # type: ignore[attr-defined] - no public accessor
+            answering = frozenset(peer.id for peer in sync.otherNodes if answered.get(peer, 0) > since)
+        role = Role(leading, None if leader is None else leader.id, reachable, 1 + len(self.peers), answering)
         if role != self._last_role:
             self._last_role = role
             self._post(self._on_role, role)
+
+    def _receive(self, node: Any, message: Any) -> None:
+        """Raft messages from the other brokers. While a transfer this leader asked for may be under way, a
+        command another broker forwards is refused at once (Raft's rule for a leader handing over: the
+        thesis, section 3.10): appended after the TimeoutNow left, it would make the target's log shorter than
+        the others', they would refuse it their votes, and the hand-over would wait an election timeout. The
+        sender's callback gets the refusal and the broker sends it again later (a join, a position report)."""
+        if (isinstance(message, dict) and message.get("type") == "apply_command" and "request_id" in message
+                and time.monotonic() < self._transferring_until and self._sync._isLeader()):
+            self._transport.send(node, {"type": "apply_command_response", "request_id": message["request_id"],
+                                        "error": FAIL_REASON.REQUEST_DENIED})
+            return
+        self.prevote.receive(node, message)
 
     def _post(self, callback: Callable[..., None], *arguments: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the broker is stopping

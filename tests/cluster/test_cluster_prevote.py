@@ -24,11 +24,17 @@ TIMEOUT = 0.3  # the shortest election timeout; the longest is twice it
 
 class Node:
     def __init__(self, address: str, others: list[str], directory: Path) -> None:
-        conf = password_conf(None, TIMEOUT, directory, lambda _old, _new: None)
+        # Ticked on every state change as well, as broker.cluster.raft does: a leader stepping down runs it
+        # before PySyncObj has granted the vote that takes it down.
+        conf = password_conf(None, TIMEOUT, directory, lambda _old, _new: self.tick())
         self.sync = SyncObj(address, others, conf=conf)
         self.prevote = PreVote(self.sync)
-        self.sync.addOnTickCallback(self.prevote.tick)
+        self.sync.addOnTickCallback(self.tick)
         self.address = address
+
+    def tick(self) -> None:
+        if hasattr(self, "prevote"):
+            self.prevote.tick()
 
     @property
     def term(self) -> int:
@@ -115,7 +121,9 @@ def test_a_leadership_transfer_is_not_held_back(nodes: list[Node]) -> None:
     target = next(node for node in nodes if node is not leader)
     until(lambda: target.sync.getStatus()["commit_idx"] == leader.sync.getStatus()["commit_idx"], 5,
           "the target's Raft log did not catch up")
+    time.sleep(2 * TIMEOUT)  # a leader that has led for longer than its last deadline as a follower
     elections = target.prevote.elections  # the first election may have been through it
+    asked_before = leader.prevote.asked  # (its own pre-vote won it the first)
     asked: list[bool] = []
 
     def transfer() -> None:  # on PySyncObj's thread, as broker.cluster.raft does it: the transport is its
@@ -128,6 +136,11 @@ def test_a_leadership_transfer_is_not_held_back(nodes: list[Node]) -> None:
     until(lambda: target.sync._isLeader(), 5, "the transfer's target did not take over")
     assert time.monotonic() - started < TIMEOUT  # at once: TimeoutNow, not an election timeout
     assert target.prevote.elections == elections  # PySyncObj stood on TimeoutNow, without a pre-vote
+    # The old leader follows with a fresh election timeout, as if it had just heard a leader: it does not ask
+    # for pre-votes at once on the deadline it last had as a follower, long passed.
+    until(lambda: leader.leader == target.address, 5, "the old leader does not follow the new one")
+    time.sleep(TIMEOUT / 2)
+    assert leader.prevote.asked == asked_before
 
 
 def test_the_vote_rule_compares_logs_and_refuses_while_a_leader_is_heard(tmp_path: Path) -> None:

@@ -9,6 +9,9 @@ high watermarks."""
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import zmq.asyncio
 from memory_log import MemoryStore
 
@@ -16,6 +19,7 @@ from broker.cluster.node import HAND_OVER_RETRY_MS, RETRY_MS, Cluster
 from broker.cluster.raft import Role
 from broker.config import BrokerConfig
 from broker.engine import Engine
+from broker.topics import Persistence, TopicSpec
 from protocol import mc0
 
 PEERS = ("127.0.0.1:7002", "127.0.0.1:7003")
@@ -77,3 +81,47 @@ def test_only_a_leader_bounds_its_retention_and_shows_watermarks() -> None:
     cluster.serving = False  # stepped down: the gate stays, the copy's retention is its own
     assert cluster.engine.retention_floor(topic) is None
     assert cluster.stats()["high_watermarks"] == {}  # and its STATS show no watermark of its old epoch
+
+
+def test_a_hand_over_goes_to_a_follower_whose_raft_answers() -> None:
+    """A broker restarted a moment ago fetches at once but has not heard from the leader's Raft yet: Raft's
+    TimeoutNow is lost on it. With acknowledgements equal, the node name used to decide, and a restarted
+    ``127.0.0.1:7003`` won over ``127.0.0.1:7002``."""
+    cluster = member()
+    now = time.monotonic()
+    cluster.heard = {"127.0.0.1:7002": now, "127.0.0.1:7003": now}
+    cluster.positions = {b"t": {"127.0.0.1:7002": 10, "127.0.0.1:7003": 10}}
+    cluster.role = Role(True, cluster.node, 3, 3, frozenset({"127.0.0.1:7002", "127.0.0.1:7003"}))
+    assert cluster._successor() == "127.0.0.1:7003"  # both answer: the name breaks the tie
+    cluster.role = Role(True, cluster.node, 3, 3, frozenset({"127.0.0.1:7002"}))
+    assert cluster._successor() == "127.0.0.1:7002"
+    cluster.positions = {b"t": {"127.0.0.1:7002": 9, "127.0.0.1:7003": 10}}
+    assert cluster._successor() == "127.0.0.1:7002"  # even one behind: it catches up before Raft hands over
+    cluster.role = Role(True, cluster.node, 3, 3)
+    assert cluster._successor() == "127.0.0.1:7003"  # none answers: the most acknowledged, as before
+
+
+class Submits:
+    """A RaftNode stand-in that records the commands submitted."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[Any, ...]] = []
+
+    def submit(self, command: tuple[Any, ...], done: Any = None) -> None:
+        self.commands.append(command)
+
+
+def test_a_leader_handing_over_reports_no_positions() -> None:
+    """Each Raft entry appended after TimeoutNow left can make the target's election fail."""
+    cluster = member()
+    raft = cluster.raft = Submits()  # type: ignore[assignment]
+    cluster.state.endpoints = {cluster.node: cluster.endpoint}
+    cluster.engine.declare(b"t", TopicSpec(persistence=Persistence.PERSISTENT))
+    cluster.engine.publish(b"t", b"m", {}, 0)
+    cluster.engine.commit()
+    cluster.handing_over = True
+    cluster._report()
+    assert raft.commands == []
+    cluster.handing_over = False
+    cluster._report()
+    assert raft.commands == [("positions", cluster.node, {b"t".hex(): 2})]
