@@ -8,6 +8,10 @@ after it (:meth:`RaftNode.on_state`), and a change in who leads or how many brok
 (PySyncObj's queue is thread-safe) and reports the outcome the same way, and asks for a leadership transfer
 with :meth:`RaftNode.transfer`, which PySyncObj's thread makes on its next tick.
 
+What PySyncObj's Raft lacks, this module adds around it: pre-vote (:mod:`broker.cluster.prevote`), and a
+leader that appends nothing others forward while its leadership transfer is under way
+(:meth:`RaftNode._receive`).
+
 Raft's own log lives in the data directory (``.cluster/raft.journal`` and ``.cluster/raft.dump``), so a
 restarted broker keeps its term, its vote and the state. With CURVE on, PySyncObj's ``password`` option
 encrypts and authenticates the Raft traffic (Fernet: AES-128-CBC with HMAC-SHA256, key derived from the
