@@ -59,12 +59,14 @@ class PreVote:
         self._asking: int | None = None  # the term a pre-vote in progress asks for
         self._granted: set[Any] = set()  # the other nodes that granted it
         self._quiet = False  # this broker's Raft has stopped hearing a leader (logged once)
+        self._gone = False  # the leader's Raft connection closed (seen once per closing)
         transport = sync._SyncObj__transport  # type: ignore[attr-defined]
         self._deliver: Callable[[Any, Any], None] = sync._SyncObj__onMessageReceived  # type: ignore[attr-defined]
         self._send: Callable[[Any, dict[str, Any]], bool] = transport.send
         transport.setOnMessageReceivedCallback(self.receive)
         self.asked = 0  # pre-votes this broker started (for tests and logs)
         self.elections = 0  # of those, how many won a majority and let PySyncObj stand
+        self.leaders_gone = 0  # times the leader's Raft connection closed while this broker followed it
 
     # --------------------------------------------------------------------------------- PySyncObj's state
 
@@ -101,6 +103,19 @@ class PreVote:
             self._set_deadline(NEVER)
             self._asking = None
             return
+        if self.leader_gone():
+            if not self._gone:
+                # Ask soon, not after the election timeout. The followers saw the same connection close at
+                # the same moment and tick in step from then on (PySyncObj ticks on each event, else every
+                # 50 ms), so a random delay made two of them ask in the same tick in 6 of 30 kills, and
+                # their votes split: an election timeout more. So they go in the order of their names, one
+                # append period apart: the first asks at once, the next only if no election has reached it
+                # by then (granting a vote gives PySyncObj a new deadline, which replaces this one).
+                self._gone = True
+                self.leaders_gone += 1
+                self._deadline = min(self._deadline, now + self._rank() * self.retry)
+        else:
+            self._gone = False
         if now < self._deadline:
             return
         self._deadline = now + self.retry * (1 + random.random())
@@ -150,8 +165,32 @@ class PreVote:
             self._quiet = False
         self._deliver(node, message)
 
-    def would_vote(self, message: dict[str, Any]) -> bool:
-        """Raft's vote rule without its side effects, refused while this broker has a live leader."""
-        if self._get("raftState") == _LEADER or monotonic() - self._heard < self.min_timeout:
+    def _rank(self) -> int:
+        """This broker's place, by name, among the members other than the leader it followed."""
+        leader = self._get("raftLeader")
+        me = self._get("selfNode").id
+        names = sorted([me, *(node.id for node in self._get("otherNodes") if node != leader)])
+        return names.index(me)
+
+    def leader_gone(self) -> bool:
+        """Whether the leader this follower last heard has closed its Raft connection: its process is gone
+        (a killed process's sockets close at once; a paused or cut-off one's do not, and are left to the
+        election timeout)."""
+        leader = self._get("raftLeader")
+        if leader is None or leader == self._get("selfNode"):
             return False
-        return (message["last_log_term"], message["last_log_index"]) >= self._log_position()
+        return not self._sync.isNodeConnected(leader)
+
+    def would_vote(self, message: dict[str, Any]) -> bool:
+        """Raft's vote rule without its side effects, refused while this broker has a live leader: one it
+        heard within the shortest election timeout and is still connected to."""
+        if self._get("raftState") == _LEADER:
+            return False
+        if monotonic() - self._heard < self.min_timeout and not self.leader_gone():
+            return False
+        if (message["last_log_term"], message["last_log_index"]) < self._log_position():
+            return False
+        # It will stand: this broker waits a whole election timeout before it asks itself, so that the two
+        # do not stand at once and split the votes.
+        self._deadline = max(self._deadline, monotonic() + self._timeout())
+        return True
