@@ -90,8 +90,8 @@ class AllowList:
         while len(self._refusals) > REFUSALS_REMEMBERED:
             self._refusals.popitem(last=False)
         shown = key.decode("ascii", "replace")
-        log.warning("refused a CURVE client: its key %s is not in %s; to admit it, run `mc0 keys admit NAME "
-                    "%s` beside the broker's keys folder", shown, self.folder, shown)
+        log.warning("refused a CURVE client: its key %s is not in %s; to admit it, run `%s` beside the "
+                    "broker's keys folder", shown, self.folder, keys.admit_command(shown))
 
     def _mtime(self) -> int | None:
         try:

@@ -1018,12 +1018,14 @@ def keys_client(name: str, keys_dir: Path) -> None:
 
     pair = key_files.client(keys_dir, name)
     click.echo(f"wrote {keys_dir}/{name}.key and {keys_dir}/{name}.key_secret")
-    click.echo(f"admit it on the broker's machine: mc0 keys admit {name} {pair.public.decode()}")
+    click.echo(f"admit it on the broker's machine: {key_files.admit_command(pair.public.decode(), name)}")
     if not (keys_dir / f"{key_files.BROKER}.key").exists():
         click.echo(f"and copy the broker's broker.key into {keys_dir}/ (clients pin it)")
 
 
-@keys.command("admit")
+# A Z85 key may start with "-" (1 key in 85): read as the KEY argument, not refused as an unknown option, and
+# with no short option here, no letter of it can be read as one ("-h" would have shown the help).
+@keys.command("admit", context_settings={"ignore_unknown_options": True, "help_option_names": ["--help"]})
 @click.argument("name")
 @click.argument("key")
 @click.option("--keys", "keys_dir", default="keys", envvar="MC0_KEYS", show_envvar=True, show_default=True,

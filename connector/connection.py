@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import zmq
 
+from connector import keys
+
 #: Refused connects for this long mean nothing is listening (a broker that is starting answers sooner).
 REFUSED_FOR = 1.0
 #: The same for a client that knows other members of a cluster that have not refused it lately: one refused
@@ -46,7 +48,7 @@ GREETING_SIZE = 64
 #: What each verdict says.
 NOTHING_LISTENING = "nothing is listening at {endpoint}: start the broker (mc0 broker), or check the address"
 REFUSED_KEY = ("the broker at {endpoint} refused this client's key {key} (ZAP status {status}): admit it "
-               "on the broker with `mc0 keys admit NAME {key}`")
+               "on the broker with `{admit}`")
 BROKER_WITHOUT_CURVE = ("the broker at {endpoint} does not speak CURVE (it runs with --no-curve): connect "
                         "without keys (--no-curve, curve=False), or turn CURVE on at the broker")
 BROKER_WITH_CURVE = ("the broker at {endpoint} requires CURVE: give this client the keys folder holding "
@@ -125,7 +127,7 @@ class ConnectionWatch:
         curve = self.curve_public is not None
         if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             key = (self.curve_public or b"?").decode("ascii", "replace")
-            return self._fail(REFUSED_KEY, key=key, status=value)
+            return self._fail(REFUSED_KEY, key=key, status=value, admit=keys.admit_command(key))
         if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == MISMATCH:
             return self._fail(BROKER_WITHOUT_CURVE if curve else BROKER_WITH_CURVE)
         if kind in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):

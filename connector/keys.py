@@ -79,6 +79,12 @@ def generate(keys_dir: Path, clients: tuple[str, ...] = (CLIENT,), force: bool =
     return written
 
 
+def admit_command(key: str, name: str = "NAME") -> str:
+    """The command that admits the client key ``key`` (Z85 text) as ``name``. Z85 has "-" among its
+    characters: a key that starts with it comes after ``--``, so that no shell line reads it as an option."""
+    return f"mc0 keys admit {name} {'-- ' if key.startswith('-') else ''}{key}"
+
+
 def public_key(text: str) -> bytes:
     """A client's public key from what a person pastes: its Z85 text (40 characters) or a ``.key`` file."""
     candidate = Path(text)

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import zmq.auth
 from click.testing import CliRunner
+from zmq.utils import z85
 
 from connector import keys as key_files
 from connector.cli import main
@@ -53,12 +55,25 @@ def test_keys_client_makes_a_client_pair_only_and_says_how_to_admit_it(tmp_path:
     result = CliRunner().invoke(main, ["keys", "client", "alice", "--keys", str(folder)])
     assert result.exit_code == 0, result.output
     public = key_files.load(folder / "alice.key").public.decode()
-    assert f"admit it on the broker's machine: mc0 keys admit alice {public}" in result.output
+    assert f"admit it on the broker's machine: {key_files.admit_command(public, 'alice')}" in result.output
     assert "copy the broker's broker.key" in result.output
     assert sorted(path.name for path in folder.iterdir()) == ["alice.key", "alice.key_secret"]
     again = CliRunner().invoke(main, ["keys", "client", "alice", "--keys", str(folder)])
     assert again.exit_code == 1
     assert "exists already" in again.output
+
+
+def test_a_key_that_starts_with_a_dash_is_admitted_and_its_command_says_so(tmp_path: Path) -> None:
+    """Z85 has "-" among its 85 characters: one key in 85 starts with it, and was refused as an option."""
+    dash = z85.encode((63 * 85**4).to_bytes(4, "big") + bytes(range(28))).decode()
+    assert dash.startswith("-")
+    assert key_files.admit_command(dash, "bob") == f"mc0 keys admit bob -- {dash}"
+    assert key_files.admit_command("abc", "bob") == "mc0 keys admit bob abc"
+    folder = tmp_path / "keys"
+    for name, arguments in (("bob", [dash]), ("carol", ["--", dash])):  # as typed, and as the hint says
+        result = CliRunner().invoke(main, ["keys", "admit", "--keys", str(folder), name, *arguments])
+        assert result.exit_code == 0, result.output
+        assert zmq.auth.load_certificate(folder / "allowed" / f"{name}.key")[0].decode() == dash
 
 
 def test_declare_segment_bytes_says_the_broker_s_minimum() -> None:
