@@ -17,8 +17,13 @@ the leader, has not heard from a leader for the shortest election timeout, and t
 up to date as its own (Raft's vote rule). No term changes and nothing is recorded. With a majority (itself
 included) it hands the election back to PySyncObj, which stands at once; without one it asks again after
 one or two append periods (a fifth of the shortest timeout each, at random), so a leader's death still costs
-one election timeout, not two. A leadership transfer (Raft's TimeoutNow, which PySyncObj answers by zeroing
-the deadline) is left alone: the outgoing leader asked for it, and the real votes are PySyncObj's as before.
+one election timeout, not two. And it makes a shortcut safe: when the leader's Raft connection closes (its
+process is gone), the followers ask at once, one after the other in the order of their names, and grant each
+other, being connected to that leader no more; a killed leader is replaced in about a tenth of a second
+instead of 0.5-1 s. A member that grants a pre-vote waits a whole election timeout before it asks itself, so
+that two rarely stand at once and split the votes. A leadership transfer (Raft's TimeoutNow, which
+PySyncObj answers by zeroing the deadline) is left alone: the outgoing leader asked for it, and the real
+votes are PySyncObj's as before.
 
 Everything here runs in PySyncObj's thread: :meth:`PreVote.tick` from its tick callback, the message filter
 from its transport. It reaches into PySyncObj's private attributes (name-mangled ``_SyncObj__*``); the
