@@ -65,6 +65,9 @@ log = logging.getLogger("mc0.cluster")
 REPORT_EVERY = 2.0
 #: Seconds a join command may take before the broker sends another (one that got no answer at all).
 JOIN_WAIT = 5.0
+#: Seconds after it starts during which a member that reaches no majority tells clients to try again rather
+#: than refusing for good: its Raft connects to the others meanwhile (PySyncObj tries every cluster_timeout).
+STARTING_FOR = 3.0
 #: Seconds a new leader waits for each other broker's answer while it takes over.
 ASK_TIMEOUT = 1.0
 #: Milliseconds a client is told to wait before it sends a command again while a leader is being chosen.
@@ -115,6 +118,7 @@ class Cluster:
         self.member_key = keys.broker_pair(Path(config.keys_dir)).public if config.curve else None
         self.state = ClusterState()
         self.role = Role(False, None, 1, self.size)
+        self.started = time.monotonic()  # a member that reaches no majority yet may only be starting
         self.serving = False  # leading an epoch this broker took
         self.handing_over = False  # a leader asked to stop: it takes no more publishes (hand_over)
         self._changed = asyncio.Event()  # set, while handing over, when the state or a position moves
@@ -296,10 +300,15 @@ class Cluster:
         return ("this broker does not lead the cluster: the TCP doors are the leader's"
                 + (f" (mc0 at {endpoint})" if endpoint else ""))
 
+    def _starting(self) -> bool:
+        return time.monotonic() - self.started < STARTING_FOR
+
     def _no_leader(self) -> str:
         """Why this broker, which does not lead, cannot name a leader to go to."""
         if self.role.leader == self.node:
             return "it was just elected and is catching up from the replicas: try again in a moment"
+        if self.role.reachable * 2 <= self.size and self._starting():
+            return "it started a moment ago and is connecting to the other members: try again in a moment"
         return (f"no leader is known ({self.role.reachable} of {self.size} brokers reachable): try again "
                 "once a majority is")
 
@@ -323,8 +332,9 @@ class Cluster:
                 where = f"the leader is {endpoint}" if endpoint else self._no_leader()
                 text = f"this broker does not lead the cluster ({where})"
             # Without a leader to name but with a majority in reach, a leader is being chosen or is taking
-            # over, which is short: the client is told when to ask again. A minority's refusal is final.
-            electing = self.role.reachable * 2 > self.size
+            # over, which is short: the client is told when to ask again. A minority's refusal is final,
+            # unless this broker has only just started (its Raft connections are still being made).
+            electing = self.role.reachable * 2 > self.size or self._starting()
             retry_ms = HAND_OVER_RETRY_MS if self.serving and self.handing_over else RETRY_MS
             return mc0.leader_error(text, endpoint.encode() if endpoint else None, getattr(event, "id", None),
                                     retry_ms=retry_ms if electing else None)

@@ -15,7 +15,7 @@ from typing import Any
 import zmq.asyncio
 from memory_log import MemoryStore
 
-from broker.cluster.node import HAND_OVER_RETRY_MS, RETRY_MS, Cluster
+from broker.cluster.node import HAND_OVER_RETRY_MS, RETRY_MS, STARTING_FOR, Cluster
 from broker.cluster.raft import Role
 from broker.config import BrokerConfig
 from broker.engine import Engine
@@ -53,8 +53,13 @@ def test_the_answer_to_a_publish_says_where_to_go_or_when_to_ask_again() -> None
     assert mc0.LEADER not in answer.headers
     assert answer.headers[mc0.RETRY_AFTER] == b"%d" % RETRY_MS
 
-    cluster.role = Role(False, None, 1, 3)  # a minority: final
+    cluster.role = Role(False, None, 1, 3)  # a minority: final ...
+    cluster.started -= STARTING_FOR
     assert mc0.RETRY_AFTER not in refused(cluster).headers
+    cluster.started = time.monotonic()  # ... unless it has only just started: its Raft is still connecting
+    answer = refused(cluster)
+    assert answer.headers[mc0.RETRY_AFTER] == b"%d" % RETRY_MS
+    assert b"started a moment ago" in answer.message
 
 
 def test_a_leader_handing_the_cluster_over_asks_clients_back_sooner() -> None:
