@@ -307,7 +307,7 @@ class Cluster:
         """Why this broker, which does not lead, cannot name a leader to go to."""
         if self.role.leader == self.node:
             return "it was just elected and is catching up from the replicas: try again in a moment"
-        if self.role.reachable * 2 <= self.size and self._starting():
+        if not self._majority_in_reach() and self._starting():
             return "it started a moment ago and is connecting to the other members: try again in a moment"
         return (f"no leader is known ({self.role.reachable} of {self.size} brokers reachable): try again "
                 "once a majority is")
@@ -334,7 +334,7 @@ class Cluster:
             # Without a leader to name but with a majority in reach, a leader is being chosen or is taking
             # over, which is short: the client is told when to ask again. A minority's refusal is final,
             # unless this broker has only just started (its Raft connections are still being made).
-            electing = self.role.reachable * 2 > self.size or self._starting()
+            electing = self._majority_in_reach() or self._starting()
             retry_ms = HAND_OVER_RETRY_MS if self.serving and self.handing_over else RETRY_MS
             return mc0.leader_error(text, endpoint.encode() if endpoint else None, getattr(event, "id", None),
                                     retry_ms=retry_ms if electing else None)

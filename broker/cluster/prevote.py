@@ -57,7 +57,6 @@ class PreVote:
     def __init__(self, sync: SyncObj) -> None:
         self._sync = sync
         self.min_timeout: float = sync.conf.raftMinTimeout
-        self.max_timeout: float = sync.conf.raftMaxTimeout
         self.retry: float = sync.conf.appendEntriesPeriod
         self._deadline = monotonic() + self._timeout()
         self._heard = monotonic()  # the last time a leader's append_entries reached this broker
@@ -82,7 +81,7 @@ class PreVote:
         self._sync._SyncObj__raftElectionDeadline = value  # type: ignore[attr-defined]
 
     def _timeout(self) -> float:
-        return self.min_timeout + (self.max_timeout - self.min_timeout) * random.random()
+        return self._get("generateRaftTimeout")()  # PySyncObj's own draw between its two timeouts
 
     def _log_position(self) -> tuple[int, int]:
         """(last log term, last log index): what Raft's vote rule compares."""
