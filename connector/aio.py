@@ -655,7 +655,7 @@ class AsyncClient(ClientBase):
             if core.noop_due(now):
                 self._send(mc0.encode(mc0.Noop()), now)
             if not self._watch.connected:
-                self._verdict(self._watch.check(now), now)
+                self._check_watch(now)
             if not self._watch.connected:
                 core.last_heard = now  # silence counts on a live connection only: ZeroMQ is reconnecting
             alive = paused and readable(raw)

@@ -405,13 +405,21 @@ class ClientBase:
     # ------------------------------------------------------------------------------- connection events
 
     def _new_watch(self) -> connection.ConnectionWatch:
-        """A fresh watch, for a fresh socket. A member of a cluster that refuses a connect is left at once
-        while another has not refused lately: a killed leader's clients go on without waiting a second."""
+        """A fresh watch, for a fresh socket."""
         curve = self._credentials.public if self._credentials is not None else None
-        refused_for = connection.REFUSED_FOR
-        if self._elsewhere(time.monotonic()):
-            refused_for = connection.REFUSED_FOR_MOVING
-        return connection.ConnectionWatch(self.endpoint, curve_public=curve, refused_for=refused_for)
+        return connection.ConnectionWatch(self.endpoint, curve_public=curve)
+
+    def _check_watch(self, now: float) -> None:
+        """On the I/O side's timer while not connected: act on what the watch says by now."""
+        self._verdict(self._patient_watch(now).check(now), now)
+
+    def _patient_watch(self, now: float) -> connection.ConnectionWatch:
+        """The watch, told how long refused connects must last before the client gives up on this broker
+        (decided now, not when the socket was made: a member of a cluster is left at its first refusal while
+        another has not refused lately, and the others' refusals age while the client is connected)."""
+        watch = self._watch
+        watch.refused_for = connection.REFUSED_FOR_MOVING if self._elsewhere(now) else connection.REFUSED_FOR
+        return watch
 
     def _after(self) -> list[str]:
         """The other endpoints, in order after this one (all of them when this one is not in the list)."""
@@ -436,13 +444,17 @@ class ClientBase:
 
     def _on_event(self, kind: int, value: int, now: float) -> None:
         """One connection event of the current socket, and what it means."""
-        self._verdict(self._watch.event(kind, value, now), now)
+        self._verdict(self._patient_watch(now).event(kind, value, now), now)
         if self._watch.connected:
-            self._refused.pop(self.endpoint, None)  # it listens again
+            self._refused.pop(self._watch.endpoint, None)  # it listens again
 
     def _verdict(self, verdict: connection.Verdict, now: float) -> None:
         if verdict is None:
             return
+        if type(verdict) is connection.Unreachable and self._watch.refused_since is not None:
+            self._refused[self._watch.endpoint] = now
+        if self._moving:
+            return  # about the socket being left for another broker: what it says changes nothing now
         if type(verdict) is connection.AskMechanism:
             self._ask_mechanism(now)
             return
@@ -452,8 +464,6 @@ class ClientBase:
             self._handshake(now)
             return
         self.connection_problem = verdict.reason  # type: ignore[union-attr] - an Unreachable
-        if self._watch.refused_since is not None:
-            self._refused[self.endpoint] = now
         if len(self.endpoints) > 1 and self._moves_in_row < MAX_REDIRECTS * len(self.endpoints):
             self._move(None)  # a cluster: another member may lead now
             return

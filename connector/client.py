@@ -760,7 +760,7 @@ class Client(ClientBase):
                 return  # close() stopped waiting, or the constructor gave up
             self._read_events(monitor, now)
             if not self._watch.connected:
-                self._verdict(self._watch.check(now), now)
+                self._check_watch(now)
             if not self._paused_reading:
                 self._read(socket, now)
             if self._move_due(time.monotonic()) == 0 and self._closing is None:

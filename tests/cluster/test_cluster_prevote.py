@@ -180,3 +180,38 @@ def _check_vote_rule(node: Node) -> None:
     assert vote(term + 1, 0)
     assert not vote(term, index - 1)
     assert not vote(term - 1, index + 10)
+
+
+@pytest.mark.timeout(60)
+def test_two_asking_at_once_do_not_both_stand(tmp_path: Path) -> None:
+    """Two followers that ask in the same moment grant each other; were both to stand, the votes would split.
+    The one whose name sorts later withdraws (the answer to its own question then counts for nothing)."""
+    address, *nobody = (f"127.0.0.1:{port}" for port in free_ports(3))  # peers never started: no election
+    node = Node(address, nobody, tmp_path)
+    try:
+        prevote = node.prevote
+        # Once pre-vote holds PySyncObj's deadline, PySyncObj's thread leaves _asking alone (nobody to ask).
+        until(lambda: node.sync._SyncObj__raftElectionDeadline == NEVER, 5, "pre-vote took the deadline over")
+        sent: list[dict[str, Any]] = []
+        prevote._send = lambda _node, message: sent.append(message) or True  # type: ignore[method-assign]
+        prevote._heard = time.monotonic() - 2 * TIMEOUT  # no leader heard lately: it grants
+        term, index = prevote._log_position()
+        ask = {"type": "pre_vote", "term": node.term + 1, "last_log_term": term, "last_log_index": index}
+
+        class Other:
+            def __init__(self, name: str) -> None:
+                self.id = name
+
+        prevote._asking = node.term + 1
+        prevote.receive(Other("9.9.9.9:1"), ask)  # sorts after this node's name
+        assert sent[-1]["granted"]
+        assert prevote._asking == node.term + 1, "a later name's question does not make this one withdraw"
+        prevote.receive(Other("0.0.0.0:1"), ask)  # sorts before it
+        assert sent[-1]["granted"]
+        assert prevote._asking is None, "an earlier name asked at once: this one withdraws"
+        prevote.receive(Other("0.0.0.0:1"), {"type": "pre_vote_response", "term": node.term + 1,
+                                              "granted": True})
+        assert prevote.elections == 0, "the grant of its withdrawn question does not make it stand"
+        assert node.sync._SyncObj__raftElectionDeadline != 0  # type: ignore[attr-defined]
+    finally:
+        node.sync.destroy()

@@ -1,6 +1,7 @@
 """Where a client of a cluster goes next (connector/base.py), without sockets: a member whose port refused a
 connect is left at once and skipped for a while; a member that still names such a broker as its leader is
-not followed there; once every member refused lately, moves are paced as for a single broker."""
+not followed there; once every member refused lately, moves are paced as for a single broker, and only while
+they have."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_a_refused_member_is_left_at_once_and_skipped(monkeypatch: pytest.Monkey
     clock = [100.0]
     monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
     target = client()
-    assert target._watch.refused_for == REFUSED_FOR_MOVING
+    assert target._patient_watch(clock[0]).refused_for == REFUSED_FOR_MOVING
     refused(target, clock[0])
     assert target._moving
     assert target.endpoint == B
@@ -65,10 +66,29 @@ def test_once_every_member_refused_the_moves_are_paced(monkeypatch: pytest.Monke
         refused(target, clock[0])
         assert target.endpoint == expected
         arrive(target)
-    assert target._watch.refused_for == REFUSED_FOR, "no member left that has not refused: wait as usual"
+    assert target._patient_watch(clock[0]).refused_for == REFUSED_FOR, "no member left that has not refused"
     assert target._watch.event(zmq.EVENT_CONNECT_RETRIED, 20, clock[0]) is None
     verdict = target._watch.check(clock[0] + REFUSED_FOR)
     assert isinstance(verdict, Unreachable)
+
+
+def test_the_patience_is_decided_at_the_refusal_not_at_the_connect(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that came to C while A and B had both just refused, and stayed connected: when C goes (a
+    killed leader), A's and B's refusals are old, and C is left at its first refusal, not after a second."""
+    clock = [100.0]
+    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    target = client()
+    for expected in (B, C):
+        refused(target, clock[0])
+        assert target.endpoint == expected
+        arrive(target)
+    target._on_event(zmq.EVENT_CONNECTED, 5, clock[0])
+    target._on_event(zmq.EVENT_HANDSHAKE_SUCCEEDED, 0, clock[0])
+    clock[0] += 2 * REFUSED_FOR  # connected to C meanwhile; A and B came back
+    target._on_event(zmq.EVENT_DISCONNECTED, 5, clock[0])
+    refused(target, clock[0])
+    assert target._moving, "C refused once, and A has not refused for a while: the client goes on at once"
+    assert target.endpoint == A
 
 
 def test_a_connection_clears_the_members_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,4 +108,23 @@ def test_a_connection_clears_the_members_refusal(monkeypatch: pytest.MonkeyPatch
 
 def test_a_single_broker_keeps_its_patience() -> None:
     target = ClientBase(A, curve=False)
-    assert target._new_watch().refused_for == REFUSED_FOR
+    target._watch = target._new_watch()
+    assert target._patient_watch(100.0).refused_for == REFUSED_FOR
+
+
+def test_what_the_socket_being_left_says_is_about_its_own_member(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A's socket reports more refused connects after the client chose B, before the I/O side moves: they
+    are A's, so B is not taken for a member that refused (the next failover would skip it)."""
+    clock = [100.0]
+    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    target = client()
+    refused(target, clock[0])
+    assert target.endpoint == B
+    assert target._moving
+    clock[0] += 0.02
+    refused(target, clock[0])  # libzmq retried A's connect once more: the same socket, the same watch
+    target._verdict(target._watch.check(clock[0] + REFUSED_FOR), clock[0] + REFUSED_FOR)
+    assert B not in target._refused
+    assert A in target._refused
+    assert target.endpoint == B
+    assert target.moves == 1
