@@ -89,7 +89,9 @@ def password_conf(password: str | None, timeout: float, directory: Path,
         appendEntriesUseBatch=False,
         # A connection silent this long is dead; PySyncObj needs it at least raftMaxTimeout.
         connectionTimeout=max(2 * timeout, 1.0),
-        connectionRetryTime=timeout,
+        # A member reconnects to one that was away at most an append period after it is back: pre-vote's
+        # shortcut for a killed leader needs the two others connected to each other.
+        connectionRetryTime=timeout / 5,
         # A leader that hears from no majority for this long steps down (PySyncObj's default is 30 s: a
         # partitioned leader would believe it leads for that long).
         leaderFallbackTimeout=2 * timeout,

@@ -23,10 +23,10 @@ TIMEOUT = 0.3  # the shortest election timeout; the longest is twice it
 
 
 class Node:
-    def __init__(self, address: str, others: list[str], directory: Path) -> None:
+    def __init__(self, address: str, others: list[str], directory: Path, timeout: float = TIMEOUT) -> None:
         # Ticked on every state change as well, as broker.cluster.raft does: a leader stepping down runs it
         # before PySyncObj has granted the vote that takes it down.
-        conf = password_conf(None, TIMEOUT, directory, lambda _old, _new: self.tick())
+        conf = password_conf(None, timeout, directory, lambda _old, _new: self.tick())
         self.sync = SyncObj(address, others, conf=conf)
         self.prevote = PreVote(self.sync)
         self.sync.addOnTickCallback(self.tick)
@@ -215,3 +215,66 @@ def test_two_asking_at_once_do_not_both_stand(tmp_path: Path) -> None:
         assert node.sync._SyncObj__raftElectionDeadline != 0  # type: ignore[attr-defined]
     finally:
         node.sync.destroy()
+
+
+@pytest.mark.timeout(60)
+def test_a_restarted_member_is_connected_to_again_within_an_append_period(tmp_path: Path) -> None:
+    """Pre-vote's shortcut for a killed leader needs the two others connected to each other; a member that
+    was away is connected to again within an append period of its return (a fifth of the timeout), not after
+    PySyncObj's retry time (a whole timeout here before, 5 s by default). Of each pair, the member whose
+    address sorts later makes the connection: the restarted one here is the earlier, so it waits for the
+    other to come back to it."""
+    timeout = 1.0  # long enough to tell an append period from a timeout on a loaded machine
+    addresses = sorted(f"127.0.0.1:{port}" for port in free_ports(3))
+    def make(index: int) -> Node:
+        return Node(addresses[index], [other for other in addresses if other != addresses[index]],
+                    tmp_path / str(index), timeout)
+    made = [make(index) for index in range(3)]
+    try:
+        until(lambda: agreed_leader(made), 20, "no leader was elected")
+        away = min((node for node in made if not node.sync._isLeader()), key=lambda node: node.address)
+        later = [node for node in made if node is not away and node.address > away.address]
+        index = made.index(away)
+        away.sync.destroy()
+        time.sleep(0.05)  # the others try to reconnect at once, and are refused
+        made[index] = back = make(index)
+        started = time.monotonic()
+        for node in later:
+            until(lambda node=node: node.sync.isNodeConnected(back.sync.selfNode), 3 * timeout,
+                  "the restarted member was never connected to")
+        assert time.monotonic() - started < 0.6 * timeout
+    finally:
+        for node in made:
+            node.sync.destroy()
+
+
+@pytest.mark.timeout(60)
+def test_while_the_leaders_connection_is_closed_it_asks_again_soon(tmp_path: Path) -> None:
+    """The other follower often refuses the first question: it sees the same close a moment later. While the
+    leader's connection stays closed, the next question comes within a quarter of an append period, not one
+    or two periods later (where the other's own first question, an append period after the close, came
+    first and a tenth of a second was lost)."""
+    address, *others = (f"127.0.0.1:{port}" for port in free_ports(3))  # never started: never connected
+    conf = password_conf(None, TIMEOUT, tmp_path, lambda _old, _new: None)
+    conf.autoTick = False  # no Raft thread: the test ticks pre-vote itself
+    sync = SyncObj(address, others, conf=conf)
+    try:
+        prevote = PreVote(sync)
+        leader = next(iter(sync.otherNodes))
+        sync._SyncObj__raftLeader = leader  # type: ignore[attr-defined] - the leader it followed, now gone
+        sync._SyncObj__raftElectionDeadline = NEVER  # type: ignore[attr-defined]
+        assert prevote.leader_gone()
+        period = sync.conf.appendEntriesPeriod
+        prevote.tick()
+        assert prevote._gone, "it saw the leader's connection closed"
+        prevote._deadline = asked = time.monotonic()  # its turn to ask has come
+        prevote.tick()
+        assert prevote._deadline - asked <= period / 4 + 0.01
+        sync._SyncObj__raftLeader = None  # type: ignore[attr-defined] - a new leader is being elected
+        prevote._gone = False
+        prevote._deadline = time.monotonic()
+        asked = time.monotonic()
+        prevote.tick()
+        assert prevote._deadline - asked >= period, "without a closed connection, one or two periods"
+    finally:
+        sync.destroy()
