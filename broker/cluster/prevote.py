@@ -17,14 +17,15 @@ the leader, has not heard from a leader for the shortest election timeout, and t
 up to date as its own (Raft's vote rule). No term changes and nothing is recorded. With a majority (itself
 included) it hands the election back to PySyncObj, which stands at once; without one it asks again after
 one or two append periods (a fifth of the shortest timeout each, at random), so a leader's death still costs
-one election timeout, not two; a quarter of an append period while the leader's connection is closed (below). And it makes a shortcut safe: when the leader's Raft connection closes (its
+one election timeout, not two. And it makes a shortcut safe: when the leader's Raft connection closes (its
 process is gone), the followers ask at once, one after the other in the order of their names, and grant each
 other, being connected to that leader no more; a killed leader is replaced in about a tenth of a second
-instead of 0.5-1 s. A member that grants a pre-vote waits a whole election timeout before it asks itself, so
-that two rarely stand at once and split the votes; two that asked at the same moment grant each other, and
-the one whose name sorts later withdraws. A leadership transfer (Raft's TimeoutNow, which
-PySyncObj answers by zeroing the deadline) is left alone: the outgoing leader asked for it, and the real
-votes are PySyncObj's as before.
+instead of 0.5-1 s. While that connection is closed a refused member asks again after a quarter of an append
+period (the other often sees the same close a moment later). A member that grants a pre-vote waits a whole
+election timeout before it asks itself, so that two rarely stand at once and split the votes; two that asked
+at the same moment grant each other, and the one whose name sorts later withdraws. A leadership transfer
+(Raft's TimeoutNow, which PySyncObj answers by zeroing the deadline) is left alone: the outgoing leader asked
+for it, and the real votes are PySyncObj's as before.
 
 Everything here runs in PySyncObj's thread: :meth:`PreVote.tick` from its tick callback, the message filter
 from its transport. It reaches into PySyncObj's private attributes (name-mangled ``_SyncObj__*``); the
@@ -64,6 +65,7 @@ class PreVote:
         self._asking: int | None = None  # the term a pre-vote in progress asks for
         self._granted: set[Any] = set()  # the other nodes that granted it
         self._quiet = False  # this broker's Raft has stopped hearing a leader (logged once)
+        self._ever_heard = False  # a leader's append_entries reached it since it started
         self._gone = False  # the leader's Raft connection closed (seen once per closing)
         transport = sync._SyncObj__transport  # type: ignore[attr-defined]
         self._deliver: Callable[[Any, Any], None] = sync._SyncObj__onMessageReceived  # type: ignore[attr-defined]
@@ -98,6 +100,7 @@ class PreVote:
             # heard a leader (not the deadline it last had as a follower, long passed).
             self._asking = None
             self._heard = now
+            self._ever_heard = True
             self._deadline = now + self._timeout()
             return
         deadline = self._get("raftElectionDeadline")
@@ -131,8 +134,13 @@ class PreVote:
             return
         if not self._quiet:  # once per silence: the others' answers decide, and it asks every append period
             self._quiet = True
-            log.info("no word from a Raft leader for %.1f s: asking the other members whether they would "
-                     "elect this one (pre-vote)", now - self._heard)
+            if self._gone:
+                why = "the Raft leader's connection closed"
+            elif not self._ever_heard:
+                why = "no Raft leader heard since this broker started"
+            else:
+                why = f"no word from the Raft leader for {now - self._heard:.1f} s"
+            log.info("%s: asking the other members whether they would elect this one (pre-vote)", why)
         self._asking = self._get("raftCurrentTerm") + 1
         self._granted = set()
         self.asked += 1
@@ -175,6 +183,7 @@ class PreVote:
             return
         if kind == "append_entries" and message["term"] >= self._get("raftCurrentTerm"):
             self._heard = monotonic()
+            self._ever_heard = True
             self._quiet = False
         self._deliver(node, message)
 

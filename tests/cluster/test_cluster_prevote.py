@@ -7,6 +7,7 @@ case is what PySyncObj alone gets wrong: that follower stands at a higher term a
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -103,16 +104,21 @@ def test_a_silent_leader_is_replaced_and_pysyncobj_never_stands_by_itself(nodes:
 
 
 @pytest.mark.timeout(60)
-def test_a_leader_whose_connections_close_is_replaced_without_the_timeout(nodes: list[Node]) -> None:
+def test_a_leader_whose_connections_close_is_replaced_without_the_timeout(
+        nodes: list[Node], caplog: pytest.LogCaptureFixture) -> None:
     """A killed broker's sockets close at once: its followers ask for pre-votes then, and grant them to each
-    other, instead of waiting out the election timeout (bench cluster measures what that saves)."""
+    other, instead of waiting out the election timeout (bench cluster measures what that saves). The log
+    says why each asks."""
+    caplog.set_level(logging.INFO, logger="mc0.cluster")
     leader = until(lambda: agreed_leader(nodes), 10, "no leader was elected")
+    assert "no Raft leader heard since this broker started: asking" in caplog.text
     term = leader.term
     leader.sync.destroy()
     nodes.remove(leader)
     successor = until(lambda: agreed_leader(nodes), 10, "no new leader after the leader went")
     assert successor.term > term
     assert sum(node.prevote.leaders_gone for node in nodes) >= 1
+    assert "the Raft leader's connection closed: asking" in caplog.text
 
 
 @pytest.mark.timeout(60)
