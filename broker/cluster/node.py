@@ -60,6 +60,8 @@ from protocol import ProtocolError, mc0
 
 log = logging.getLogger("mc0.cluster")
 
+#: Seconds after which a follower whose Raft was still applying the leader's log looks at the state again.
+SETTLE_AGAIN = 0.02
 #: Seconds between reports of this broker's durable positions to the replicated state (coarse on purpose:
 #: a Raft command per message would cost a round trip per message; the positions are for STATS and people).
 REPORT_EVERY = 2.0
@@ -138,6 +140,9 @@ class Cluster:
         # doors send their clients there (broker.server sets it).
         self.on_demoted: Callable[[str | None], None] | None = None
         self._demoted = False
+        self.closed = False
+        self._settle_due = False  # _settle is scheduled (after the state commands waiting on the loop)
+        self._topics_changed = False  # a command since the last _settle may have named new topics
         engine.on_persistent = self.on_persistent
         engine.retention_floor = self.retention_floor
 
@@ -197,6 +202,7 @@ class Cluster:
             self.raft.submit(("positions", self.node, changed), applied)
 
     def close(self) -> None:
+        self.closed = True
         if self.taking_over is not None:
             self.taking_over.cancel()
         self._stop_copying()
@@ -229,12 +235,34 @@ class Cluster:
         # publish as leader of nothing).
         if state.leader == self.node and state.epoch != before and not self.serving and self.role.leading:
             self._serve()
-        if state.leader != self.node and state.leader is not None:
-            self._follow()
-        if kind in ("topic", "snapshot", "take_over") and self.replicator is not None:
+        if kind in ("topic", "snapshot", "take_over"):
+            self._topics_changed = True
+        if state.leader not in (self.node, None) and not self._settle_due:
+            # Once the commands Raft applied meanwhile have all reached the loop (they come in bursts: a
+            # restarted broker's Raft applies its whole journal at once, and following each take-over in it
+            # in turn started a copy from every leader the cluster ever had, each fetching with its epoch).
+            self._settle_due = True
+            asyncio.get_running_loop().call_soon(self._settle)
+
+    def _settle(self) -> None:
+        """What the latest state asks of a follower: copy from its leader, every topic it names."""
+        state = self.state
+        if state.leader in (self.node, None) or self.closed:
+            self._settle_due = False
+            return
+        if self.raft is not None and self.raft.catching_up():
+            # More of Raft's log is on its way (the leader sends it a batch at a time): the leader its end
+            # names is the one to follow, not each one before it. Looked at again shortly even if no
+            # command of ours comes (Raft's own entries reach no on_state).
+            asyncio.get_running_loop().call_later(SETTLE_AGAIN, self._settle)
+            return
+        self._settle_due = False
+        self._follow()
+        if self._topics_changed and self.replicator is not None:
             for name_hex, spec in state.topics.items():
                 self._ensure_topic(bytes.fromhex(name_hex), spec)
                 self.replicator.follow(bytes.fromhex(name_hex))
+        self._topics_changed = False
 
     # --------------------------------------------------------------------------------------- following
 

@@ -213,6 +213,14 @@ class RaftNode:
         ``node``'s Raft log is not yet complete), True once the request went to ``node``."""
         self._transfer = (node, done)
 
+    def catching_up(self) -> bool:
+        """Whether this broker's Raft has heard no leader since it started, or has yet to apply entries the
+        leader said are committed: a broker back from a restart, whose state is its journal's (PySyncObj
+        applies that at once) until the leader has told it what happened while it was away. Read from the
+        loop while PySyncObj's thread writes them: two ints, each read whole."""
+        told = self._sync._SyncObj__leaderCommitIndex  # type: ignore[attr-defined]
+        return told is None or self._sync.raftLastApplied < told
+
     def close(self) -> None:
         self._sync.destroy()
 

@@ -74,3 +74,31 @@ def test_a_leader_handing_over_refuses_forwarded_commands_then_takes_them(member
 
     leader.raft._transferring_until = 0.0  # the transfer failed and this broker still leads
     assert follower.submit(("join", follower.raft.node, "tcp://127.0.0.1:2")) == (True, None)
+
+
+@pytest.mark.timeout(60)
+def test_a_member_is_catching_up_until_it_has_applied_what_the_leader_committed(
+        members: list[Member]) -> None:
+    """What the member waits for before it follows anyone (Cluster._settle): a broker that has heard no
+    leader since it started knows only its journal; once it has applied what the leader said is committed,
+    its state is the cluster's."""
+    leader = leader_of(members)
+    follower = next(member for member in members if member is not leader)
+    assert follower.submit(("join", follower.raft.node, "tcp://127.0.0.1:1")) == (True, None)
+    deadline = time.monotonic() + 5
+    while follower.raft.catching_up():
+        assert time.monotonic() < deadline, "the follower never caught up with the leader's commits"
+        follower.loop.run_until_complete(asyncio.sleep(0.05))
+
+
+@pytest.mark.timeout(60)
+def test_a_member_that_has_heard_no_leader_is_catching_up(tmp_path: Path) -> None:
+    loop = asyncio.new_event_loop()
+    address, *nobody = (f"127.0.0.1:{port}" for port in free_ports(3))  # peers never started
+    alone = Member(loop, address, [address, *nobody], tmp_path)
+    try:
+        loop.run_until_complete(asyncio.sleep(0.5))
+        assert alone.raft.catching_up(), "its state is its journal's until a leader says more"
+    finally:
+        alone.raft.close()
+        loop.close()

@@ -9,7 +9,9 @@ high watermarks."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import zmq.asyncio
@@ -17,8 +19,10 @@ from memory_log import MemoryStore
 
 from broker.cluster.node import HAND_OVER_RETRY_MS, RETRY_MS, STARTING_FOR, Cluster
 from broker.cluster.raft import Role
+from broker.cluster.state import ClusterState
 from broker.config import BrokerConfig
 from broker.engine import Engine
+from broker.store.files import FileStore
 from broker.topics import Persistence, TopicSpec
 from protocol import mc0
 
@@ -130,3 +134,90 @@ def test_a_leader_handing_over_reports_no_positions() -> None:
     cluster.handing_over = False
     cluster._report()
     assert raft.commands == [("positions", cluster.node, {b"t".hex(): 2})]
+
+
+def filed_member(folder: Path) -> Cluster:
+    """A member with a store on disk (a follower's copy needs one), Raft not started."""
+    config = BrokerConfig(bind="tcp://127.0.0.1:7101", curve=False, cluster_node="127.0.0.1:7001",
+                          cluster_peers=PEERS, data_dir=folder)
+    store = FileStore(folder)
+    return Cluster(config, Engine(config.topic_rules(), store), store, lambda: None, lambda: None,
+                   lambda error: None, zmq.asyncio.Context.instance(), "tcp://127.0.0.1:7101")
+
+
+class CatchingUp:
+    """Stands in for RaftNode: applying the leader's log until ``until`` (the loop's clock)."""
+
+    def __init__(self, until: float) -> None:
+        self.until = until
+
+    def catching_up(self) -> bool:
+        return asyncio.get_running_loop().time() < self.until
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_follower_whose_raft_is_catching_up_follows_the_leader_its_end_names(tmp_path: Path) -> None:
+    """The leader sends its log a batch at a time, so a restarted broker's take-overs come in several bursts;
+    while its Raft has entries to apply that the leader said are committed, it follows nobody yet, and once
+    it has applied them it follows the leader the state names then (looked at again by itself: the last
+    entries may be Raft's own, which reach no on_state)."""
+
+    async def run() -> tuple[Cluster, list[int]]:
+        cluster = filed_member(tmp_path)
+        loop = asyncio.get_running_loop()
+        cluster.raft = CatchingUp(loop.time() + 0.1)  # type: ignore[assignment]
+        state = ClusterState()
+        for index, peer in enumerate(PEERS):
+            state.apply(("join", peer, f"tcp://127.0.0.1:{7102 + index}"))
+        epochs = []
+        for epoch in range(1, 4):  # one burst at a time, each seen by the loop before the next
+            command = ("take_over", PEERS[epoch % 2], epoch, {})
+            state.apply(command)
+            cluster.on_state(command, state.copy())
+            await asyncio.sleep(0.02)
+            epochs.append(cluster.replicator.epoch if cluster.replicator is not None else 0)
+        await asyncio.sleep(0.2)
+        epochs.append(cluster.replicator.epoch if cluster.replicator is not None else 0)
+        return cluster, epochs
+
+    cluster, epochs = asyncio.run(run())
+    try:
+        assert epochs == [0, 0, 0, 3]
+    finally:
+        cluster.close()
+        cluster.engine.close()
+
+
+def test_a_replayed_journal_is_followed_once_at_its_end(caplog: Any, tmp_path: Path) -> None:
+    """A restarted broker's Raft applies its whole journal at once: every take-over the cluster ever had
+    reaches the loop in one burst. The member follows the leader the last one names, once, instead of
+    starting a copy from each leader in turn (each fetching from a broker that no longer serves its epoch)."""
+    import logging
+
+    async def replay() -> Cluster:
+        cluster = filed_member(tmp_path)
+        state = ClusterState()
+        for index, peer in enumerate(PEERS):
+            state.apply(("join", peer, f"tcp://127.0.0.1:{7102 + index}"))
+        state.apply(("topic", b"t".hex(), {"persistence": "persistent"}))
+        loop = asyncio.get_running_loop()
+        for epoch in range(1, 9):  # posted from Raft's thread, as RaftNode does, faster than the loop runs
+            command = ("take_over", PEERS[epoch % 2], epoch, {})
+            state.apply(command)
+            loop.call_soon(cluster.on_state, command, state.copy())
+        await asyncio.sleep(0.05)
+        return cluster
+
+    with caplog.at_level(logging.INFO, logger="mc0.cluster"):
+        cluster = asyncio.run(replay())
+    try:
+        following = [record.getMessage() for record in caplog.records if "following" in record.getMessage()]
+        assert following == ["following 127.0.0.1:7002 (tcp://127.0.0.1:7102), epoch 8"]
+        assert cluster.replicator is not None
+        assert cluster.replicator.epoch == 8
+        assert cluster.replicator.topics == {b"t"}
+    finally:
+        cluster.close()
+        cluster.engine.close()
