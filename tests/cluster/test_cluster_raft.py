@@ -102,3 +102,21 @@ def test_a_member_that_has_heard_no_leader_is_catching_up(tmp_path: Path) -> Non
     finally:
         alone.raft.close()
         loop.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_transfer_request_is_taken_at_once_not_at_the_next_tick(members: list[Member]) -> None:
+    """PySyncObj's thread ticks every 50 ms; a hand-over's TimeoutNow used to wait for that tick (25 ms on
+    average). The request wakes the thread. Asked of a follower, PySyncObj refuses it at once, so the time to
+    the answer is the time the request waited."""
+    leader = leader_of(members)
+    follower = next(member for member in members if member is not leader)
+    waits = []
+    for _ in range(10):
+        answered: asyncio.Future[bool] = follower.loop.create_future()
+        started = time.monotonic()
+        follower.raft.transfer(leader.raft.node, lambda sent, answered=answered: answered.set_result(sent))
+        sent = follower.loop.run_until_complete(asyncio.wait_for(answered, 5))
+        assert not sent, "a follower cannot transfer"
+        waits.append(time.monotonic() - started)
+    assert sorted(waits)[len(waits) // 2] < 0.015, f"waited {sorted(waits)} s"
