@@ -149,7 +149,7 @@ class AsyncClient(ClientBase):
                     reply = self._connecting  # moved meanwhile (a member that could not be reached)
                     continue
                 break
-            self._moves_in_row = 0
+            self._moves_done()
             self._core.connected(reply_or_raise(answer, "CONNECT"))
             self._ready = self._established = True
         except TimeoutError:
@@ -672,7 +672,7 @@ class AsyncClient(ClientBase):
             if leader is not None and self._move(leader):
                 return  # a cluster member that does not lead: the reader connects to the leader
             if isinstance(reply, mc0.Ok):
-                self._moves_in_row = 0
+                self._moves_done()
                 self._core.connected(reply)
 
     def _resolve(self, reply: mc0.Ok | mc0.Error) -> None:

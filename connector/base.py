@@ -43,8 +43,15 @@ RECONNECT_MAX_MS = 200
 #: Moves from broker to broker in a row (LEADER answers, endpoints that cannot be reached) before a command a
 #: follower refused fails instead of following once more: a cluster electing a leader takes a few of them.
 MAX_REDIRECTS = 50
-#: Seconds before asking again when a member names, as its leader, one whose port just refused this client.
+#: Seconds before asking again when a member names, as its leader, one whose port just refused this client
+#: (it has not noticed yet): the first time, then twice as long each time, up to LEADER_GONE_WAIT. The members
+#: elect a new leader about ten milliseconds after a killed leader's connections close.
+LEADER_GONE_FIRST = 0.02
 LEADER_GONE_WAIT = 0.1
+#: A leader whose port refused this client within this many seconds is taken for gone when a member names it:
+#: long enough for the members to notice a killed leader (tens of milliseconds), short enough that a member
+#: restarted since and elected is followed at once.
+LEADER_GONE_FOR = 0.3
 
 #: Confirmed publishes in flight per client by default (NATS JetStream's publish_async bounds 4,000; ours is
 #: the broker's batch size, so a full window is one PUTS CONFIRM each and one fsync on a strong topic).
@@ -338,6 +345,7 @@ class ClientBase:
         self._moving = False  # a move is due: the I/O side opens a connection to self.endpoint
         self._move_at = 0.0  # ... not before this monotonic time (a cluster electing a leader asked to wait)
         self._moves_in_row = 0
+        self._gone_waits = 0  # waits in a row for members that still name a leader that is gone
         self._refused: dict[str, float] = {}  # endpoint -> when nothing listened there (moves go elsewhere)
         self._resend: list[Any] = []  # commands a follower refused, sent again once connected to the leader
         # A broker named the leader (answering our CONNECT, refusing a command, or sending us away; _move sets
@@ -432,9 +440,14 @@ class ClientBase:
             return []
         return [endpoint for endpoint in self._after() if not self._refused_lately(endpoint, now)]
 
-    def _refused_lately(self, endpoint: str, now: float) -> bool:
-        """Whether nothing listened at ``endpoint`` within the last ``REFUSED_FOR`` seconds."""
-        return now - self._refused.get(endpoint, -math.inf) < connection.REFUSED_FOR
+    def _refused_lately(self, endpoint: str, now: float, within: float = connection.REFUSED_FOR) -> bool:
+        """Whether nothing listened at ``endpoint`` within the last ``within`` seconds."""
+        return now - self._refused.get(endpoint, -math.inf) < within
+
+    def _least_refused(self) -> list[str]:
+        """Every endpoint, the one whose last refusal is oldest first: one that never refused (the member that
+        just answered) before one restarted a second ago, and that before one that refused just now."""
+        return sorted(self.endpoints, key=lambda endpoint: self._refused.get(endpoint, -math.inf))
 
     def _read_events(self, monitor: zmq.Socket, now: float) -> None:
         """Take the socket's connection events without blocking and act on what they say."""
@@ -486,21 +499,30 @@ class ClientBase:
         if leader is not None:
             self._sent_away = True  # a broker named the leader: see _sent_away
         now = time.monotonic()
-        if leader is not None and self._refused_lately(leader, now):
+        if leader is not None and self._refused_lately(leader, now, LEADER_GONE_FOR):
             # A member still names the leader whose port just refused us (it has not noticed yet): ask the
             # others again shortly, while they elect a new one.
-            leader, after = None, max(after, LEADER_GONE_WAIT)
+            if self._moving:
+                return True  # the old connection's next answer with the same news: the move due stands
+            wait = min(LEADER_GONE_WAIT, LEADER_GONE_FIRST * 2**self._gone_waits)
+            self._gone_waits += 1
+            leader, after = None, max(after, wait)
         if leader is not None:
             if leader not in self.endpoints:
                 self.endpoints.append(leader)
             self.endpoint = leader
-        else:  # if every other member refused lately too: the next, paced by REFUSED_FOR there
-            self.endpoint = (self._elsewhere(now) or self._after() or [self.endpoint])[0]
+        else:  # if every other member refused lately too: the one whose refusal is oldest, paced there
+            self.endpoint = (self._elsewhere(now) or self._least_refused())[0]
         self._moves_in_row += 1
         self.moves += 1
         self._moving = True
         self._move_at = now + after
         return True
+
+    def _moves_done(self) -> None:
+        """A broker that serves this client answered its CONNECT: moves in a row count from none again."""
+        self._moves_in_row = 0
+        self._gone_waits = 0
 
     def _move_due(self, now: float) -> float | None:
         """None when no move is due; else the seconds until it may be made (0: now)."""

@@ -717,7 +717,7 @@ class Client(ClientBase):
             if isinstance(reply, mc0.Ok) and leader_of(reply) is not None and self._move(leader_of(reply)):
                 return  # a cluster member that does not lead: connect to the leader instead
             if isinstance(reply, mc0.Ok):
-                self._moves_in_row = 0
+                self._moves_done()
                 self._core.connected(reply)
                 self._established = True
                 if not self._connected.done():

@@ -68,7 +68,7 @@ REPORT_EVERY = 2.0
 #: Seconds a join command may take before the broker sends another (one that got no answer at all).
 JOIN_WAIT = 5.0
 #: Seconds after it starts during which a member that reaches no majority tells clients to try again rather
-#: than refusing for good: its Raft connects to the others meanwhile (PySyncObj tries every cluster_timeout).
+#: than refusing for good: its Raft connects to the others meanwhile (PySyncObj tries every append period).
 STARTING_FOR = 3.0
 #: Seconds a new leader waits for each other broker's answer while it takes over.
 ASK_TIMEOUT = 1.0

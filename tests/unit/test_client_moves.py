@@ -9,7 +9,7 @@ import pytest
 import zmq
 
 from connector import base
-from connector.base import LEADER_GONE_WAIT, ClientBase
+from connector.base import LEADER_GONE_FIRST, LEADER_GONE_FOR, LEADER_GONE_WAIT, ClientBase
 from connector.connection import REFUSED_FOR, REFUSED_FOR_MOVING, Unreachable
 
 A, B, C = (f"tcp://127.0.0.1:{port}" for port in (1, 2, 3))
@@ -45,7 +45,7 @@ def test_a_refused_member_is_left_at_once_and_skipped(monkeypatch: pytest.Monkey
     # B answers that A still leads (it has not noticed A is gone): the client waits a moment and asks C.
     assert target._move(A)
     assert target.endpoint == C
-    assert target._move_due(clock[0]) == pytest.approx(LEADER_GONE_WAIT)
+    assert target._move_due(clock[0]) == pytest.approx(LEADER_GONE_FIRST)
     arrive(target)
     assert target._move(None)
     assert target.endpoint == B, "A refused a moment ago: the next member is B, not A"
@@ -128,3 +128,77 @@ def test_what_the_socket_being_left_says_is_about_its_own_member(monkeypatch: py
     assert A in target._refused
     assert target.endpoint == B
     assert target.moves == 1
+
+
+def test_the_wait_for_members_that_still_name_a_gone_leader_doubles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An election after a killed leader takes about ten milliseconds: the first wait is short, and each
+    member that still names the gone leader doubles it, up to LEADER_GONE_WAIT; a leader's answer to CONNECT
+    starts it short again."""
+    clock = [100.0]
+    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    target = client()
+    refused(target, clock[0])
+    waits = []
+    for _ in range(5):
+        arrive(target)
+        assert target._move(A)  # still named as the leader: it refused a moment ago
+        waits.append(target._move_due(clock[0]))
+    assert waits == pytest.approx([LEADER_GONE_FIRST, 2 * LEADER_GONE_FIRST, 4 * LEADER_GONE_FIRST,
+                                   LEADER_GONE_WAIT, LEADER_GONE_WAIT])
+    target._moves_done()
+    arrive(target)
+    assert target._move(A)
+    assert target._move_due(clock[0]) == pytest.approx(LEADER_GONE_FIRST)
+
+
+def test_a_leader_that_refused_a_while_ago_is_followed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refused within the last second, was restarted, and is the leader now: a member that names it is
+    followed there at once, not taken for one that still names the dead leader."""
+    clock = [100.0]
+    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    target = client()
+    refused(target, clock[0])
+    arrive(target)
+    clock[0] += 2 * LEADER_GONE_FOR  # A's refusal is older than that, though within REFUSED_FOR
+    assert target._move(A)
+    assert target.endpoint == A
+    assert target._move_due(clock[0]) == 0
+
+
+def test_answers_with_the_same_news_move_the_client_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old connection answers several commands naming the dead leader at once: one move, one wait."""
+    clock = [100.0]
+    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    target = client()
+    refused(target, clock[0])
+    arrive(target)
+    assert target._move(A)
+    assert target.endpoint == C
+    assert target._move(A)
+    assert target._move(A)
+    assert target.endpoint == C
+    assert target.moves == 2
+    assert target._move_due(clock[0]) == pytest.approx(LEADER_GONE_FIRST)
+
+
+def test_with_every_other_member_refused_lately_the_oldest_refusal_goes_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """B refused 0.9 s ago (it was killed and started again since) and A just now; C, where the client is,
+    names A: the client asks C again after the wait (it answered: it is alive), not A, whose port refused
+    a moment ago."""
+    clock = [100.0]
+    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    target = client()
+    target.endpoint = B
+    target._watch = target._new_watch()
+    refused(target, clock[0])
+    clock[0] += 0.9
+    target.endpoint = A
+    target._moving = False
+    target._watch = target._new_watch()
+    refused(target, clock[0])
+    assert target.endpoint == C, "the only member that has not refused lately"
+    arrive(target)
+    assert target._move(A)
+    assert target.endpoint == C
+    assert target._move_due(clock[0]) == pytest.approx(LEADER_GONE_FIRST)
