@@ -26,6 +26,21 @@ def refused(target: ClientBase, now: float) -> None:
     target._on_event(zmq.EVENT_CONNECT_RETRIED, 20, now)
 
 
+def frozen(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The connector's clock, held at 100 s: a test moves it by hand."""
+    clock = [100.0]
+    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    return clock
+
+
+def refused_by_a_then_b(target: ClientBase, now: float) -> None:
+    """A refuses, then B: the client ends at C, the one member left that has not refused."""
+    for expected in (B, C):
+        refused(target, now)
+        assert target.endpoint == expected
+        arrive(target)
+
+
 def arrive(target: ClientBase) -> None:
     """The I/O side makes the move that is due (a new socket, a new watch)."""
     target._moving = False
@@ -33,8 +48,7 @@ def arrive(target: ClientBase) -> None:
 
 
 def test_a_refused_member_is_left_at_once_and_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = [100.0]
-    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    clock = frozen(monkeypatch)
     target = client()
     assert target._patient_watch(clock[0]).refused_for == REFUSED_FOR_MOVING
     refused(target, clock[0])
@@ -59,13 +73,9 @@ def test_a_refused_member_is_left_at_once_and_skipped(monkeypatch: pytest.Monkey
 
 
 def test_once_every_member_refused_the_moves_are_paced(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = [100.0]
-    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    clock = frozen(monkeypatch)
     target = client()
-    for expected in (B, C):
-        refused(target, clock[0])
-        assert target.endpoint == expected
-        arrive(target)
+    refused_by_a_then_b(target, clock[0])
     assert target._patient_watch(clock[0]).refused_for == REFUSED_FOR, "no member left that has not refused"
     assert target._watch.event(zmq.EVENT_CONNECT_RETRIED, 20, clock[0]) is None
     verdict = target._watch.check(clock[0] + REFUSED_FOR)
@@ -75,13 +85,9 @@ def test_once_every_member_refused_the_moves_are_paced(monkeypatch: pytest.Monke
 def test_the_patience_is_decided_at_the_refusal_not_at_the_connect(monkeypatch: pytest.MonkeyPatch) -> None:
     """A client that came to C while A and B had both just refused, and stayed connected: when C goes (a
     killed leader), A's and B's refusals are old, and C is left at its first refusal, not after a second."""
-    clock = [100.0]
-    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    clock = frozen(monkeypatch)
     target = client()
-    for expected in (B, C):
-        refused(target, clock[0])
-        assert target.endpoint == expected
-        arrive(target)
+    refused_by_a_then_b(target, clock[0])
     target._on_event(zmq.EVENT_CONNECTED, 5, clock[0])
     target._on_event(zmq.EVENT_HANDSHAKE_SUCCEEDED, 0, clock[0])
     clock[0] += 2 * REFUSED_FOR  # connected to C meanwhile; A and B came back
@@ -92,8 +98,7 @@ def test_the_patience_is_decided_at_the_refusal_not_at_the_connect(monkeypatch: 
 
 
 def test_a_connection_clears_the_members_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = [100.0]
-    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    clock = frozen(monkeypatch)
     target = client()
     refused(target, clock[0])
     arrive(target)
@@ -115,8 +120,7 @@ def test_a_single_broker_keeps_its_patience() -> None:
 def test_what_the_socket_being_left_says_is_about_its_own_member(monkeypatch: pytest.MonkeyPatch) -> None:
     """A's socket reports more refused connects after the client chose B, before the I/O side moves: they
     are A's, so B is not taken for a member that refused (the next failover would skip it)."""
-    clock = [100.0]
-    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    clock = frozen(monkeypatch)
     target = client()
     refused(target, clock[0])
     assert target.endpoint == B
@@ -134,8 +138,7 @@ def test_the_wait_for_members_that_still_name_a_gone_leader_doubles(monkeypatch:
     """An election after a killed leader takes about ten milliseconds: the first wait is short, and each
     member that still names the gone leader doubles it, up to LEADER_GONE_WAIT; a leader's answer to CONNECT
     starts it short again."""
-    clock = [100.0]
-    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    clock = frozen(monkeypatch)
     target = client()
     refused(target, clock[0])
     waits = []
@@ -154,8 +157,7 @@ def test_the_wait_for_members_that_still_name_a_gone_leader_doubles(monkeypatch:
 def test_a_leader_that_refused_a_while_ago_is_followed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A refused within the last second, was restarted, and is the leader now: a member that names it is
     followed there at once, not taken for one that still names the dead leader."""
-    clock = [100.0]
-    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    clock = frozen(monkeypatch)
     target = client()
     refused(target, clock[0])
     arrive(target)
@@ -167,8 +169,7 @@ def test_a_leader_that_refused_a_while_ago_is_followed_at_once(monkeypatch: pyte
 
 def test_answers_with_the_same_news_move_the_client_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The old connection answers several commands naming the dead leader at once: one move, one wait."""
-    clock = [100.0]
-    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    clock = frozen(monkeypatch)
     target = client()
     refused(target, clock[0])
     arrive(target)
@@ -186,8 +187,7 @@ def test_with_every_other_member_refused_lately_the_oldest_refusal_goes_first(
     """B refused 0.9 s ago (it was killed and started again since) and A just now; C, where the client is,
     names A: the client asks C again after the wait (it answered: it is alive), not A, whose port refused
     a moment ago."""
-    clock = [100.0]
-    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    clock = frozen(monkeypatch)
     target = client()
     target.endpoint = B
     target._watch = target._new_watch()
