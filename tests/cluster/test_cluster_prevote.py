@@ -60,11 +60,25 @@ class Node:
 @pytest.fixture
 def nodes(tmp_path: Path) -> Iterator[list[Node]]:
     addresses = [f"127.0.0.1:{port}" for port in free_ports(3)]
-    made = [Node(address, [other for other in addresses if other != address], tmp_path / str(index))
-            for index, address in enumerate(addresses)]
+    made = [member(addresses, index, tmp_path) for index in range(3)]
     yield made
     for node in made:
         node.sync.destroy()
+
+
+@pytest.fixture
+def lone(tmp_path: Path) -> Iterator[Node]:
+    """One node whose two peers never start: it hears no leader and holds no election."""
+    address, *nobody = (f"127.0.0.1:{port}" for port in free_ports(3))
+    node = Node(address, nobody, tmp_path)
+    yield node
+    node.sync.destroy()
+
+
+def member(addresses: list[str], index: int, folder: Path, timeout: float = TIMEOUT) -> Node:
+    """The node at ``addresses[index]`` of a cluster of them, its journal in a folder of its own."""
+    address = addresses[index]
+    return Node(address, [other for other in addresses if other != address], folder / str(index), timeout)
 
 
 def until(condition: Callable[[], Any], seconds: float, what: str) -> Any:
@@ -163,17 +177,8 @@ def test_a_leadership_transfer_is_not_held_back(nodes: list[Node]) -> None:
     assert leader.prevote.asked == asked_before
 
 
-def test_the_vote_rule_compares_logs_and_refuses_while_a_leader_is_heard(tmp_path: Path) -> None:
-    address, *nobody = (f"127.0.0.1:{port}" for port in free_ports(3))  # peers never started: no election
-    node = Node(address, nobody, tmp_path)
-    try:
-        _check_vote_rule(node)
-    finally:
-        node.sync.destroy()
-
-
-def _check_vote_rule(node: Node) -> None:
-    prevote = node.prevote
+def test_the_vote_rule_compares_logs_and_refuses_while_a_leader_is_heard(lone: Node) -> None:
+    prevote = lone.prevote
     term, index = prevote._log_position()
 
     def vote(last_term: int, last_index: int) -> bool:
@@ -189,38 +194,33 @@ def _check_vote_rule(node: Node) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_two_asking_at_once_do_not_both_stand(tmp_path: Path) -> None:
+def test_two_asking_at_once_do_not_both_stand(lone: Node) -> None:
     """Two followers that ask in the same moment grant each other; were both to stand, the votes would split.
     The one whose name sorts later withdraws (the answer to its own question then counts for nothing)."""
-    address, *nobody = (f"127.0.0.1:{port}" for port in free_ports(3))  # peers never started: no election
-    node = Node(address, nobody, tmp_path)
-    try:
-        prevote = node.prevote
-        # Once pre-vote holds PySyncObj's deadline, PySyncObj's thread leaves _asking alone (nobody to ask).
-        until(lambda: node.sync._SyncObj__raftElectionDeadline == NEVER, 5, "pre-vote took the deadline over")
-        sent: list[dict[str, Any]] = []
-        prevote._send = lambda _node, message: sent.append(message) or True  # type: ignore[method-assign]
-        prevote._heard = time.monotonic() - 2 * TIMEOUT  # no leader heard lately: it grants
-        term, index = prevote._log_position()
-        ask = {"type": "pre_vote", "term": node.term + 1, "last_log_term": term, "last_log_index": index}
+    prevote = lone.prevote
+    # Once pre-vote holds PySyncObj's deadline, PySyncObj's thread leaves _asking alone (nobody to ask).
+    until(lambda: lone.sync._SyncObj__raftElectionDeadline == NEVER, 5, "pre-vote took the deadline over")
+    sent: list[dict[str, Any]] = []
+    prevote._send = lambda _node, message: sent.append(message) or True  # type: ignore[method-assign]
+    prevote._heard = time.monotonic() - 2 * TIMEOUT  # no leader heard lately: it grants
+    term, index = prevote._log_position()
+    ask = {"type": "pre_vote", "term": lone.term + 1, "last_log_term": term, "last_log_index": index}
 
-        class Other:
-            def __init__(self, name: str) -> None:
-                self.id = name
+    class Other:
+        def __init__(self, name: str) -> None:
+            self.id = name
 
-        prevote._asking = node.term + 1
-        prevote.receive(Other("9.9.9.9:1"), ask)  # sorts after this node's name
-        assert sent[-1]["granted"]
-        assert prevote._asking == node.term + 1, "a later name's question does not make this one withdraw"
-        prevote.receive(Other("0.0.0.0:1"), ask)  # sorts before it
-        assert sent[-1]["granted"]
-        assert prevote._asking is None, "an earlier name asked at once: this one withdraws"
-        prevote.receive(Other("0.0.0.0:1"), {"type": "pre_vote_response", "term": node.term + 1,
-                                              "granted": True})
-        assert prevote.elections == 0, "the grant of its withdrawn question does not make it stand"
-        assert node.sync._SyncObj__raftElectionDeadline != 0  # type: ignore[attr-defined]
-    finally:
-        node.sync.destroy()
+    prevote._asking = lone.term + 1
+    prevote.receive(Other("9.9.9.9:1"), ask)  # sorts after this node's name
+    assert sent[-1]["granted"]
+    assert prevote._asking == lone.term + 1, "a later name's question does not make this one withdraw"
+    prevote.receive(Other("0.0.0.0:1"), ask)  # sorts before it
+    assert sent[-1]["granted"]
+    assert prevote._asking is None, "an earlier name asked at once: this one withdraws"
+    prevote.receive(Other("0.0.0.0:1"), {"type": "pre_vote_response", "term": lone.term + 1,
+                                          "granted": True})
+    assert prevote.elections == 0, "the grant of its withdrawn question does not make it stand"
+    assert lone.sync._SyncObj__raftElectionDeadline != 0  # type: ignore[attr-defined]
 
 
 @pytest.mark.timeout(60)
@@ -232,10 +232,7 @@ def test_a_restarted_member_is_connected_to_again_within_an_append_period(tmp_pa
     other to come back to it."""
     timeout = 1.0  # long enough to tell an append period from a timeout on a loaded machine
     addresses = sorted(f"127.0.0.1:{port}" for port in free_ports(3))
-    def make(index: int) -> Node:
-        return Node(addresses[index], [other for other in addresses if other != addresses[index]],
-                    tmp_path / str(index), timeout)
-    made = [make(index) for index in range(3)]
+    made = [member(addresses, index, tmp_path, timeout) for index in range(3)]
     try:
         until(lambda: agreed_leader(made), 20, "no leader was elected")
         away = min((node for node in made if not node.sync._isLeader()), key=lambda node: node.address)
@@ -243,7 +240,7 @@ def test_a_restarted_member_is_connected_to_again_within_an_append_period(tmp_pa
         index = made.index(away)
         away.sync.destroy()
         time.sleep(0.05)  # the others try to reconnect at once, and are refused
-        made[index] = back = make(index)
+        made[index] = back = member(addresses, index, tmp_path, timeout)
         started = time.monotonic()
         for node in later:
             until(lambda node=node: node.sync.isNodeConnected(back.sync.selfNode), 3 * timeout,

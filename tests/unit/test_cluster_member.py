@@ -10,6 +10,7 @@ high watermarks."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,23 @@ from protocol import mc0
 PEERS = ("127.0.0.1:7002", "127.0.0.1:7003")
 
 
-def member() -> Cluster:
+def member(folder: Path | None = None) -> Cluster:
+    """A member, Raft not started: its logs in memory, or in ``folder`` (a follower's copy needs a store on
+    disk)."""
+    on_disk: dict[str, Any] = {"data_dir": folder} if folder is not None else {}
     config = BrokerConfig(bind="tcp://127.0.0.1:7101", curve=False, cluster_node="127.0.0.1:7001",
-                          cluster_peers=PEERS)
-    engine = Engine(config.topic_rules(), MemoryStore())
-    return Cluster(config, engine, MemoryStore(), lambda: None, lambda: None, lambda error: None,  # type: ignore[arg-type]
-                   zmq.asyncio.Context.instance(), "tcp://127.0.0.1:7101")
+                          cluster_peers=PEERS, **on_disk)
+    store = FileStore(folder) if folder is not None else MemoryStore()
+    return Cluster(config, Engine(config.topic_rules(), store), store, lambda: None, lambda: None,  # type: ignore[arg-type]
+                   lambda error: None, zmq.asyncio.Context.instance(), "tcp://127.0.0.1:7101")
+
+
+def joined_state() -> ClusterState:
+    """The cluster's state once the two other members have joined."""
+    state = ClusterState()
+    for index, peer in enumerate(PEERS):
+        state.apply(("join", peer, f"tcp://127.0.0.1:{7102 + index}"))
+    return state
 
 
 def refused(cluster: Cluster) -> mc0.Error:
@@ -136,15 +148,6 @@ def test_a_leader_handing_over_reports_no_positions() -> None:
     assert raft.commands == [("positions", cluster.node, {b"t".hex(): 2})]
 
 
-def filed_member(folder: Path) -> Cluster:
-    """A member with a store on disk (a follower's copy needs one), Raft not started."""
-    config = BrokerConfig(bind="tcp://127.0.0.1:7101", curve=False, cluster_node="127.0.0.1:7001",
-                          cluster_peers=PEERS, data_dir=folder)
-    store = FileStore(folder)
-    return Cluster(config, Engine(config.topic_rules(), store), store, lambda: None, lambda: None,
-                   lambda error: None, zmq.asyncio.Context.instance(), "tcp://127.0.0.1:7101")
-
-
 class CatchingUp:
     """Stands in for RaftNode: applying the leader's log until ``until`` (the loop's clock)."""
 
@@ -165,12 +168,10 @@ def test_a_follower_whose_raft_is_catching_up_follows_the_leader_its_end_names(t
     entries may be Raft's own, which reach no on_state)."""
 
     async def run() -> tuple[Cluster, list[int]]:
-        cluster = filed_member(tmp_path)
+        cluster = member(tmp_path)
         loop = asyncio.get_running_loop()
         cluster.raft = CatchingUp(loop.time() + 0.1)  # type: ignore[assignment]
-        state = ClusterState()
-        for index, peer in enumerate(PEERS):
-            state.apply(("join", peer, f"tcp://127.0.0.1:{7102 + index}"))
+        state = joined_state()
         epochs = []
         for epoch in range(1, 4):  # one burst at a time, each seen by the loop before the next
             command = ("take_over", PEERS[epoch % 2], epoch, {})
@@ -194,13 +195,10 @@ def test_a_replayed_journal_is_followed_once_at_its_end(caplog: Any, tmp_path: P
     """A restarted broker's Raft applies its whole journal at once: every take-over the cluster ever had
     reaches the loop in one burst. The member follows the leader the last one names, once, instead of
     starting a copy from each leader in turn (each fetching from a broker that no longer serves its epoch)."""
-    import logging
 
     async def replay() -> Cluster:
-        cluster = filed_member(tmp_path)
-        state = ClusterState()
-        for index, peer in enumerate(PEERS):
-            state.apply(("join", peer, f"tcp://127.0.0.1:{7102 + index}"))
+        cluster = member(tmp_path)
+        state = joined_state()
         state.apply(("topic", b"t".hex(), {"persistence": "persistent"}))
         loop = asyncio.get_running_loop()
         for epoch in range(1, 9):  # posted from Raft's thread, as RaftNode does, faster than the loop runs
