@@ -18,6 +18,7 @@ from typing import Any
 import zmq.asyncio
 from memory_log import MemoryStore
 
+from bench.throughput import free_ports
 from broker.cluster.node import HAND_OVER_RETRY_MS, RETRY_MS, STARTING_FOR, Cluster
 from broker.cluster.raft import Role
 from broker.cluster.state import ClusterState
@@ -42,10 +43,11 @@ def member(folder: Path | None = None) -> Cluster:
 
 
 def joined_state() -> ClusterState:
-    """The cluster's state once the two other members have joined."""
+    """The cluster's state once the two other members have joined, at mc0 endpoints on free loopback ports
+    (a member that follows one connects there: nothing must answer)."""
     state = ClusterState()
-    for index, peer in enumerate(PEERS):
-        state.apply(("join", peer, f"tcp://127.0.0.1:{7102 + index}"))
+    for peer, port in zip(PEERS, free_ports(2), strict=True):
+        state.apply(("join", peer, f"tcp://127.0.0.1:{port}"))
     return state
 
 
@@ -195,10 +197,10 @@ def test_a_replayed_journal_is_followed_once_at_its_end(caplog: Any, tmp_path: P
     """A restarted broker's Raft applies its whole journal at once: every take-over the cluster ever had
     reaches the loop in one burst. The member follows the leader the last one names, once, instead of
     starting a copy from each leader in turn (each fetching from a broker that no longer serves its epoch)."""
+    state = joined_state()
 
     async def replay() -> Cluster:
         cluster = member(tmp_path)
-        state = joined_state()
         state.apply(("topic", b"t".hex(), {"persistence": "persistent"}))
         loop = asyncio.get_running_loop()
         for epoch in range(1, 9):  # posted from Raft's thread, as RaftNode does, faster than the loop runs
@@ -212,7 +214,7 @@ def test_a_replayed_journal_is_followed_once_at_its_end(caplog: Any, tmp_path: P
         cluster = asyncio.run(replay())
     try:
         following = [record.getMessage() for record in caplog.records if "following" in record.getMessage()]
-        assert following == ["following 127.0.0.1:7002 (tcp://127.0.0.1:7102), epoch 8"]
+        assert following == [f"following 127.0.0.1:7002 ({state.endpoints['127.0.0.1:7002']}), epoch 8"]
         assert cluster.replicator is not None
         assert cluster.replicator.epoch == 8
         assert cluster.replicator.topics == {b"t"}
