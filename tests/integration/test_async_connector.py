@@ -171,6 +171,58 @@ def test_publishes_from_concurrent_tasks_all_arrive(broker: Broker) -> None:
     run(main)
 
 
+def test_the_first_publish_of_a_loop_turn_leaves_at_once_and_the_rest_together(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paced publisher's message must not wait for the loop's next iteration; a turn's others still travel
+    as one PUTS, and ``publish_async`` futures always wait for the turn's flush (one PUTS CONFIRM each)."""
+    import connector.aio as aio
+
+    sent: list[list[bytes]] = []
+    real_send = aio.send_frames
+
+    def spy(socket: object, frames: list[bytes]) -> None:
+        if frames[1] in (b"PUT", b"PUTS"):
+            sent.append(list(frames))
+        real_send(socket, frames)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(aio, "send_frames", spy)
+
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint) as client:
+            await client.subscribe("turns")
+            await asyncio.sleep(0)  # a fresh loop turn
+            await client.publish("turns", "a")
+            assert len(sent) == 1, "the turn's first publish did not leave at once"
+            await client.publish("turns", "b")
+            await client.publish("turns", "c")
+            assert len(sent) == 1, "the turn's later publishes left one by one"
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            assert len(sent) == 2, "the turn's later publishes did not leave at its flush"
+            assert sent[1][1] == b"PUTS"
+            assert sent[1][-1].count(b"turns") == 2
+
+            await asyncio.sleep(0)
+            futures = [await client.publish_async("turns", f"{n}") for n in range(3)]
+            assert len(sent) == 2, "publish_async left before the turn's flush"
+            await asyncio.gather(*futures)
+            assert len(sent) == 3
+            assert sent[2][:5] == [b"", b"PUTS", b"CONFIRM", b"each", b"ID"], "not one PUTS CONFIRM each"
+            assert sent[2][-1].count(b"turns") == 3
+
+            await asyncio.sleep(0)
+            headers = await client.publish("turns", "confirmed", confirm=True)
+            assert headers is not None
+            assert "MESSAGE-ID" in headers
+            assert len(sent) == 4
+
+            received = await receive_all_async(client, 7)
+            assert [m.text for m in received] == ["a", "b", "c", "0", "1", "2", "confirmed"]
+
+    run(main)
+
+
 def test_flush_and_stats(broker: Broker) -> None:
     async def main() -> None:
         async with AsyncClient(broker.endpoint) as client:
