@@ -424,6 +424,112 @@ def test_publishing_from_several_threads(broker: Broker, client: Client) -> None
     assert by_worker == {w: list(range(per_thread)) for w in range(threads)}
 
 
+class SendSpy:
+    """Which thread sent each PUT/PUTS frame set of the clients in this process."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import connector.client as client_module
+
+        self.sent: list[tuple[str, list[bytes]]] = []
+        real = client_module.send_frames
+
+        def spy(socket: zmq.Socket, frames: list[bytes]) -> None:
+            real(socket, frames)
+            if frames[1] in (b"PUT", b"PUTS"):
+                self.sent.append((threading.current_thread().name, list(frames)))
+
+        monkeypatch.setattr(client_module, "send_frames", spy)
+
+    def threads(self) -> list[str]:
+        return ["caller" if name == threading.current_thread().name else "io" for name, _ in self.sent]
+
+
+def test_a_publish_that_comes_alone_is_sent_by_its_caller_and_a_burst_by_the_io_thread(
+    client: Client, other: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import connector.client as client_module
+
+    client.subscribe("alone")
+    spy = SendSpy(monkeypatch)
+    for n in range(5):
+        time.sleep(client_module.DIRECT_GAP * 2)
+        other.publish("alone", f"paced {n}")
+    assert spy.threads() == ["caller"] * 5, "a paced publish waited for the I/O thread"
+    confirmed = other.publish("alone", "confirmed", confirm=True)
+    assert confirmed is not None
+    assert "MESSAGE-ID" in confirmed
+    assert spy.threads()[-1] == "caller"
+    del spy.sent[:]
+    for n in range(2000):
+        other.publish("alone", f"burst {n}")
+    other.flush()
+    # The caller sends again only after a pause of its own (the I/O thread holding the GIL for a while).
+    assert spy.threads().count("caller") < 20, "a burst was sent message by message from the caller"
+    assert len(spy.sent) < 200, "a burst did not leave in PUTS batches"
+    received = receive_all(client, 5 + 1 + 2000)
+    assert [m.text for m in received] == [f"paced {n}" for n in range(5)] + ["confirmed"] + [
+        f"burst {n}" for n in range(2000)]
+
+
+def test_a_publish_never_overtakes_one_queued_before_it(
+    client: Client, other: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the I/O thread is busy (its lock held), publishes are queued; a later one that comes alone must
+    still leave after them, not from the caller's thread ahead of them."""
+    import connector.client as client_module
+
+    client.subscribe("order")
+    spy = SendSpy(monkeypatch)
+    with other._io_lock:  # the I/O thread at work: nobody else may touch the socket
+        other.publish("order", "first")
+        time.sleep(client_module.DIRECT_GAP * 2)
+        other.publish("order", "second")
+        time.sleep(client_module.DIRECT_GAP * 2)
+        assert spy.sent == []
+    time.sleep(client_module.DIRECT_GAP * 2)
+    other.publish("order", "third")
+    assert [m.text for m in receive_all(client, 3)] == ["first", "second", "third"]
+    assert spy.threads()[0] == "io"
+
+
+def test_replies_that_wait_when_the_caller_sends_are_read_at_once(client: Client) -> None:
+    """A caller's send takes in the socket's pending events, and with them the signal the I/O thread waits
+    for: the client must still read what arrived (its own messages coming back here) without waiting for a
+    timer."""
+    import connector.client as client_module
+
+    client.subscribe("echo")
+    for n in range(100):
+        client.publish("echo", f"{n}")
+        message = client.receive(timeout=1.0)
+        assert message is not None, f"message {n} was not read"
+        assert message.text == f"{n}"
+    # Deliveries streaming in while the caller keeps sending alone: each send may take the signal.
+    client.subscribe("stream")
+    count = 20_000
+    stop = threading.Event()
+
+    def paced() -> None:
+        while not stop.is_set():
+            client.publish("elsewhere", "x")
+            time.sleep(client_module.DIRECT_GAP * 1.5)
+
+    with Client(client.endpoint, timeout=3.0) as flooder:
+        sender = threading.Thread(target=paced)
+        sender.start()
+        try:
+            for n in range(count):
+                flooder.publish("stream", f"{n}")
+            got = 0
+            while got < count:
+                message = client.receive(timeout=2.0)
+                assert message is not None, f"{got} of {count} deliveries read, then nothing for 2 s"
+                got += 1
+        finally:
+            stop.set()
+            sender.join(5)
+
+
 def test_receiving_from_several_threads_hands_each_message_out_once(client: Client, other: Client) -> None:
     client.subscribe("shared inbox")
     count = 400
