@@ -474,22 +474,24 @@ def test_a_publish_that_comes_alone_is_sent_by_its_caller_and_a_burst_by_the_io_
 def test_a_publish_never_overtakes_one_queued_before_it(
     client: Client, other: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While the I/O thread is busy (its lock held), publishes are queued; a later one that comes alone must
-    still leave after them, not from the caller's thread ahead of them."""
+    """A publish queued for the I/O thread (its lock was busy) and not sent yet: a later one that comes alone
+    must wait behind it, not leave from the caller's thread ahead of it."""
     import connector.client as client_module
 
     client.subscribe("order")
     spy = SendSpy(monkeypatch)
-    with other._io_lock:  # the I/O thread at work: nobody else may touch the socket
-        other.publish("order", "first")
+    real_wake = other._wake
+    with monkeypatch.context() as held:
+        held.setattr(other, "_wake", lambda: None)  # the I/O thread is not told: "first" stays queued
+        with other._io_lock:  # the I/O thread at work: nobody else may touch the socket
+            other.publish("order", "first")
         time.sleep(client_module.DIRECT_GAP * 2)
         other.publish("order", "second")
-        time.sleep(client_module.DIRECT_GAP * 2)
-        assert spy.sent == []
-    time.sleep(client_module.DIRECT_GAP * 2)
-    other.publish("order", "third")
-    assert [m.text for m in receive_all(client, 3)] == ["first", "second", "third"]
-    assert spy.threads()[0] == "io"
+        assert spy.sent == [], "a publish left ahead of one queued before it"
+        assert len(other._outbox) == 2
+    real_wake()
+    assert [m.text for m in receive_all(client, 2)] == ["first", "second"]
+    assert spy.threads() == ["io"]
 
 
 def test_replies_that_wait_when_the_caller_sends_are_read_at_once(client: Client) -> None:
