@@ -71,7 +71,7 @@ from connector.core import (
     sub_event,
     to_bytes,
 )
-from connector.zsock import readable, send_frames
+from connector.zsock import POLLIN, POLLOUT, pending_events, readable, send_frames
 from protocol import mc0
 from protocol.bodies import TopicBodies
 
@@ -79,10 +79,6 @@ from protocol.bodies import TopicBodies
 #: nothing queued, is sent by the caller's thread (see the module docstring); closer ones are a burst, which
 #: the I/O thread batches. About what handing a publish to the I/O thread costs in latency.
 DIRECT_GAP = 100e-6
-
-_EVENTS = zmq.EVENTS
-_POLLIN = int(zmq.POLLIN)
-_POLLOUT = int(zmq.POLLOUT)
 
 
 class _Request:
@@ -806,7 +802,7 @@ class Client(ClientBase):
             assert socket is not None
             assert monitor is not None
             self._read_paused = self._paused_reading
-            interest = (0 if self._read_paused else _POLLIN) | (_POLLOUT if self._unsent else 0)
+            interest = (0 if self._read_paused else POLLIN) | (POLLOUT if self._unsent else 0)
             if polled != (socket, monitor, bool(interest)):  # a reconnect replaces both sockets
                 polled = (socket, monitor, bool(interest))
                 poller = select.poll()
@@ -822,7 +818,7 @@ class Client(ClientBase):
                 timer = move if timer is None else min(timer, move)
             # A ZeroMQ socket's descriptor only signals that its events may have changed, and asking for the
             # events is what re-arms it: what is waiting already must be seen here, not waited for.
-            ready = readable(monitor) or bool(interest and socket.get(_EVENTS) & interest)
+            ready = readable(monitor) or bool(interest and pending_events(socket) & interest)
             lock.release()  # callers may send now (_send_now): poll itself never calls into libzmq
             try:
                 events = poller.poll(0 if ready else -1 if timer is None else int(timer * 1000) + 1)

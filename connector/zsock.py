@@ -24,8 +24,12 @@ _get = _Socket.get
 
 NOBLOCK = int(zmq.NOBLOCK)
 SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
-EVENTS = zmq.EVENTS  # the enum member itself: Socket.get makes one of any int it is given
+# A plain int: Socket.get turns any option into a SocketOption, and with pyzmq 27 that costs about 0.5 us more
+# for the enum member than for its int (1.6 against 1.1 us a readable(), measured; the broker asks three times
+# a turn, the clients once a read).
+EVENTS = int(zmq.EVENTS)
 POLLIN = int(zmq.POLLIN)
+POLLOUT = int(zmq.POLLOUT)
 
 Again = zmq.Again
 
@@ -72,6 +76,12 @@ def recv_routed(socket: zmq.Socket) -> tuple[list[bytes], zmq.Frame]:
         frame = _recv(socket, NOBLOCK, False)
         frames.append(frame.bytes)
     return frames, first
+
+
+def pending_events(socket: zmq.Socket) -> int:
+    """The socket's ``ZMQ_EVENTS`` (its POLLIN and POLLOUT bits). Asking re-arms ``zmq.FD``, as for
+    :func:`readable`."""
+    return _get(socket, EVENTS)  # type: ignore[no-any-return]
 
 
 def readable(socket: zmq.Socket) -> bool:

@@ -10,7 +10,17 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from connector.zsock import ZERO_COPY_MIN, readable, recv_frames, recv_routed, send_frames, send_to
+from connector.zsock import (
+    POLLIN,
+    POLLOUT,
+    ZERO_COPY_MIN,
+    pending_events,
+    readable,
+    recv_frames,
+    recv_routed,
+    send_frames,
+    send_to,
+)
 
 
 @pytest.fixture
@@ -41,6 +51,16 @@ def test_frame_sets_arrive_whole_and_in_order(pair: tuple[zmq.Socket, zmq.Socket
     assert receive(right) == [b"one"]
     assert receive(right) == [b"identity", b"", b"OK"]
     assert not readable(right)
+
+
+def test_pending_events_say_what_the_socket_can_do_now(pair: tuple[zmq.Socket, zmq.Socket]) -> None:
+    left, right = pair
+    assert pending_events(right) == POLLOUT  # connected, room to send, nothing to read
+    send_frames(left, [b"ping"])
+    assert right.poll(5000)
+    assert pending_events(right) == POLLIN | POLLOUT
+    assert recv_frames(right) == [b"ping"]
+    assert pending_events(right) == POLLOUT
 
 
 def test_a_large_payload_arrives_intact_and_a_mutable_one_is_copied(
