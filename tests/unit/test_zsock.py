@@ -1,7 +1,7 @@
 """Frame-set I/O without pyzmq's convenience layer (``connector.zsock``): frame sets arrive whole and in
 order, a large ``bytes`` payload (sent without a copy) arrives intact, and a large mutable buffer is copied
 when sent, so changing it afterwards changes nothing that was sent; a ROUTER's message comes with its identity
-frame, whose metadata says who sent it."""
+frame, whose metadata says who sent it; the pending events say what the socket can do now."""
 
 from __future__ import annotations
 
