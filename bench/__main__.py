@@ -41,7 +41,7 @@ import sys
 import zmq
 
 from bench.process import choose_event_loop
-from bench.throughput import Result, median_case
+from bench.throughput import median_cases
 
 SYSTEMS = ("zmq-proxy", "py-forwarder", "mc0")
 #: One-way latency at a paced 1,000 msg/s: p50 at most this many times the libzmq proxy's (NATS sits at 1.7 to
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     choose_event_loop(args.event_loop)
 
     print(f"python {platform.python_version()}, pyzmq {zmq.pyzmq_version()}, libzmq {zmq.zmq_version()}, "
-          f"{args.messages:,} x {100}-byte messages, median of {args.repeat}")
+          f"{args.messages:,} x {100}-byte messages, median of {args.repeat}, interleaved")
     scenarios = [
         ("1 -> 1", "broadcast", 1, args.messages, 0.0),
         ("1 -> 4 fan-out", "broadcast", 4, args.messages // 2, 0.0),
@@ -109,9 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     targets: list[tuple[str, bool]] = []
     for name, mode, subscribers, messages, rate in scenarios:
-        results: dict[str, Result] = {}
-        for system in SYSTEMS:
-            results[system] = median_case(system, mode, subscribers, messages, args.repeat, rate)
+        # The paced case also runs mc0 with connector.AsyncClient on both ends (no thread between caller and
+        # socket), interleaved with the others.
+        systems = (*SYSTEMS, "mc0-async") if rate else SYSTEMS
+        results = median_cases(systems, mode, subscribers, messages, args.repeat, rate)
         if rate:
             # Lower is better here: a ratio above 1 means mc0 is slower or costlier than the baseline.
             for label, attr in (("p50 us", "p50_us"), ("p99 us", "p99_us"), ("cpu us/msg", "cpu_us")):
@@ -120,8 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue  # no CPU figures on this platform
                 print(f"{name + ' ' + label:<30}" + "".join(f"{v:>14,.0f}" for v in row)
                       + f"{row[2] / row[0]:>15.2f}{row[2] / row[1]:>12.2f}")
-            # The same broker with connector.AsyncClient on both ends: no thread between caller and socket.
-            aio = median_case("mc0-async", mode, subscribers, messages, args.repeat, rate)
+            aio = results["mc0-async"]
             for label, attr in (("p50 us", "p50_us"), ("p99 us", "p99_us")):
                 value, proxy, forwarder = (getattr(r, attr) for r in (aio, results["zmq-proxy"],
                                                                       results["py-forwarder"]))

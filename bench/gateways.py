@@ -3,7 +3,8 @@
 One mc0 publisher (the connector's ``Client``) sends 100-byte messages to a broadcast topic; the subscribers
 read them either over mc0 (the connector) or over a gateway with that dialect's client from ``connector/``.
 The figure is deliveries per second at the subscribers, and its ratio against mc0 subscribers of the same
-broker build, 1 → 1 and 1 → 4 fan-out, median of ``--repeat`` runs.
+broker build, 1 → 1 and 1 → 4 fan-out, median of ``--repeat`` runs, interleaved (every system's first run,
+then every system's second, ...).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import platform
 
 from bench.process import choose_event_loop
-from bench.throughput import BODY_SIZE, median_case
+from bench.throughput import BODY_SIZE, median_cases
 
 #: Gateway systems of bench.throughput, by door.
 DOORS = {"sexp": "mc0-sexp", "msgq": "mc0-msgq", "rstreams": "mc0-rstreams"}
@@ -32,17 +33,19 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     choose_event_loop(args.event_loop)
     print(f"python {platform.python_version()}, {args.messages:,} x {BODY_SIZE}-byte messages, "
-          f"median of {args.repeat}; an mc0 publisher in every case; event loop {args.event_loop or 'auto'}")
+          f"median of {args.repeat}, interleaved; an mc0 publisher in every case; "
+          f"event loop {args.event_loop or 'auto'}")
     header = f"{'scenario':<22}{'mc0 subs':>14}" + "".join(f"{door + ' subs':>16}{door + '/mc0':>14}"
                                                          for door in DOORS)
     print(header)
     print("-" * len(header))
     scenarios = (("1 -> 1", 1, args.messages), ("1 -> 4 fan-out", 4, args.messages // 2))
     for name, subscribers, messages in scenarios:
-        baseline = median_case("mc0", "broadcast", subscribers, messages, args.repeat)
+        results = median_cases(("mc0", *DOORS.values()), "broadcast", subscribers, messages, args.repeat)
+        baseline = results["mc0"]
         line = f"{name + ' msg/s':<22}{baseline.rate:>14,.0f}"
         for system in DOORS.values():
-            result = median_case(system, "broadcast", subscribers, messages, args.repeat)
+            result = results[system]
             lost = result.expected - result.delivered
             line += f"{result.rate:>16,.0f}{shown_ratio(result.rate / baseline.rate):>14}"
             if lost:

@@ -26,7 +26,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -441,9 +441,16 @@ def _free_pair() -> int:
     raise RuntimeError("no pair of free ports")
 
 
-def median_case(
-    system: str, mode: str, subscribers: int, messages: int, repeat: int, rate: float = 0.0
-) -> Result:
-    runs = [run_case(system, mode, subscribers, messages, rate) for _ in range(repeat)]
-    runs.sort(key=lambda r: r.rate if not rate else r.p50_us)
-    return runs[len(runs) // 2]
+def median_cases(
+    systems: Sequence[str], mode: str, subscribers: int, messages: int, repeat: int, rate: float = 0.0
+) -> dict[str, Result]:
+    """Each system's median run of ``repeat`` (by rate, or by p50 when paced), the systems' runs interleaved:
+    a shared machine's load drifts over a minute, and runs taken one system after another would put that drift
+    into the ratios between them."""
+    runs: dict[str, list[Result]] = {system: [] for system in systems}
+    for _ in range(repeat):
+        for system in systems:
+            runs[system].append(run_case(system, mode, subscribers, messages, rate))
+    for results in runs.values():
+        results.sort(key=lambda r: r.rate if not rate else r.p50_us)
+    return {system: results[len(results) // 2] for system, results in runs.items()}
