@@ -23,6 +23,7 @@ from conftest import ARRIVAL, FREE_GATEWAY_PORTS, BrokerThread, free_endpoint, r
 from broker.config import BrokerConfig
 from broker.server import Broker
 from connector import Client, ConnectorError
+from connector import client as client_module
 from connector import keys as key_files
 
 if TYPE_CHECKING:
@@ -428,8 +429,6 @@ class SendSpy:
     """Which thread sent each PUT/PUTS frame set of the clients in this process."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        import connector.client as client_module
-
         self.sent: list[tuple[str, list[bytes]]] = []
         real = client_module.send_frames
 
@@ -447,8 +446,6 @@ class SendSpy:
 def test_a_publish_that_comes_alone_is_sent_by_its_caller_and_a_burst_by_the_io_thread(
     client: Client, other: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import connector.client as client_module
-
     client.subscribe("alone")
     spy = SendSpy(monkeypatch)
     for n in range(5):
@@ -476,8 +473,6 @@ def test_a_publish_never_overtakes_one_queued_before_it(
 ) -> None:
     """A publish queued for the I/O thread (its lock was busy) and not sent yet: a later one that comes alone
     must wait behind it, not leave from the caller's thread ahead of it."""
-    import connector.client as client_module
-
     client.subscribe("order")
     spy = SendSpy(monkeypatch)
     real_wake = other._wake
@@ -498,8 +493,6 @@ def test_replies_that_wait_when_the_caller_sends_are_read_at_once(client: Client
     """A caller's send takes in the socket's pending events, and with them the signal the I/O thread waits
     for: the client must still read what arrived (its own messages coming back here) without waiting for a
     timer."""
-    import connector.client as client_module
-
     client.subscribe("echo")
     for n in range(100):
         client.publish("echo", f"{n}")

@@ -41,8 +41,10 @@ def refused_by_a_then_b(target: ClientBase, now: float) -> None:
         arrive(target)
 
 
-def arrive(target: ClientBase) -> None:
-    """The I/O side makes the move that is due (a new socket, a new watch)."""
+def arrive(target: ClientBase, at: str | None = None) -> None:
+    """The I/O side makes the move that is due (a new socket, a new watch); ``at``: to that member."""
+    if at is not None:
+        target.endpoint = at
     target._moving = False
     target._watch = target._new_watch()
 
@@ -189,13 +191,10 @@ def test_with_every_other_member_refused_lately_the_oldest_refusal_goes_first(
     a moment ago."""
     clock = frozen(monkeypatch)
     target = client()
-    target.endpoint = B
-    target._watch = target._new_watch()
+    arrive(target, at=B)
     refused(target, clock[0])
     clock[0] += 0.9
-    target.endpoint = A
-    target._moving = False
-    target._watch = target._new_watch()
+    arrive(target, at=A)
     refused(target, clock[0])
     assert target.endpoint == C, "the only member that has not refused lately"
     arrive(target)
