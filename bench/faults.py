@@ -8,7 +8,8 @@ each, a normal client publishes and receives through that broker, and the scenar
   broker's RSS and descriptors after a warm-up and at the end;
 * ``fuzz``: random bytes and mutated valid messages on every door;
 * ``flood``: bare TCP connections to every door, held open, under a descriptor limit of 256; meanwhile a
-  client already connected creates a persistent topic (the store's reserve);
+  Lumberjack client already connected creates a persistent topic (the store's reserve), and the mc0 client
+  connected before (dropped while the mc0 port is unbound) is confirmed again once the flood is gone;
 * ``topics``: persistent topics well beyond what the descriptor limit would allow open at once;
 * ``sexp-body``: a 2 MiB binary body through sexp: the codec's decode time, longest step and peak memory, and
   the longest stall of the broker's loop seen by a client sending NOOPs meanwhile;
@@ -45,6 +46,7 @@ from typing import Any
 import zmq
 
 from connector import Client
+from connector.lumberjack_client import LumberjackClient
 from protocol import lumberjack, msgq, rstreams, sexp
 
 DOORS = ("mc0", "sexp", "msgq", "rstreams", "lumberjack")
@@ -431,13 +433,34 @@ def curve_handshakes(running: BrokerProcess, clients: int) -> dict[str, float]:
             "max": times[-1]}
 
 
+#: The broker of the descriptor scenarios (``flood``, ``topics``): a limit of 256, persistent topics ``p.*``,
+#: CURVE on, and Lumberjack events routed by their ``fields.topic``.
+DESCRIPTOR_LIMIT = 256
+DESCRIPTOR_TOPICS = '[[topics]]\npattern = "p.*"\npersistence = "persistent"\nsync = "async"\n'
+DESCRIPTOR_SETTINGS = 'lumberjack_topic_field = "fields.topic"\n'
+
+
+def descriptor_broker(data_dir: Path | None = None) -> contextlib.AbstractContextManager[BrokerProcess]:
+    """That broker; ``data_dir`` to start it again on the same data."""
+    return broker(DESCRIPTOR_SETTINGS, descriptors=DESCRIPTOR_LIMIT, data_dir=data_dir,
+                  topics=DESCRIPTOR_TOPICS, curve=True)
+
+
 def flood(running: BrokerProcess, per_door: int) -> dict[str, float]:
-    """Bare TCP connections to every door, held; meanwhile a client connected before creates a persistent
-    topic (the store's reserve must serve it). Then they close, and a new client must get in."""
+    """Bare TCP connections to every door, held; meanwhile a Lumberjack client connected before creates a
+    persistent topic (the store's reserve must serve it: its ACK means stored). Then they close; the mc0
+    client connected before (dropped while the mc0 port was unbound, see broker.server._RouterDoor) publishes
+    and is confirmed on its own reconnection, and a new client must get in (:func:`answers`).
+
+    The topic is made through Lumberjack because a door pausing keeps the connections it has there; a pause of
+    the mc0 door drops its clients, so a confirmed publish in flight at that moment fails with "may or may not
+    have been stored", as it should, and could not prove anything about the reserve."""
     held: list[socket.socket] = []
     refused = 0
-    with running.client() as before:
+    with running.client() as before, LumberjackClient(*running.gateways["lumberjack"],
+                                                      timeout=PATIENCE) as shipper:
         before.flush()
+        shipper.send_batch([{"message": "before the flood", "fields": {"topic": "p.lumberjack-before"}}])
         addresses = [tuple(running.endpoint[len("tcp://"):].rsplit(":", 1))]
         addresses += list(running.gateways.values())
         for host, port in addresses:
@@ -448,12 +471,28 @@ def flood(running: BrokerProcess, per_door: int) -> dict[str, float]:
                     refused += 1  # the door stopped accepting and its backlog is full: on to the next
                     break
         time.sleep(0.3)
-        confirmed = before.publish("p.during-the-flood", "made while descriptors ran short", confirm=True)
+        shipper.send_batch([{"message": "made while descriptors ran short",
+                             "fields": {"topic": "p.during-the-flood"}}])  # returns once stored
+        made_during = _doors_paused(running)
+        for sock in held:
+            sock.close()
+        confirmed = before.publish("p.after-the-flood", "the mc0 client is back", confirm=True)
+        stored = before.fetch("p.during-the-flood", 1).messages
         in_use = before.stats(limit=1)["limits"]["descriptors"]
-    for sock in held:
-        sock.close()
-    return {"held": len(held), "refused": refused, "confirmed": bool(confirmed is not None),
-            "pauses": in_use["pauses"], "limit": in_use["descriptor_limit"]}
+    return {"held": len(held), "refused": refused, "made_during": bool(made_during),
+            "stored_during": len(stored), "confirmed_after": bool(confirmed is not None),
+            "mc0_reconnects": before.reconnects, "pauses": in_use["pauses"],
+            "limit": in_use["descriptor_limit"]}
+
+
+def _doors_paused(running: BrokerProcess) -> bool:
+    """Whether the broker's last word on its doors (in its log) is that they stopped accepting."""
+    for line in reversed(running.log):
+        if "new connections wait until some are free" in line:
+            return True
+        if "taking new connections again" in line:
+            return False
+    return False
 
 
 def persistent_topics(running: BrokerProcess, count: int) -> dict[str, float]:
@@ -656,8 +695,7 @@ def main(argv: list[str] | None = None) -> int:
         _show("still answering", {"seconds": answers(running)})
     with broker(curve=True) as running:
         _show("curve handshakes", curve_handshakes(running, 200))
-    persistent = '[[topics]]\npattern = "p.*"\npersistence = "persistent"\nsync = "async"\n'
-    with broker(descriptors=256, topics=persistent, curve=True) as running:
+    with descriptor_broker() as running:
         _show("persistent topics", persistent_topics(running, 400 * soak))
         _show("flood", flood(running, 300))
         _show("still answering", {"seconds": answers(running)})
