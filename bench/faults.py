@@ -10,6 +10,8 @@ each, a normal client publishes and receives through that broker, and the scenar
 * ``flood``: bare TCP connections to every door, held open, under a descriptor limit of 256; meanwhile a
   Lumberjack client already connected creates a persistent topic (the store's reserve), and the mc0 client
   connected before (dropped while the mc0 port is unbound) is confirmed again once the flood is gone;
+* ``creeping``: bare connections to one TCP door, slower than the descriptor watch counts, until the doors
+  pause: an mc0 client connected before is served all through the pause, a new mc0 connection is not let in;
 * ``topics``: persistent topics well beyond what the descriptor limit would allow open at once;
 * ``sexp-body``: a 2 MiB binary body through sexp: the codec's decode time, longest step and peak memory, and
   the longest stall of the broker's loop seen by a client sending NOOPs meanwhile;
@@ -485,6 +487,34 @@ def flood(running: BrokerProcess, per_door: int) -> dict[str, float]:
             "limit": in_use["descriptor_limit"]}
 
 
+def creeping(running: BrokerProcess, step: int = 8, every: float = 0.05) -> dict[str, float]:
+    """Bare TCP connections to the sexp door, ``step`` at a time, slower than the descriptor watch counts,
+    until the doors pause. Meanwhile an mc0 client connected before must stay connected and be served
+    (publish, STATS), and a new connection to the mc0 port must not be let in; once the connections close
+    and the doors take connections again, a new client gets in (:func:`answers`)."""
+    held: list[socket.socket] = []
+    with running.client() as before:
+        before.flush()
+        deadline = time.monotonic() + PATIENCE
+        while not before.stats(limit=1)["limits"]["descriptors"]["paused"] and not before.reconnects:
+            assert time.monotonic() < deadline, "the doors never stopped accepting"
+            held += [_connect(running.gateways["sexp"]) for _ in range(step)]
+            time.sleep(every)
+        dropped = before.reconnects  # the pause dropped this client (it reconnected on its own since)
+        confirmed = before.publish("p.during-the-pause", "an mc0 client is served meanwhile", confirm=True)
+        in_use = before.stats(limit=1)["limits"]["descriptors"]
+        host, port = running.endpoint[len("tcp://"):].rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=0.5).close()
+            let_in = True
+        except OSError:
+            let_in = False  # the attempt went unanswered
+        for sock in held:
+            sock.close()
+    return {"held": len(held), "paused": bool(in_use["paused"]), "confirmed": bool(confirmed is not None),
+            "mc0_reconnects": dropped, "new_mc0_connection_let_in": let_in}
+
+
 def _doors_paused(running: BrokerProcess) -> bool:
     """Whether the broker's last word on its doors (in its log) is that they stopped accepting."""
     for line in reversed(running.log):
@@ -698,6 +728,9 @@ def main(argv: list[str] | None = None) -> int:
     with descriptor_broker() as running:
         _show("persistent topics", persistent_topics(running, 400 * soak))
         _show("flood", flood(running, 300))
+        _show("still answering", {"seconds": answers(running)})
+    with descriptor_broker() as running:
+        _show("creeping", creeping(running))
         _show("still answering", {"seconds": answers(running)})
     with broker("topic_idle = 3600.0\n") as running:
         _show("stats", stats_pages(running, STATS_TOPICS * soak))

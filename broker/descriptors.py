@@ -5,8 +5,9 @@ Owns: raising the soft ``RLIMIT_NOFILE`` to the hard limit at start; sharing the
 on open files, a reserve kept free); counting the descriptors in use (``/proc/self/fd``, or ``/dev/fd``) at an
 interval that stays short near the threshold and grows with what counting costs elsewhere; telling the doors
 to stop accepting when the descriptors left would not cover the store's share and the reserve, and to accept
-again once enough are free. It must not know dialects, sockets or files: a door is anything with ``pause`` and
-``resume``, and the store's share is a number it is told.
+again once enough are free; when a file could not be opened all the same, telling them to let go of their
+connections still in their handshake. It must not know dialects, sockets or files: a door is anything with
+``pause``, ``shed`` and ``resume``, and the store's share is a number it is told.
 
 Why a watcher and not a reaction to EMFILE: once the process is out of descriptors, a libzmq listener keeps
 failing to accept (its listening socket stays readable) and the store cannot open the next segment. Pausing a
@@ -106,11 +107,14 @@ def shares(limit: int, max_open_files: int, reserve: int) -> Shares:
 
 
 class Door(Protocol):
-    """A door that can stop taking new connections and take them again (connections it has stay)."""
+    """A door that can stop taking new connections and take them again (connections it has stay), and let go
+    at once of what serves nobody yet when a file could not be opened for want of descriptors."""
 
     name: str
 
     def pause(self) -> None: ...
+
+    def shed(self) -> None: ...
 
     def resume(self) -> Awaitable[None] | None: ...
 
@@ -125,6 +129,7 @@ class DescriptorWatch:
         self.store_open = store_open
         self.count = count
         self.paused = False
+        self.shed = False  # the doors let go of their half-open connections during this pause
         self.paused_at = 0.0
         self.in_use = 0  # at the last count
         self.pauses = 0  # times the doors stopped accepting (a figure for STATS)
@@ -148,8 +153,10 @@ class DescriptorWatch:
         cost = time.perf_counter() - started
         if used is None:
             return SLOWEST
-        if used == NONE_LEFT:
-            used = self.shares.limit
+        if used == NONE_LEFT:  # not one left to count with: as when the store cannot open a file
+            self.in_use = self.shares.limit
+            self.out_of_descriptors("no descriptor left")
+            return FASTEST
         self.in_use = used
         others = used - self.store_open()  # the store's own are within its bound
         shares = self.shares
@@ -158,15 +165,24 @@ class DescriptorWatch:
         elif self.paused and others < shares.resume_at and time.monotonic() - self.paused_at >= MIN_PAUSE:
             log.warning("%d of %d descriptors in use: taking new connections again", used, shares.limit)
             self.paused = not await self._each("resume")
+            self.shed = self.shed and self.paused
         if self.paused or others > shares.pause_at // 2:
             return FASTEST
         return min(SLOWEST, max(FASTEST, cost * COST_FACTOR))
 
-    def out_of_descriptors(self) -> None:
-        """A file could not be opened for want of descriptors: stop accepting at once. Unbinding the mc0 port
-        also drops its connections still in their handshake, so the store's retry finds descriptors free."""
+    def out_of_descriptors(self, why: str = "no descriptor left for a file") -> None:
+        """A file could not be opened for want of descriptors: stop accepting at once, and have each door let
+        go of its connections still in their handshake (the mc0 port is unbound for that, which drops its
+        other connections too), so that the store's retry finds descriptors free. Once per pause."""
         if not self.paused:
-            self._pause("no descriptor left for a file")
+            self._pause(why)
+        if not self.shed:
+            self.shed = True
+            for door in self.doors:
+                try:
+                    door.shed()
+                except OSError as error:
+                    log.error("%s door: cannot let its new connections go: %s", door.name, error)
 
     def _pause(self, why: str) -> None:
         self.paused = True

@@ -40,6 +40,7 @@ from broker.gateways.rstreams import RStreamsConnection, RStreamsOptions
 from broker.gateways.sexp import SexpConnection, SexpOptions
 from broker.gateways.tcp import Gateway, InputBudget
 from broker.hub import Hub
+from broker.listener import Listener, open_listener
 from broker.monitoring import Monitor
 from broker.router import RouterShell
 from broker.store import StoreError, SyncFailed, segment
@@ -173,19 +174,28 @@ def _gateways(config: BrokerConfig, hub: Hub, budget: InputBudget) -> dict[str, 
 
 
 class _RouterDoor:
-    """The mc0 port as a door the descriptor watch can pause: a ROUTER cannot stop accepting, so its endpoint
-    is unbound and bound again. Unbinding also closes every connection accepted through the endpoint (libzmq
-    has no other way to stop a listener): mc0 clients reconnect once it is bound again, as ZeroMQ clients
-    do."""
+    """The mc0 port as a door the descriptor watch can pause. Where the broker holds the listening socket
+    (:mod:`broker.listener`), a pause makes the kernel leave new connection attempts unanswered and every mc0
+    connection carries on; only :meth:`shed`, when a file could not be opened for want of descriptors,
+    unbinds the endpoint, which closes every connection accepted through it (half-open handshakes included:
+    their descriptors come back at once), and mc0 clients reconnect once it is bound again. Where the broker
+    does not hold the socket, a pause unbinds as a shed does."""
 
     name = "mc0"
 
-    def __init__(self, socket: zmq.asyncio.Socket, endpoint: str) -> None:
+    def __init__(self, socket: zmq.asyncio.Socket, endpoint: str, listener: Listener | None) -> None:
         self.socket = socket
         self.endpoint = endpoint
+        self.listener = listener
         self.bound = True
 
     def pause(self) -> None:
+        if self.listener is None:
+            self.shed()
+        elif self.bound:
+            self.listener.hold()
+
+    def shed(self) -> None:
         if not self.bound:
             return
         try:
@@ -193,15 +203,46 @@ class _RouterDoor:
         except zmq.ZMQError as error:
             raise OSError(error.errno, f"unbind {self.endpoint}: {error}") from None
         self.bound = False
+        log.warning("mc0 door: %s unbound for want of descriptors, which closes its connections: clients "
+                    "reconnect once it is bound again", self.endpoint)
+        if self.listener is not None:  # closed, so that connections waiting in its backlog are refused too
+            self.listener.close()
+            self.listener = None
 
     def resume(self) -> None:
         if self.bound:
+            if self.listener is not None:
+                self.listener.release()
             return
-        try:
-            self.socket.bind(self.endpoint)
-        except zmq.ZMQError as error:
-            raise OSError(error.errno, f"bind {self.endpoint}: {error}") from None
+        self.listener = _bind_router(self.socket, self.endpoint)
         self.bound = True
+
+    def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+
+
+def _bind_router(socket: zmq.asyncio.Socket, endpoint: str) -> Listener | None:
+    """Bind the ROUTER to ``endpoint`` through a listening socket of the broker's where it can make one
+    (:mod:`broker.listener`), else as libzmq does; returns that socket. OSError when it cannot bind."""
+    try:
+        listener = open_listener(endpoint, socket.getsockopt(zmq.BACKLOG))
+    except OSError as error:
+        raise OSError(error.errno, f"bind {endpoint}: {error.strerror}") from None
+    try:
+        if listener is not None:
+            socket.setsockopt(zmq.USE_FD, listener.handed_over())
+        try:
+            socket.bind(endpoint)
+        finally:
+            if listener is not None:
+                socket.setsockopt(zmq.USE_FD, -1)  # for this bind only
+    except zmq.ZMQError as error:
+        if listener is not None:
+            listener.close()
+        raise OSError(error.errno, f"bind {endpoint}: {error}") from None
+    return listener
 
 
 def _lumberjack_tls(config: BrokerConfig) -> ssl.SSLContext | None:
@@ -285,14 +326,16 @@ async def _serve(
     authenticator = None
     handshakes = auth.HandshakeWatch(socket)
     watch: descriptors.DescriptorWatch | None = None
+    door: _RouterDoor | None = None
     try:
         if config.curve:
             authenticator = auth.secure(context, socket, config.keys_dir, config.allow_any_client,
                                         cluster=config.clustered)
         else:
             log.warning("CURVE is OFF: traffic on %s is plaintext and any client is admitted", config.bind)
-        socket.bind(config.bind)
+        listener = _bind_router(socket, config.bind)
         endpoint = socket.last_endpoint.decode()
+        door = _RouterDoor(socket, endpoint, listener)
         router = RouterShell(hub, socket, pending_limit=config.pending_limit, tick=config.heartbeat_tick,
                              max_waiting_fetches=config.max_waiting_fetches, session_idle=config.session_idle,
                              max_sessions=config.max_sessions)
@@ -315,7 +358,7 @@ async def _serve(
             hub.add(gateway)
         broker = Broker(config, engine, hub, router, endpoint, gateways, handshakes=handshakes,
                         monitor=monitor)
-        watch = descriptors.DescriptorWatch(shares, [_RouterDoor(socket, endpoint), *gateways.values()],
+        watch = descriptors.DescriptorWatch(shares, [door, *gateways.values()],
                                             lambda: store.files.held)
         broker.descriptors = watch
         hub.limits["descriptors"] = watch.stats
@@ -379,6 +422,8 @@ async def _serve(
                 authenticator.stop()
             handshakes.close()
             socket.close(linger=0)
+            if door is not None:
+                door.close()
             context.term()
 
 

@@ -134,6 +134,18 @@ class Gateway:
         for server in servers:
             server.close()
 
+    def shed(self) -> None:
+        """Out of descriptors: close at once the connections that have sent nothing yet, which the handshake
+        timeout would close later, so that their descriptors come back now."""
+        silent = [connection for connection in self.connections
+                  if not connection.heard and not connection.closing]
+        for connection in silent:
+            connection.abort()
+        if silent:
+            self.counters["silent"] += len(silent)
+            log.warning("%s door: closed %d connections that had sent nothing, for want of descriptors",
+                        self.name, len(silent))
+
     async def resume(self) -> None:
         if self.servers:
             return

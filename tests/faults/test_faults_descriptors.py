@@ -66,6 +66,23 @@ def test_bare_connections_held_on_every_door_do_not_stop_the_broker(
 
 
 @pytest.mark.timeout(120)
+def test_a_pause_keeps_the_mc0_connections_it_has_and_lets_no_new_one_in(
+    record_property: pytest.RecordProperty,
+) -> None:
+    with faults.descriptor_broker() as running:
+        figures = faults.creeping(running)
+        for name, value in figures.items():
+            record_property(name, value)
+        print(figures)
+        assert figures["mc0_reconnects"] == 0, "the pause dropped the mc0 client connected before"
+        assert figures["paused"]
+        assert figures["confirmed"], "the mc0 client connected before was not served during the pause"
+        assert not figures["new_mc0_connection_let_in"], "the mc0 port took a new connection while paused"
+        faults.answers(running)  # a new client, once the doors take connections again
+        faults.stopped_cleanly(running)
+
+
+@pytest.mark.timeout(120)
 def test_a_restart_under_the_same_limit_opens_every_topic_and_answers(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     with faults.descriptor_broker(data_dir) as running:

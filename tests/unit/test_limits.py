@@ -44,6 +44,9 @@ class Door:
     def pause(self) -> None:
         self.calls.append("pause")
 
+    def shed(self) -> None:
+        self.calls.append("shed")
+
     async def resume(self) -> None:
         self.calls.append("resume")
         if self.failing:
@@ -103,14 +106,27 @@ def test_counting_without_a_descriptor_left_counts_as_the_limit_and_a_failed_res
         watch.close()
 
 
-def test_out_of_descriptors_pauses_at_once_and_only_once() -> None:
+def test_out_of_descriptors_pauses_and_sheds_at_once_and_only_once_per_pause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(descriptors.time, "monotonic", lambda: clock[0])
     door = Door("sexp")
-    watch = watch_with([], [door])
+    watch = watch_with([170, 120, 170, 120], [door])
     try:
         watch.out_of_descriptors()
         watch.out_of_descriptors()
-        assert door.calls == ["pause"]
+        assert door.calls == ["pause", "shed"]
         assert watch.pauses == 1
+        asyncio.run(watch.check())  # 170: still short, still paused
+        clock[0] += descriptors.MIN_PAUSE
+        asyncio.run(watch.check())  # 120: back
+        assert door.calls == ["pause", "shed", "resume"]
+        asyncio.run(watch.check())  # 170: a pause of the count's, no shedding
+        watch.out_of_descriptors()  # then a failed open during it: shed, once
+        watch.out_of_descriptors()
+        assert door.calls == ["pause", "shed", "resume", "pause", "shed"]
+        assert watch.pauses == 2
     finally:
         watch.close()
 
