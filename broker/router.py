@@ -706,6 +706,8 @@ class RouterShell:
                     return PARKED
             answer = self._fetch_ok(event, read, incarnation)
             self.counters["fetches"] += 1  # answered (a wait read again is counted once, when it is)
+            if event.packed:
+                return mc0.encode_packed_ok(answer, delimiter=reply.delimiter)
         return mc0.encode(answer, delimiter=reply.delimiter)
 
     def _read(self, event: mc0.Fetch) -> RangeRead:

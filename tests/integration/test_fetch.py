@@ -273,6 +273,24 @@ def test_the_wire_format_of_the_reply(broker: Broker, dealer: DealerFactory) -> 
     assert (entries, reply.header("FIRST-ID"), reply.header("NEXT-ID")) == ([], b"1", b"3")
 
 
+def test_a_packed_fetch_is_answered_with_packed_headers(broker: Broker, dealer: DealerFactory) -> None:
+    peer = dealer(broker.endpoint)
+    peer.connect(extensions="ids")
+    peer.ok("PUT", "TOPIC", "log.packed", "", b"one")
+    packed = msgpack.packb({b"TOPIC": b"log.packed", b"FROM": b"1", b"FORMAT": b"records"}, use_bin_type=True)
+    reply = peer.ok("FETCH", "PACKED", packed)
+    assert reply.frames[:3] == [b"OK", b"ID", reply.header("ID")]
+    assert reply.frames[3] == b"PACKED", "the answer's headers in one frame, as the question's"
+    headers = msgpack.unpackb(reply.frames[4], raw=True)
+    assert (headers[b"START-ID"], headers[b"COUNT"], headers[b"NEXT-ID"]) == (b"1", b"1", b"2")
+    assert headers[b"CONTENT-TYPE"] == b"application/x-mc0-records"
+    assert reply.positional is not None
+    assert len(reply.positional) == 1
+    refused = peer.request("FETCH", "TOPIC", "log.packed", "PACKED", packed, "ID", "twice")
+    assert refused.verb == b"ERROR"
+    assert b"given twice" in (refused.header("MESSAGE") or b"")
+
+
 def test_a_fetch_without_delimiter_is_answered_without_one(broker: Broker, dealer: DealerFactory) -> None:
     peer = dealer(broker.endpoint, delimiter=False)
     reply = peer.ok("FETCH", "TOPIC", "log.bare")

@@ -448,7 +448,7 @@ def test_long_garbage_is_shortened_in_the_error() -> None:
 
 RESERVED = {mc0.ID, mc0.TOPIC, mc0.VERSION, mc0.TTL, mc0.MESSAGE_KEY, mc0.EXTENSIONS, mc0.MESSAGE_ID,
             mc0.TIMESTAMP, mc0.REPLAY, mc0.RESUME, mc0.CREDIT, mc0.ACKS, mc0.CONFIRM, *mc0.DECLARE_SETTINGS,
-            mc0.WAIT, mc0.AT_TIME, mc0.FORMAT, mc0.INCARNATION, mc0.PRODUCER, mc0.SEQUENCE}
+            mc0.WAIT, mc0.AT_TIME, mc0.FORMAT, mc0.INCARNATION, mc0.PRODUCER, mc0.SEQUENCE, mc0.PACKED}
 
 small_bytes = st.binary(max_size=24)
 topics = st.binary(min_size=1, max_size=24)
@@ -696,6 +696,11 @@ FETCH_MALFORMED: list[tuple[list[bytes], bytes | None, str]] = [
     ([b"FETCH", b"TOPIC", b"t", b"MAX-BYTES", b"9" * 5000, b"ID", b"7"], b"7", "too large"),
     ([b"FETCH", b"TOPIC", b"t", b"ID", b"7", b"", b"x"], b"7", "positional"),
     ([b"FETCH", b"TOPIC", b"t", b"FROM", b"1", b"FROM", b"2", b"ID", b"7"], b"7", "twice"),
+    ([b"FETCH", b"PACKED", b"\xc1", b"ID", b"7"], b"7", "PACKED is not valid msgpack"),
+    ([b"FETCH", b"PACKED", b"\x91\x01", b"ID", b"7"], b"7", "PACKED headers must be a map"),
+    ([b"FETCH", b"PACKED", b"\x81\xc4\x04FROM\x01", b"ID", b"7"], b"7", "PACKED headers must be a map"),
+    ([b"FETCH", b"TOPIC", b"t", b"PACKED", b"\x81\xc4\x05TOPIC\xc4\x01u", b"ID", b"7"], b"7", "twice"),
+    ([b"FETCH", b"PACKED", b"\x81\xc4\x04FROM\xc4\x011", b"ID", b"7"], b"7", "TOPIC"),
 ]
 
 
@@ -789,6 +794,7 @@ fetch_events = st.builds(
     wait=st.none() | u64,
     records=st.booleans(),
     incarnation=st.none() | st.binary(max_size=32),
+    packed=st.booleans(),
 ).flatmap(lambda fetch: st.builds(
     lambda at_time: dataclasses.replace(fetch, at_time=at_time),
     st.none() | u64 if fetch.start is None else st.none(),  # AT-TIME and FROM exclude each other
@@ -799,6 +805,23 @@ fetch_events = st.builds(
 @given(event=fetch_events, delimiter=st.booleans())
 def test_fetch_round_trip(event: mc0.Fetch, delimiter: bool) -> None:
     assert mc0.decode(mc0.encode(event, delimiter=delimiter)) == event
+
+
+def test_a_packed_fetch_is_the_same_fetch_in_four_frames_and_its_ok_goes_packed_too() -> None:
+    plain = mc0.Fetch(b"t", 5, 10, 4096, b"7", wait=1000, records=True, incarnation=b"i", replica=b"node-2",
+                      epoch=3)
+    packed = dataclasses.replace(plain, packed=True)
+    frames = mc0.encode(packed)
+    assert frames[:3] == [b"", b"FETCH", b"PACKED"]
+    assert frames[4:] == [b"ID", b"7"]
+    assert mc0.decode(frames) == packed
+    assert dataclasses.replace(mc0.decode(frames), packed=False) == mc0.decode(mc0.encode(plain))
+    ok = mc0.records_ok(b"7", 1, 9, 5, 4, b"i", b"records")
+    ok_frames = mc0.encode_packed_ok(ok)
+    assert ok_frames[:5] == [b"", b"OK", b"ID", b"7", b"PACKED"]
+    assert ok_frames[-2:] == [b"", b"records"]
+    assert mc0.decode(ok_frames) == ok
+    assert mc0.decode_records_reply(mc0.decode(ok_frames)) == mc0.decode_records_reply(ok)
 
 
 @ROUND_TRIP

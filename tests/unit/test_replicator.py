@@ -129,18 +129,49 @@ def test_a_refusal_or_a_lost_link_asks_again_after_a_pause(leader: Engine, follo
         failures: list[BaseException] = []
         replicator = make(follower, link, follower.commit, failures)
         replicator.follow(TOPIC)
+        leader.publish(TOPIC, b"one", {}, NOW)
+        leader.commit()
+        link.asked[-1][1](answer_from(leader, link.asked[-1][0]))  # this leader takes PACKED FETCHes
         link.asked[-1][1](mc0.Error(b"not the leader", b"1"))
-        assert len(link.asked) == 1  # not at once: a refusing leader is not flooded
-        await asyncio.sleep(0.05)
-        assert len(link.asked) == 2
-        link.asked[-1][1](LinkError("no answer within 6s"))
+        assert len(link.asked) == 2  # not at once: a refusing leader is not flooded
         await asyncio.sleep(0.05)
         assert len(link.asked) == 3
+        assert link.asked[-1][0].packed  # a refusal after PACKED was answered says nothing about PACKED
+        link.asked[-1][1](LinkError("no answer within 6s"))
+        await asyncio.sleep(0.05)
+        assert len(link.asked) == 4
         replicator.close()
         link.asked[-1][1](LinkError("the link was closed"))  # what closing the link does to the last one
         await asyncio.sleep(0.05)
-        assert len(link.asked) == 3  # closed: nothing more
+        assert len(link.asked) == 4  # closed: nothing more
         assert not failures
+
+    asyncio.run(run())
+
+
+def test_fetches_go_packed_and_a_leader_that_refuses_the_first_is_asked_with_plain_headers(
+        leader: Engine, follower: Engine) -> None:
+    async def run() -> None:
+        link = FakeLink()
+        failures: list[BaseException] = []
+        replicator = make(follower, link, follower.commit, failures)
+        replicator.follow(TOPIC)
+        first = link.asked[-1][0]
+        assert first.packed
+        assert len(mc0.encode(first)) == 4  # delimiter, FETCH, PACKED, its map (the link adds the ID)
+        # A broker from before PACKED reads no TOPIC in it:
+        link.asked[-1][1](mc0.Error(b"FETCH needs a non-empty TOPIC", first.id))
+        assert len(link.asked) == 2  # at once, not after a pause
+        plain = link.asked[-1][0]
+        assert not plain.packed
+        assert plain.start == first.start
+        leader.publish(TOPIC, b"one", {}, NOW)
+        leader.commit()
+        link.asked[-1][1](answer_from(leader, plain))
+        assert not link.asked[-1][0].packed  # plain from then on, for this leader
+        assert replicator.copied == 1
+        assert not failures
+        replicator.close()
 
     asyncio.run(run())
 
