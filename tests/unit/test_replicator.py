@@ -80,6 +80,15 @@ def make(follower: Engine, link: FakeLink, flush: Callable[[], None],
                       set_identity=follower.store.set_identity, fenced=lambda: 0)  # type: ignore[union-attr]
 
 
+def following(follower: Engine) -> tuple[FakeLink, list[BaseException], Replicator]:
+    """A replicator copying TOPIC into ``follower`` (committing as its flush), its first FETCH asked."""
+    link = FakeLink()
+    failures: list[BaseException] = []
+    replicator = make(follower, link, follower.commit, failures)
+    replicator.follow(TOPIC)
+    return link, failures, replicator
+
+
 def test_each_answer_is_committed_before_the_next_fetch_acknowledges_it(leader: Engine,
                                                                          follower: Engine) -> None:
     async def run() -> None:
@@ -125,10 +134,7 @@ def test_a_refusal_or_a_lost_link_asks_again_after_a_pause(leader: Engine, follo
     monkeypatch.setattr(replicator_module, "RETRY", 0.01)
 
     async def run() -> None:
-        link = FakeLink()
-        failures: list[BaseException] = []
-        replicator = make(follower, link, follower.commit, failures)
-        replicator.follow(TOPIC)
+        link, failures, replicator = following(follower)
         leader.publish(TOPIC, b"one", {}, NOW)
         leader.commit()
         link.asked[-1][1](answer_from(leader, link.asked[-1][0]))  # this leader takes PACKED FETCHes
@@ -152,10 +158,7 @@ def test_a_refusal_or_a_lost_link_asks_again_after_a_pause(leader: Engine, follo
 def test_fetches_go_packed_and_a_leader_that_refuses_the_first_is_asked_with_plain_headers(
         leader: Engine, follower: Engine) -> None:
     async def run() -> None:
-        link = FakeLink()
-        failures: list[BaseException] = []
-        replicator = make(follower, link, follower.commit, failures)
-        replicator.follow(TOPIC)
+        link, failures, replicator = following(follower)
         first = link.asked[-1][0]
         assert first.packed
         assert len(mc0.encode(first)) == 4  # delimiter, FETCH, PACKED, its map (the link adds the ID)
@@ -220,10 +223,7 @@ def test_a_copy_whose_identity_the_leader_does_not_know_cuts_where_their_lineage
     follower.store.set_identity(TOPIC, common.successor(14))  # type: ignore[union-attr]
 
     async def run() -> None:
-        link = FakeLink()
-        failures: list[BaseException] = []
-        replicator = make(follower, link, follower.commit, failures)
-        replicator.follow(TOPIC)
+        link, failures, replicator = following(follower)
         first = link.asked[-1][0]
         answer = answer_from(leader, first)
         assert mc0.decode_records_reply(answer).start_id == 1  # the leader could not place the copy
@@ -268,10 +268,7 @@ def test_a_copy_behind_the_leaders_retention_drops_its_old_messages_and_copies_o
         assert first > 6
 
         async def run() -> None:
-            link = FakeLink()
-            failures: list[BaseException] = []
-            replicator = make(follower, link, follower.commit, failures)
-            replicator.follow(TOPIC)
+            link, failures, replicator = following(follower)
             assert link.asked[-1][0].start == 6
             link.asked[-1][1](answer_from(leader, link.asked[-1][0]))
             copy = follower.topics[TOPIC].log
