@@ -8,10 +8,11 @@ each, a normal client publishes and receives through that broker, and the scenar
   broker's RSS and descriptors after a warm-up and at the end;
 * ``fuzz``: random bytes and mutated valid messages on every door;
 * ``flood``: bare TCP connections to every door, held open, under a descriptor limit of 256; meanwhile a
-  Lumberjack client already connected creates a persistent topic (the store's reserve), and the mc0 client
-  connected before (dropped while the mc0 port is unbound) is confirmed again once the flood is gone;
-* ``creeping``: bare connections to one TCP door, slower than the descriptor watch counts, until the doors
-  pause: an mc0 client connected before is served all through the pause, a new mc0 connection is not let in;
+  Lumberjack client already connected creates a persistent topic, and the mc0 client connected before
+  (dropped when the mc0 port is unbound) is confirmed again once the flood is gone;
+* ``creeping``: connections to one TCP door that say almost nothing, slower than the descriptor watch counts,
+  until the doors pause: an mc0 client connected before is served all through the pause (it makes a
+  persistent topic: the store's reserve), a new mc0 connection is not let in;
 * ``topics``: persistent topics well beyond what the descriptor limit would allow open at once;
 * ``sexp-body``: a 2 MiB binary body through sexp: the codec's decode time, longest step and peak memory, and
   the longest stall of the broker's loop seen by a client sending NOOPs meanwhile;
@@ -450,13 +451,15 @@ def descriptor_broker(data_dir: Path | None = None) -> contextlib.AbstractContex
 
 def flood(running: BrokerProcess, per_door: int) -> dict[str, float]:
     """Bare TCP connections to every door, held; meanwhile a Lumberjack client connected before creates a
-    persistent topic (the store's reserve must serve it: its ACK means stored). Then they close; the mc0
-    client connected before (dropped while the mc0 port was unbound, see broker.server._RouterDoor) publishes
-    and is confirmed on its own reconnection, and a new client must get in (:func:`answers`).
+    persistent topic (its ACK means stored). Then they close; the mc0 client connected before (dropped when
+    the store found no descriptor and the mc0 port was unbound, see broker.server._RouterDoor) publishes and
+    is confirmed on its own reconnection, and a new client must get in (:func:`answers`).
 
-    The topic is made through Lumberjack because a door pausing keeps the connections it has there; a pause of
-    the mc0 door drops its clients, so a confirmed publish in flight at that moment fails with "may or may not
-    have been stored", as it should, and could not prove anything about the reserve."""
+    The topic is made through Lumberjack because a TCP door keeps the connections it has whatever happens; an
+    unbound mc0 port drops its clients, so a confirmed publish in flight at that moment fails with "may or
+    may not have been stored", as it should. Whether the doors are still paused when the topic is made
+    depends on how fast the bare connections go (shed, or timed out): ``made_during`` says, and
+    :func:`creeping` holds a pause for sure while a topic is made."""
     held: list[socket.socket] = []
     refused = 0
     with running.client() as before, LumberjackClient(*running.gateways["lumberjack"],
@@ -487,22 +490,27 @@ def flood(running: BrokerProcess, per_door: int) -> dict[str, float]:
             "limit": in_use["descriptor_limit"]}
 
 
-def creeping(running: BrokerProcess, step: int = 8, every: float = 0.05) -> dict[str, float]:
-    """Bare TCP connections to the sexp door, ``step`` at a time, slower than the descriptor watch counts,
-    until the doors pause. Meanwhile an mc0 client connected before must stay connected and be served
-    (publish, STATS), and a new connection to the mc0 port must not be let in; once the connections close
-    and the doors take connections again, a new client gets in (:func:`answers`)."""
+def creeping(running: BrokerProcess, step: int = 4, every: float = 0.05) -> dict[str, float]:
+    """Connections to the sexp door that begin a command and say no more (held past the handshake timeout),
+    ``step`` at a time, slower than the descriptor watch counts, until the doors pause. While they are
+    held, the doors stay paused, and an mc0 client connected before must stay connected and be served:
+    STATS, and a confirmed publish that makes a new persistent topic (the store's reserve); a new
+    connection to the mc0 port must not be let in. Once the connections close and the doors take
+    connections again, a new client gets in (:func:`answers`)."""
     held: list[socket.socket] = []
     with running.client() as before:
         before.flush()
         deadline = time.monotonic() + PATIENCE
         while not before.stats(limit=1)["limits"]["descriptors"]["paused"] and not before.reconnects:
             assert time.monotonic() < deadline, "the doors never stopped accepting"
-            held += [_connect(running.gateways["sexp"]) for _ in range(step)]
+            for _ in range(step):
+                held.append(_connect(running.gateways["sexp"]))
+                held[-1].sendall(b"(")  # heard: the handshake timeout does not close it
             time.sleep(every)
         dropped = before.reconnects  # the pause dropped this client (it reconnected on its own since)
         confirmed = before.publish("p.during-the-pause", "an mc0 client is served meanwhile", confirm=True)
-        in_use = before.stats(limit=1)["limits"]["descriptors"]
+        in_use = before.stats(limit=1)["limits"]["descriptors"]  # still paused: the topic was made meanwhile
+        stored = before.fetch("p.during-the-pause", 1).messages
         host, port = running.endpoint[len("tcp://"):].rsplit(":", 1)
         try:
             socket.create_connection((host, int(port)), timeout=0.5).close()
@@ -512,7 +520,7 @@ def creeping(running: BrokerProcess, step: int = 8, every: float = 0.05) -> dict
         for sock in held:
             sock.close()
     return {"held": len(held), "paused": bool(in_use["paused"]), "confirmed": bool(confirmed is not None),
-            "mc0_reconnects": dropped, "new_mc0_connection_let_in": let_in}
+            "stored": len(stored), "mc0_reconnects": dropped, "new_mc0_connection_let_in": let_in}
 
 
 def _doors_paused(running: BrokerProcess) -> bool:

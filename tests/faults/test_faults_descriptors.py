@@ -1,10 +1,9 @@
 """A broker process under a descriptor limit of 256: far more persistent topics than it could keep open at
 once, and floods of bare TCP connections held open on every door (a client needs no key for that: the CURVE
 handshake is the broker's to wait for). The store keeps its open files under its share, the doors stop
-accepting while descriptors run short and start again when they are free, a client already connected can
-still create a persistent topic meanwhile (the reserve: a Lumberjack client, as a paused TCP door keeps its
-connections while the mc0 port drops its own), the mc0 client dropped meanwhile comes back by itself, and
-afterwards a new client gets in and is answered.
+accepting while descriptors run short and start again when they are free, a client already connected is
+served meanwhile and can still create a persistent topic (the reserve), an mc0 client dropped when the store
+found no descriptor left comes back by itself, and afterwards a new client gets in and is answered.
 """
 
 from __future__ import annotations
@@ -57,8 +56,7 @@ def test_bare_connections_held_on_every_door_do_not_stop_the_broker(
     for name, value in figures.items():
         record_property(name, value)
     print(figures)
-    assert figures["made_during"], "the doors were accepting again before the topic was made: no shortage"
-    assert figures["stored_during"] == 1, "a persistent topic could not be made while descriptors were short"
+    assert figures["stored_during"] == 1, "a persistent topic could not be made during the flood"
     assert figures["pauses"] >= 1, "the doors never stopped accepting"
     assert figures["confirmed_after"], "the mc0 client connected before did not come back"
     assert running.alive()
@@ -75,8 +73,9 @@ def test_a_pause_keeps_the_mc0_connections_it_has_and_lets_no_new_one_in(
             record_property(name, value)
         print(figures)
         assert figures["mc0_reconnects"] == 0, "the pause dropped the mc0 client connected before"
-        assert figures["paused"]
+        assert figures["paused"], "the doors took connections again while they were held"
         assert figures["confirmed"], "the mc0 client connected before was not served during the pause"
+        assert figures["stored"] == 1, "a persistent topic could not be made while descriptors were short"
         assert not figures["new_mc0_connection_let_in"], "the mc0 port took a new connection while paused"
         faults.answers(running)  # a new client, once the doors take connections again
         faults.stopped_cleanly(running)
