@@ -436,8 +436,8 @@ def curve_handshakes(running: BrokerProcess, clients: int) -> dict[str, float]:
             "max": times[-1]}
 
 
-#: The broker of the descriptor scenarios (``flood``, ``topics``): a limit of 256, persistent topics ``p.*``,
-#: CURVE on, and Lumberjack events routed by their ``fields.topic``.
+#: The broker of the descriptor scenarios (``flood``, ``creeping``, ``topics``): a limit of 256, persistent
+#: topics ``p.*``, CURVE on, and Lumberjack events routed by their ``fields.topic``.
 DESCRIPTOR_LIMIT = 256
 DESCRIPTOR_TOPICS = '[[topics]]\npattern = "p.*"\npersistence = "persistent"\nsync = "async"\n'
 DESCRIPTOR_SETTINGS = 'lumberjack_topic_field = "fields.topic"\n'
