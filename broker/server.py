@@ -45,7 +45,7 @@ from broker.monitoring import Monitor
 from broker.router import RouterShell
 from broker.store import StoreError, SyncFailed, segment
 from broker.store.files import FileStore
-from connector import keys
+from connector import addresses, keys
 
 log = logging.getLogger("mc0.broker")
 
@@ -283,6 +283,8 @@ def _router_socket(context: zmq.asyncio.Context, config: BrokerConfig) -> zmq.as
     # A connection that has not finished its handshake (a bare TCP connect to the CURVE port) is dropped after
     # this, not libzmq's 30 s: each holds a descriptor meanwhile (docs/configuration.md, handshake_timeout).
     socket.handshake_ivl = int(config.handshake_timeout * 1000)
+    if addresses.is_ipv6(config.bind):
+        socket.ipv6 = True  # where libzmq binds it itself (broker/listener.py binds IPv6 either way)
     return socket
 
 

@@ -49,6 +49,12 @@ def host_port(text: str, *, what: str, host: str = LOOPBACK) -> tuple[str, int]:
     return name, _port(port, text, what)
 
 
+def is_ipv6(endpoint: str) -> bool:
+    """Whether a ZeroMQ endpoint names an IPv6 address (``tcp://[v6]:PORT``): its socket needs ``ZMQ_IPV6``,
+    without which libzmq neither binds nor connects to one (a connect just never succeeds)."""
+    return endpoint.startswith("tcp://[")
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (a name or an address, without brackets or port) is this machine's loopback only: a
     name other than ``localhost`` may resolve anywhere, so it is not."""

@@ -213,6 +213,8 @@ def make_socket(
         # starting lower and backing off keeps a long outage quiet and a short one short).
         socket.reconnect_ivl = RECONNECT_FIRST_MS
         socket.reconnect_ivl_max = RECONNECT_MAX_MS
+        if addresses.is_ipv6(endpoint):
+            socket.ipv6 = True
         if credentials is not None:
             credentials.apply(socket)
         monitor = socket.get_monitor_socket(connection.EVENTS)

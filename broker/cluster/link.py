@@ -18,7 +18,7 @@ from pathlib import Path
 
 import zmq
 
-from connector import keys
+from connector import addresses, keys
 from connector.zsock import readable, recv_frames, send_frames
 from protocol import ProtocolError, mc0
 
@@ -51,6 +51,8 @@ class Link:
         socket.linger = 0
         socket.reconnect_ivl = 20
         socket.reconnect_ivl_max = 200
+        if addresses.is_ipv6(endpoint):
+            socket.ipv6 = True
         if keys_dir is not None:
             pair = keys.broker_pair(keys_dir)
             socket.curve_serverkey = pair.public  # every member has the cluster's one broker key pair

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from connector.addresses import AddressError, host_port, zmq_endpoint
+from connector.addresses import AddressError, host_port, is_ipv6, zmq_endpoint
 
 
 @pytest.mark.parametrize(
@@ -45,3 +45,14 @@ def test_what_is_not_an_address_is_refused_with_the_forms(text: str) -> None:
 def test_a_port_out_of_range_says_so() -> None:
     with pytest.raises(AddressError, match=r"--sexp: '1:70000' has no port 70000 \(0 to 65535\)"):
         host_port("1:70000", what="--sexp")
+
+
+@pytest.mark.parametrize(("endpoint", "expected"), [
+    ("tcp://[::1]:61616", True),
+    ("tcp://[fe80::1%eth0]:61616", True),
+    ("tcp://127.0.0.1:61616", False),
+    ("tcp://localhost:61616", False),  # a name: left to the resolver, no IPv6 asked for
+    ("ipc:///tmp/mc0", False),
+])
+def test_an_ipv6_endpoint_is_told_by_its_brackets(endpoint: str, expected: bool) -> None:
+    assert is_ipv6(endpoint) is expected
