@@ -129,7 +129,7 @@ class DescriptorWatch:
         self.store_open = store_open
         self.count = count
         self.paused = False
-        self.shed = False  # the doors let go of their half-open connections during this pause
+        self.doors_shed = False  # the doors let go of their half-open connections during this pause
         self.paused_at = 0.0
         self.in_use = 0  # at the last count
         self.pauses = 0  # times the doors stopped accepting (a figure for STATS)
@@ -165,7 +165,8 @@ class DescriptorWatch:
         elif self.paused and others < shares.resume_at and time.monotonic() - self.paused_at >= MIN_PAUSE:
             log.warning("%d of %d descriptors in use: taking new connections again", used, shares.limit)
             self.paused = not await self._each("resume")
-            self.shed = self.shed and self.paused
+            if not self.paused:
+                self.doors_shed = False  # a later pause may shed again
         if self.paused or others > shares.pause_at // 2:
             return FASTEST
         return min(SLOWEST, max(FASTEST, cost * COST_FACTOR))
@@ -176,8 +177,8 @@ class DescriptorWatch:
         other connections too), so that the store's retry finds descriptors free. Once per pause."""
         if not self.paused:
             self._pause(why)
-        if not self.shed:
-            self.shed = True
+        if not self.doors_shed:
+            self.doors_shed = True
             for door in self.doors:
                 try:
                     door.shed()
