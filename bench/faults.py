@@ -548,6 +548,11 @@ def persistent_topics(running: BrokerProcess, count: int) -> dict[str, float]:
 # ----------------------------------------------------------------------------------------- bodies and STATS
 
 
+#: Targets for the 2 MiB body of ``sexp_decode``: the whole decode, and its peak memory over the body's size.
+SEXP_DECODE_MS = 50
+SEXP_PEAK_PER_BODY = 3.0
+
+
 def sexp_decode(size: int = 2 << 20) -> dict[str, float]:
     """The codec alone: a line publishing ``size`` random bytes read step by step. Decode time, the longest
     step, and the peak memory allocated while reading it (tracemalloc), beside the body's size."""
@@ -719,7 +724,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     soak = args.soak
     print(f"python {sys.version.split()[0]}, libzmq {zmq.zmq_version()}, counts x {soak}")
-    _show("sexp codec", sexp_decode())
+    codec = sexp_decode()
+    _show("sexp codec", codec)
+    for name, value, target in (("  decode, ms", codec["seconds"] * 1000, SEXP_DECODE_MS),
+                                ("  peak memory / body", codec["peak_per_body"], SEXP_PEAK_PER_BODY)):
+        print(f"{name:<22} {value:,.3g}   target <= {target}: {'met' if value <= target else 'NOT met'}")
     with broker("session_idle = 1.0\n") as running:
         for door in DOORS:
             _show(f"churn {door}", churn(running, door, CHURN_CYCLES * soak))

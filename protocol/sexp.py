@@ -47,6 +47,7 @@ from decimal import Decimal
 from itertools import repeat
 from typing import TypeAlias
 
+from protocol import ocaml_escapes
 from protocol.errors import ProtocolError
 
 #: The only protocol version we speak.
@@ -343,6 +344,16 @@ class _Reader:
             # Up to the budget's limit (at least a short piece: an escape must fit).
             size = min(self.piece, max(limit - position, _FIRST_PIECE))
             self.piece = min(_PIECE, self.piece * 2)
+            stop = min(end, position + size)
+            bulk = ocaml_escapes.decode(bytes(text[position:stop]), stop == end)
+            if bulk is not None:  # a long piece: decoded in bulk (a binary body: mostly \DDD)
+                decoded, used, closed = bulk
+                self.atom.append(decoded)
+                if closed:
+                    self._close(b"".join(self.atom), position + used)
+                    return True
+                self.position = position + used
+                continue
             while True:
                 stop = min(end, position + size)
                 piece = bytes(text[position:stop])

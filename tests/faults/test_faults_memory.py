@@ -35,7 +35,7 @@ def test_the_sexp_codec_reads_a_2_mib_binary_body_in_steps_within_three_times_it
 ) -> None:
     figures = faults.sexp_decode(2 << 20)
     record(record_property, figures)
-    assert figures["peak_per_body"] <= 3.0
+    assert figures["peak_per_body"] <= faults.SEXP_PEAK_PER_BODY
     assert figures["steps"] >= figures["line"] // (128 << 10), "the line was not read in steps"
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import ProtocolError, sexp
+from protocol import ProtocolError, ocaml_escapes, sexp
 from protocol.sexp import (
     REPLAY_BEGINNING,
     REPLAY_CURRENT,
@@ -1073,11 +1074,7 @@ ESCAPE_SOUP = st.lists(
 )
 
 
-@FUZZ
-@given(soup=ESCAPE_SOUP, filler=st.integers(0, 3000))
-def test_quoted_atoms_read_in_pieces_decode_as_the_escape_rules_say(soup: list[bytes], filler: int) -> None:
-    # Filler moves the interesting bytes across the reader's piece boundaries (256 bytes, doubling).
-    text = b'"' + b"f" * filler + b"".join(soup) + b'" tail'
+def read_as_the_reference(text: bytes) -> None:
     try:
         wanted: list[bytes] | None = reference_atoms(text)
     except ProtocolError:
@@ -1087,7 +1084,54 @@ def test_quoted_atoms_read_in_pieces_decode_as_the_escape_rules_say(soup: list[b
     except ProtocolError:
         assert wanted is None, "refused what the lexer reads"
         return
-    assert values == wanted
+    assert values == wanted, "read otherwise than the lexer" if wanted is not None else "read what it refuses"
+
+
+@FUZZ
+@given(soup=ESCAPE_SOUP, filler=st.integers(0, 3000))
+def test_quoted_atoms_read_in_pieces_decode_as_the_escape_rules_say(soup: list[bytes], filler: int) -> None:
+    # Filler moves the interesting bytes across the reader's piece boundaries (256 bytes, doubling).
+    read_as_the_reference(b'"' + b"f" * filler + b"".join(soup) + b'" tail')
+
+
+@FUZZ
+@given(soup=ESCAPE_SOUP, filler=st.integers(0, 3000), bulk_from=st.sampled_from([1, 4, 256]))
+def test_the_bulk_decoder_reads_every_piece_as_the_escape_rules_say(soup: list[bytes], filler: int,
+                                                                    bulk_from: int) -> None:
+    # protocol.ocaml_escapes takes pieces from bulk_from bytes on instead of 4 KiB, so that every escape,
+    # run of backslashes and quote meets it at every distance from a piece's end.
+    with mock.patch.object(ocaml_escapes, "MIN_PIECE", bulk_from):
+        read_as_the_reference(b'"' + b"f" * filler + b"".join(soup) + b'" tail')
+
+
+@FUZZ
+@given(soup=ESCAPE_SOUP, filler=st.integers(0, 9000))
+def test_pieces_of_the_bulk_decoders_own_size_decode_as_the_escape_rules_say(soup: list[bytes],
+                                                                            filler: int) -> None:
+    # The same with the pieces as they come (4 KiB and more go to the bulk decoder), the soup repeated so
+    # that a piece holds a lot of it.
+    read_as_the_reference(b'"' + b"f" * filler + b"".join(soup) * 20 + b'" tail')
+
+
+def test_the_bulk_decoder_leaves_short_pieces_and_continuations_to_the_general_reader() -> None:
+    assert ocaml_escapes.decode(b"\\065" * 10, complete=True) is None  # shorter than MIN_PIECE
+    continued = b"\\065" * 2000 + b"\\\n   x"
+    assert ocaml_escapes.decode(continued, complete=True) is None
+    assert sexp.parse(b'"' + continued + b'"') == b"A" * 2000 + b"x"
+    # A raw line end that no backslash begins is text like any other.
+    decoded, used, closed = ocaml_escapes.decode(b"\\065" * 2000 + b'\n"rest', complete=False)
+    assert (decoded, used, closed) == (b"A" * 2000 + b"\n", 8002, True)
+
+
+def test_the_bulk_decoder_leaves_an_escape_cut_by_the_pieces_end_to_the_next_piece() -> None:
+    text = b"\\065" * 2000
+    for tail, kept in ((b"\\", 0), (b"\\0", 0), (b"\\06", 0), (b"\\x4", 0), (b"\\\\", 2), (b"\\n", 2),
+                       (b"\\q", 0), (b"\\\\\\", 2)):
+        decoded, used, closed = ocaml_escapes.decode(text + tail, complete=False)
+        assert not closed
+        assert used == len(text) + kept, tail
+        assert decoded == b"A" * 2000 + (ocaml_escapes.decode(b"\\065" * 2000 + tail, True) or (b"",))[0][
+            2000:2000 + kept // 2], tail
 
 
 @ROUND_TRIP
