@@ -345,8 +345,9 @@ class _Reader:
             size = min(self.piece, max(limit - position, _FIRST_PIECE))
             self.piece = min(_PIECE, self.piece * 2)
             stop = min(end, position + size)
-            bulk = ocaml_escapes.decode(bytes(text[position:stop]), stop == end)
-            if bulk is not None:  # a long piece: decoded in bulk (a binary body: mostly \DDD)
+            piece = bytes(text[position:stop])
+            bulk = ocaml_escapes.decode(piece, stop == end)
+            if bulk is not None:  # a long piece with many escapes (a binary body: mostly \DDD)
                 decoded, used, closed = bulk
                 self.atom.append(decoded)
                 if closed:
@@ -355,8 +356,6 @@ class _Reader:
                 self.position = position + used
                 continue
             while True:
-                stop = min(end, position + size)
-                piece = bytes(text[position:stop])
                 parts = _ESCAPE_SPLIT.split(piece)
                 if piece.count(b'"') != parts[1::2].count(b'\\"'):
                     # A quote that no backslash escapes: the atom ends at the first one.
@@ -384,6 +383,8 @@ class _Reader:
                 if stop > position:
                     break
                 size *= 2  # a continuation longer than the piece: read a larger one
+                stop = min(end, position + size)
+                piece = bytes(text[position:stop])
             self.atom.append(_decode_escapes(parts))
             self.position = stop
 

@@ -1099,8 +1099,9 @@ def test_quoted_atoms_read_in_pieces_decode_as_the_escape_rules_say(soup: list[b
 def test_the_bulk_decoder_reads_every_piece_as_the_escape_rules_say(soup: list[bytes], filler: int,
                                                                     bulk_from: int) -> None:
     # protocol.ocaml_escapes takes pieces from bulk_from bytes on instead of 4 KiB, so that every escape,
-    # run of backslashes and quote meets it at every distance from a piece's end.
-    with mock.patch.object(ocaml_escapes, "MIN_PIECE", bulk_from):
+    # run of backslashes and quote meets it at every distance from a piece's end, however few the escapes.
+    with mock.patch.object(ocaml_escapes, "MIN_PIECE", bulk_from), \
+            mock.patch.object(ocaml_escapes, "SPARSE", 1 << 40):
         read_as_the_reference(b'"' + b"f" * filler + b"".join(soup) + b'" tail')
 
 
@@ -1115,6 +1116,7 @@ def test_pieces_of_the_bulk_decoders_own_size_decode_as_the_escape_rules_say(sou
 
 def test_the_bulk_decoder_leaves_short_pieces_and_continuations_to_the_general_reader() -> None:
     assert ocaml_escapes.decode(b"\\065" * 10, complete=True) is None  # shorter than MIN_PIECE
+    assert ocaml_escapes.decode(b"\\065" * 10 + b"x" * 5000, complete=True) is None  # few escapes (SPARSE)
     continued = b"\\065" * 2000 + b"\\\n   x"
     assert ocaml_escapes.decode(continued, complete=True) is None
     assert sexp.parse(b'"' + continued + b'"') == b"A" * 2000 + b"x"
