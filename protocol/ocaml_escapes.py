@@ -45,8 +45,7 @@ _BACKSLASH, _QUOTE = 0x5C, 0x22
 _NAMED = {0x5C: 0x5C, 0x22: 0x22, 0x27: 0x27, 0x20: 0x20, 0x6E: 0x0A, 0x74: 0x09, 0x62: 0x08, 0x72: 0x0D}
 #: The byte after a backslash -> the value of the named escape the two make, -1 where they make none.
 _NAMED_VALUES = np.full(256, -1, dtype=np.int16)
-for _code, _value in _NAMED.items():
-    _NAMED_VALUES[_code] = _value
+_NAMED_VALUES[list(_NAMED)] = list(_NAMED.values())
 
 
 def decode(piece: bytes, complete: bool) -> tuple[bytes, int, bool] | None:
