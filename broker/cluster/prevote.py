@@ -39,15 +39,24 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from time import monotonic
 from typing import Any
 
 from pysyncobj import SyncObj
+from pysyncobj import monotonic as raft_clock
 
 log = logging.getLogger("mc0.cluster")
 
 #: PySyncObj's state code for a leader (pysyncobj.syncobj._RAFT_STATE.LEADER).
 _LEADER = 2
+
+
+def raft_now() -> float:
+    """PySyncObj's clock, which its deadlines and response times are read on: ``CLOCK_MONOTONIC_RAW`` where
+    there is one, not ``time.monotonic``. The two drift apart with the system's clock corrections (0.25 s in
+    the first two hours of one machine here); a deadline taken from PySyncObj and compared with the other
+    clock passed that much early or late."""
+    return raft_clock.monotonic()  # type: ignore[no-any-return]
+
 
 #: Where PySyncObj's own election deadline is kept: it never passes.
 NEVER = float("inf")
@@ -60,8 +69,8 @@ class PreVote:
         self._sync = sync
         self.min_timeout: float = sync.conf.raftMinTimeout
         self.retry: float = sync.conf.appendEntriesPeriod
-        self._deadline = monotonic() + self._timeout()
-        self._heard = monotonic()  # the last time a leader's append_entries reached this broker
+        self._deadline = raft_now() + self._timeout()
+        self._heard = raft_now()  # the last time a leader's append_entries reached this broker
         self._asking: int | None = None  # the term a pre-vote in progress asks for
         self._granted: set[Any] = set()  # the other nodes that granted it
         self._quiet = False  # this broker's Raft has stopped hearing a leader (logged once)
@@ -98,7 +107,7 @@ class PreVote:
 
     def tick(self) -> None:
         """Each Raft tick: take over a deadline PySyncObj set, and ask for pre-votes once it has passed."""
-        now = monotonic()
+        now = raft_now()
         if self._get("raftState") == _LEADER:
             # It hears itself; stepping down, it waits a whole election timeout like any follower that just
             # heard a leader (not the deadline it last had as a follower, long passed).
@@ -111,13 +120,7 @@ class PreVote:
             return
         deadline = self._get("raftElectionDeadline")
         if deadline != NEVER:
-            if deadline == 0:
-                return  # a transfer's TimeoutNow, or an election we let through: PySyncObj stands now
-            # Any other deadline, passed or not, is ours to keep: one passed while this broker was connected
-            # to nobody (PySyncObj stands only when connected) is asked about first, like any other.
-            self._deadline = deadline  # PySyncObj heard a leader, granted a vote or stood: its new deadline
-            self._set_deadline(NEVER)
-            self._asking = None
+            self._hold(deadline)
             return
         if self.leader_gone():
             if not self._gone:
@@ -159,6 +162,17 @@ class PreVote:
             self._send(node, message)
         self._count()
 
+    def _hold(self, deadline: float) -> None:
+        """Keep a deadline PySyncObj set (it heard a leader, granted a vote or stood) as this one's, and put
+        PySyncObj's where it never passes. Any deadline, passed or not: one passed while this broker was
+        connected to nobody (PySyncObj stands only when connected) is asked about first, like any other. But
+        0 is PySyncObj's to act on: a transfer's TimeoutNow, or an election pre-vote let through."""
+        if deadline == 0:
+            return
+        self._deadline = deadline
+        self._set_deadline(NEVER)
+        self._asking = None
+
     def _count(self) -> None:
         if self._asking is not None and 1 + len(self._granted) > (len(self._get("otherNodes")) + 1) / 2:
             log.debug("pre-vote granted by %s: standing for election at term %d",
@@ -190,10 +204,16 @@ class PreVote:
                 self._count()
             return
         if kind == "append_entries" and message["term"] >= self._get("raftCurrentTerm"):
-            self._heard = monotonic()
+            self._heard = raft_now()
             self._ever_heard = True
             self._quiet = False
         self._deliver(node, message)
+        # A deadline PySyncObj set on this message is taken now, not at the end of the next tick: PySyncObj
+        # checks its deadline at the start of each tick, so one that passed meanwhile (the process stopped
+        # right then) would be stood on without asking.
+        deadline = self._get("raftElectionDeadline")
+        if deadline != NEVER and self._get("raftState") != _LEADER:
+            self._hold(deadline)
 
     def _rank(self) -> int:
         """This broker's place, by name, among the members other than the leader it followed."""
@@ -216,11 +236,11 @@ class PreVote:
         heard within the shortest election timeout and is still connected to."""
         if self._get("raftState") == _LEADER:
             return False
-        if monotonic() - self._heard < self.min_timeout and not self.leader_gone():
+        if raft_now() - self._heard < self.min_timeout and not self.leader_gone():
             return False
         if (message["last_log_term"], message["last_log_index"]) < self._log_position():
             return False
         # It will stand: this broker waits a whole election timeout before it asks itself, so that the two
         # do not stand at once and split the votes.
-        self._deadline = max(self._deadline, monotonic() + self._timeout())
+        self._deadline = max(self._deadline, raft_now() + self._timeout())
         return True

@@ -33,7 +33,7 @@ from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
-from broker.cluster.prevote import PreVote
+from broker.cluster.prevote import PreVote, raft_now
 from broker.cluster.state import ClusterState
 
 log = logging.getLogger("mc0.cluster")
@@ -168,7 +168,7 @@ class RaftNode:
         leading = sync._isLeader()
         answering: frozenset[str] = frozenset()
         if leading:
-            since = time.monotonic() - sync.conf.raftMinTimeout  # PySyncObj's clock is time.monotonic
+            since = raft_now() - sync.conf.raftMinTimeout  # on PySyncObj's clock, as its response times
             answered = sync._SyncObj__lastResponseTime  # type: ignore[attr-defined] - no public accessor
             answering = frozenset(peer.id for peer in sync.otherNodes if answered.get(peer, 0) > since)
         role = Role(leading, None if leader is None else leader.id, reachable, 1 + len(self.peers), answering)

@@ -12,9 +12,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from pysyncobj import SyncObj
+from pysyncobj import monotonic as raft_clock
 
 from bench.throughput import free_ports
 from broker.cluster.prevote import NEVER, PreVote
@@ -275,13 +277,13 @@ def test_while_the_leaders_connection_is_closed_it_asks_again_soon(tmp_path: Pat
         period = sync.conf.appendEntriesPeriod
         prevote.tick()
         assert prevote._gone, "it saw the leader's connection closed"
-        prevote._deadline = asked = time.monotonic()  # its turn to ask has come
+        prevote._deadline = asked = raft_clock.monotonic()  # its turn to ask has come
         prevote.tick()
         assert prevote._deadline - asked <= period / 4 + 0.01
         sync._SyncObj__raftLeader = None  # type: ignore[attr-defined] - a new leader is being elected
         prevote._gone = False
-        prevote._deadline = time.monotonic()
-        asked = time.monotonic()
+        prevote._deadline = raft_clock.monotonic()
+        asked = raft_clock.monotonic()
         prevote.tick()
         assert prevote._deadline - asked >= period, "without a closed connection, one or two periods"
     finally:
@@ -319,3 +321,62 @@ def test_deadlines_passed_before_pre_vote_sees_them_are_held_too(tmp_path: Path)
         assert sync._SyncObj__raftElectionDeadline == 0, "TimeoutNow is PySyncObj's to act on"  # type: ignore[attr-defined]
     finally:
         sync.destroy()
+
+
+@pytest.mark.timeout(60)
+def test_a_deadline_set_on_a_message_is_held_at_once(tmp_path: Path) -> None:
+    """PySyncObj checks its deadline at the start of each tick, before pre-vote's tick takes a new one over; a
+    deadline set on a message is held as the message is handled, so a process stopped in between does not
+    come back to a passed deadline of PySyncObj's own."""
+    address, *others = (f"127.0.0.1:{port}" for port in free_ports(3))  # never started: never connected
+    conf = password_conf(None, TIMEOUT, tmp_path, lambda _old, _new: None)
+    conf.autoTick = False  # no Raft thread: nothing ticks
+    sync = SyncObj(address, others, conf=conf)
+    try:
+        prevote = PreVote(sync)
+        voter = next(iter(sync.otherNodes))
+        term, index = prevote._log_position()
+        before = raft_clock.monotonic()  # PySyncObj's clock
+        asked_term = sync._SyncObj__raftCurrentTerm + 1  # type: ignore[attr-defined]
+        prevote.receive(voter, {"type": "request_vote", "term": asked_term, "last_log_term": term,
+                                "last_log_index": index})
+        assert sync._SyncObj__votedForNodeId == voter.id, "PySyncObj granted the vote"  # type: ignore[attr-defined]
+        assert sync._SyncObj__raftElectionDeadline == NEVER, "left to PySyncObj until a tick"  # type: ignore[attr-defined]
+        assert prevote._deadline >= before + TIMEOUT, "its own deadline is the one PySyncObj set"
+        sync._SyncObj__raftLeader = voter  # type: ignore[attr-defined]
+        prevote.receive(voter, {"type": "timeout_now", "term": sync._SyncObj__raftCurrentTerm})  # type: ignore[attr-defined]
+        assert sync._SyncObj__raftElectionDeadline == 0, "TimeoutNow is PySyncObj's to act on"  # type: ignore[attr-defined]
+    finally:
+        sync.destroy()
+
+
+@pytest.mark.timeout(60)
+def test_pre_vote_reads_deadlines_on_pysyncobjs_clock(tmp_path: Path) -> None:
+    """PySyncObj's clock is CLOCK_MONOTONIC_RAW where there is one, which drifts from time.monotonic with
+    the system's clock corrections. Here it runs 1,000 s ahead: a deadline taken from PySyncObj must still
+    pass one timeout later, not 1,000 s later (nor, the other way round, at once)."""
+    real = raft_clock.monotonic
+    def ahead() -> float:
+        return real() + 1000.0
+
+    with mock.patch.object(raft_clock, "monotonic", ahead), \
+            mock.patch("pysyncobj.syncobj.monotonicTime", ahead):
+        address, *others = (f"127.0.0.1:{port}" for port in free_ports(3))  # never started
+        conf = password_conf(None, TIMEOUT, tmp_path, lambda _old, _new: None)
+        conf.autoTick = False  # no Raft thread: the test ticks pre-vote itself
+        sync = SyncObj(address, others, conf=conf)
+        try:
+            prevote = PreVote(sync)
+            sync._SyncObj__connectedToAnyone = lambda: True  # type: ignore[attr-defined] - as if it were
+            prevote._send = lambda _node, _message: True  # type: ignore[method-assign]
+            voter = next(iter(sync.otherNodes))
+            term, index = prevote._log_position()
+            prevote.receive(voter, {"type": "request_vote", "term": sync._SyncObj__raftCurrentTerm + 1,  # type: ignore[attr-defined]
+                                    "last_log_term": term, "last_log_index": index})
+            prevote.tick()
+            assert prevote.asked == 0, "it asked at once: the deadline read as long passed"
+            time.sleep(2.2 * TIMEOUT)  # past the longest timeout PySyncObj draws
+            prevote.tick()
+            assert prevote.asked == 1, "the deadline had not passed a timeout later"
+        finally:
+            sync.destroy()
