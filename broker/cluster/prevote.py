@@ -118,9 +118,7 @@ class PreVote:
             # PySyncObj's deadline from before it led has long passed: once it steps down, this one counts.
             self._set_deadline(NEVER)
             return
-        deadline = self._get("raftElectionDeadline")
-        if deadline != NEVER:
-            self._hold(deadline)
+        if self._hold():
             return
         if self.leader_gone():
             if not self._gone:
@@ -162,16 +160,20 @@ class PreVote:
             self._send(node, message)
         self._count()
 
-    def _hold(self, deadline: float) -> None:
+    def _hold(self) -> bool:
         """Keep a deadline PySyncObj set (it heard a leader, granted a vote or stood) as this one's, and put
-        PySyncObj's where it never passes. Any deadline, passed or not: one passed while this broker was
-        connected to nobody (PySyncObj stands only when connected) is asked about first, like any other. But
-        0 is PySyncObj's to act on: a transfer's TimeoutNow, or an election pre-vote let through."""
-        if deadline == 0:
-            return
-        self._deadline = deadline
-        self._set_deadline(NEVER)
-        self._asking = None
+        PySyncObj's where it never passes; whether it had set one. Any deadline, passed or not: one passed
+        while this broker was connected to nobody (PySyncObj stands only when connected) is asked about first,
+        like any other. But 0 is PySyncObj's to act on: a transfer's TimeoutNow, or an election pre-vote let
+        through."""
+        deadline = self._get("raftElectionDeadline")
+        if deadline == NEVER:
+            return False
+        if deadline != 0:
+            self._deadline = deadline
+            self._set_deadline(NEVER)
+            self._asking = None
+        return True
 
     def _count(self) -> None:
         if self._asking is not None and 1 + len(self._granted) > (len(self._get("otherNodes")) + 1) / 2:
@@ -211,9 +213,8 @@ class PreVote:
         # A deadline PySyncObj set on this message is taken now, not at the end of the next tick: PySyncObj
         # checks its deadline at the start of each tick, so one that passed meanwhile (the process stopped
         # right then) would be stood on without asking.
-        deadline = self._get("raftElectionDeadline")
-        if deadline != NEVER and self._get("raftState") != _LEADER:
-            self._hold(deadline)
+        if self._get("raftState") != _LEADER:
+            self._hold()
 
     def _rank(self) -> int:
         """This broker's place, by name, among the members other than the leader it followed."""

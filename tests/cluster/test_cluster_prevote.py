@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -81,6 +82,27 @@ def member(addresses: list[str], index: int, folder: Path, timeout: float = TIME
     """The node at ``addresses[index]`` of a cluster of them, its journal in a folder of its own."""
     address = addresses[index]
     return Node(address, [other for other in addresses if other != address], folder / str(index), timeout)
+
+
+@contextmanager
+def hand_ticked(folder: Path) -> Iterator[SyncObj]:
+    """A SyncObj without a Raft thread (the test ticks pre-vote itself) whose two peers never start: it is
+    never connected."""
+    address, *others = (f"127.0.0.1:{port}" for port in free_ports(3))
+    conf = password_conf(None, TIMEOUT, folder, lambda _old, _new: None)
+    conf.autoTick = False
+    sync = SyncObj(address, others, conf=conf)
+    try:
+        yield sync
+    finally:
+        sync.destroy()
+
+
+def vote_request(sync: SyncObj, prevote: PreVote) -> dict[str, Any]:
+    """A request_vote for the next term from a member whose log is as up to date as this one's."""
+    term, index = prevote._log_position()
+    return {"type": "request_vote", "term": sync._SyncObj__raftCurrentTerm + 1,  # type: ignore[attr-defined]
+            "last_log_term": term, "last_log_index": index}
 
 
 def until(condition: Callable[[], Any], seconds: float, what: str) -> Any:
@@ -264,11 +286,7 @@ def test_while_the_leaders_connection_is_closed_it_asks_again_soon(tmp_path: Pat
     leader's connection stays closed, the next question comes within a quarter of an append period, not one
     or two periods later (where the other's own first question, an append period after the close, came
     first and a tenth of a second was lost)."""
-    address, *others = (f"127.0.0.1:{port}" for port in free_ports(3))  # never started: never connected
-    conf = password_conf(None, TIMEOUT, tmp_path, lambda _old, _new: None)
-    conf.autoTick = False  # no Raft thread: the test ticks pre-vote itself
-    sync = SyncObj(address, others, conf=conf)
-    try:
+    with hand_ticked(tmp_path) as sync:
         prevote = PreVote(sync)
         leader = next(iter(sync.otherNodes))
         sync._SyncObj__raftLeader = leader  # type: ignore[attr-defined] - the leader it followed, now gone
@@ -286,8 +304,6 @@ def test_while_the_leaders_connection_is_closed_it_asks_again_soon(tmp_path: Pat
         asked = raft_clock.monotonic()
         prevote.tick()
         assert prevote._deadline - asked >= period, "without a closed connection, one or two periods"
-    finally:
-        sync.destroy()
 
 
 @pytest.mark.timeout(60)
@@ -297,20 +313,16 @@ def test_deadlines_passed_before_pre_vote_sees_them_are_held_too(tmp_path: Path)
     first ticked (a member restarted while its peers are unreachable would have unseated the leader they
     still hear, as soon as it reached them), and the one from before a member led, still there when it steps
     down."""
-    address, *others = (f"127.0.0.1:{port}" for port in free_ports(3))  # never started: never connected
-    conf = password_conf(None, TIMEOUT, tmp_path, lambda _old, _new: None)
-    conf.autoTick = False  # no Raft thread: the test ticks pre-vote itself
-    sync = SyncObj(address, others, conf=conf)
-    try:
+    with hand_ticked(tmp_path) as sync:
         time.sleep(2.5 * TIMEOUT)  # past PySyncObj's first deadline (at most twice TIMEOUT after it started)
         prevote = PreVote(sync)
         assert sync._SyncObj__raftElectionDeadline == NEVER  # type: ignore[attr-defined]
-        sync._SyncObj__raftElectionDeadline = time.monotonic() - 1  # type: ignore[attr-defined] - passed
+        sync._SyncObj__raftElectionDeadline = raft_clock.monotonic() - 1  # type: ignore[attr-defined] - passed
         prevote.tick()
         assert sync._SyncObj__raftElectionDeadline == NEVER, "a passed deadline left to PySyncObj"  # type: ignore[attr-defined]
         asked = prevote.asked
         sync._SyncObj__raftState = 2  # type: ignore[attr-defined] - it leads, with an old deadline left
-        sync._SyncObj__raftElectionDeadline = time.monotonic() - 1  # type: ignore[attr-defined]
+        sync._SyncObj__raftElectionDeadline = raft_clock.monotonic() - 1  # type: ignore[attr-defined]
         prevote.tick()
         assert sync._SyncObj__raftElectionDeadline == NEVER, "a leader kept its old deadline"  # type: ignore[attr-defined]
         sync._SyncObj__raftState = 0  # type: ignore[attr-defined] - it steps down
@@ -319,8 +331,6 @@ def test_deadlines_passed_before_pre_vote_sees_them_are_held_too(tmp_path: Path)
         sync._SyncObj__raftElectionDeadline = 0  # type: ignore[attr-defined] - a transfer's TimeoutNow
         prevote.tick()
         assert sync._SyncObj__raftElectionDeadline == 0, "TimeoutNow is PySyncObj's to act on"  # type: ignore[attr-defined]
-    finally:
-        sync.destroy()
 
 
 @pytest.mark.timeout(60)
@@ -328,26 +338,17 @@ def test_a_deadline_set_on_a_message_is_held_at_once(tmp_path: Path) -> None:
     """PySyncObj checks its deadline at the start of each tick, before pre-vote's tick takes a new one over; a
     deadline set on a message is held as the message is handled, so a process stopped in between does not
     come back to a passed deadline of PySyncObj's own."""
-    address, *others = (f"127.0.0.1:{port}" for port in free_ports(3))  # never started: never connected
-    conf = password_conf(None, TIMEOUT, tmp_path, lambda _old, _new: None)
-    conf.autoTick = False  # no Raft thread: nothing ticks
-    sync = SyncObj(address, others, conf=conf)
-    try:
+    with hand_ticked(tmp_path) as sync:
         prevote = PreVote(sync)
         voter = next(iter(sync.otherNodes))
-        term, index = prevote._log_position()
         before = raft_clock.monotonic()  # PySyncObj's clock
-        asked_term = sync._SyncObj__raftCurrentTerm + 1  # type: ignore[attr-defined]
-        prevote.receive(voter, {"type": "request_vote", "term": asked_term, "last_log_term": term,
-                                "last_log_index": index})
+        prevote.receive(voter, vote_request(sync, prevote))
         assert sync._SyncObj__votedForNodeId == voter.id, "PySyncObj granted the vote"  # type: ignore[attr-defined]
         assert sync._SyncObj__raftElectionDeadline == NEVER, "left to PySyncObj until a tick"  # type: ignore[attr-defined]
         assert prevote._deadline >= before + TIMEOUT, "its own deadline is the one PySyncObj set"
         sync._SyncObj__raftLeader = voter  # type: ignore[attr-defined]
         prevote.receive(voter, {"type": "timeout_now", "term": sync._SyncObj__raftCurrentTerm})  # type: ignore[attr-defined]
         assert sync._SyncObj__raftElectionDeadline == 0, "TimeoutNow is PySyncObj's to act on"  # type: ignore[attr-defined]
-    finally:
-        sync.destroy()
 
 
 @pytest.mark.timeout(60)
@@ -356,27 +357,18 @@ def test_pre_vote_reads_deadlines_on_pysyncobjs_clock(tmp_path: Path) -> None:
     the system's clock corrections. Here it runs 1,000 s ahead: a deadline taken from PySyncObj must still
     pass one timeout later, not 1,000 s later (nor, the other way round, at once)."""
     real = raft_clock.monotonic
+
     def ahead() -> float:
         return real() + 1000.0
 
     with mock.patch.object(raft_clock, "monotonic", ahead), \
-            mock.patch("pysyncobj.syncobj.monotonicTime", ahead):
-        address, *others = (f"127.0.0.1:{port}" for port in free_ports(3))  # never started
-        conf = password_conf(None, TIMEOUT, tmp_path, lambda _old, _new: None)
-        conf.autoTick = False  # no Raft thread: the test ticks pre-vote itself
-        sync = SyncObj(address, others, conf=conf)
-        try:
-            prevote = PreVote(sync)
-            sync._SyncObj__connectedToAnyone = lambda: True  # type: ignore[attr-defined] - as if it were
-            prevote._send = lambda _node, _message: True  # type: ignore[method-assign]
-            voter = next(iter(sync.otherNodes))
-            term, index = prevote._log_position()
-            prevote.receive(voter, {"type": "request_vote", "term": sync._SyncObj__raftCurrentTerm + 1,  # type: ignore[attr-defined]
-                                    "last_log_term": term, "last_log_index": index})
-            prevote.tick()
-            assert prevote.asked == 0, "it asked at once: the deadline read as long passed"
-            time.sleep(2.2 * TIMEOUT)  # past the longest timeout PySyncObj draws
-            prevote.tick()
-            assert prevote.asked == 1, "the deadline had not passed a timeout later"
-        finally:
-            sync.destroy()
+            mock.patch("pysyncobj.syncobj.monotonicTime", ahead), hand_ticked(tmp_path) as sync:
+        prevote = PreVote(sync)
+        sync._SyncObj__connectedToAnyone = lambda: True  # type: ignore[attr-defined] - as if it were
+        prevote._send = lambda _node, _message: True  # type: ignore[method-assign]
+        prevote.receive(next(iter(sync.otherNodes)), vote_request(sync, prevote))
+        prevote.tick()
+        assert prevote.asked == 0, "it asked at once: the deadline read as long passed"
+        time.sleep(2.2 * TIMEOUT)  # past the longest timeout PySyncObj draws
+        prevote.tick()
+        assert prevote.asked == 1, "the deadline had not passed a timeout later"
