@@ -62,10 +62,16 @@ def failing_within(
     return raised.value
 
 
-def stranger(keys_dir: Path) -> Credentials:
-    """A client pinned to the broker's real key, with a key pair the broker never admitted."""
-    public, secret = zmq.curve_keypair()
-    return Credentials(key_files.broker_public(keys_dir), public, secret)
+def stranger(keys_dir: Path, dash: bool = False) -> Credentials:
+    """A client pinned to the broker's real key, with a key pair the broker never admitted.
+
+    Z85 keys start with ``-`` one time in 85, and the command that admits such a key needs ``--`` before it:
+    ``dash`` says which of the two kinds to draw, so neither case depends on the luck of the draw.
+    """
+    while True:
+        public, secret = zmq.curve_keypair()
+        if public.startswith(b"-") == dash:
+            return Credentials(key_files.broker_public(keys_dir), public, secret)
 
 
 @pytest.fixture(params=["sync", "async"])
@@ -73,19 +79,22 @@ def kind(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+@pytest.mark.parametrize("dash", [False, True], ids=["plain-key", "dash-key"])
 def test_a_refused_key_is_named_with_the_command_that_admits_it(
-    kind: str, start_broker: BrokerFactory, keys_dir: Path, caplog: pytest.LogCaptureFixture
+    kind: str, dash: bool, start_broker: BrokerFactory, keys_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     broker = start_broker(curve=True, keys_dir=keys_dir)
-    credentials = stranger(keys_dir)
+    credentials = stranger(keys_dir, dash)
     key = credentials.public.decode()
+    # A key that starts with a dash would read as an option: the command puts `--` before it.
+    command = f"mc0 keys admit NAME -- {key}" if dash else f"mc0 keys admit NAME {key}"
     with caplog.at_level(logging.WARNING, logger="mc0.auth"):
         refused = failing_within(PROMPT, kind, broker.endpoint, credentials)
     assert str(refused) == (f"the broker at {broker.endpoint} refused this client's key {key} (ZAP status "
-                                  f"400): admit it on the broker with `mc0 keys admit NAME {key}`")
+                                  f"400): admit it on the broker with `{command}`")
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert warnings == [f"refused a CURVE client: its key {key} is not in {keys_dir / 'allowed'}; to admit "
-                        f"it, run `mc0 keys admit NAME {key}` beside the broker's keys folder"]
+                        f"it, run `{command}` beside the broker's keys folder"]
 
 
 def test_the_same_refused_key_is_logged_once_a_minute(
