@@ -9,6 +9,11 @@ fails the test.
 ``dealer(endpoint, ...)`` opens a plain pyzmq DEALER (never the project's connector) wrapped in :class:`Peer`,
 whose every receive goes through ``poll`` with a timeout, so no test can hang on a silent broker. Replies are
 parsed here by a few lines of independent code (:func:`parse`), not by the codec under test.
+
+``spark`` is one SparkSession for every test that asks for it (the pipeline's). It lives here, not in a
+``conftest.py`` of the pipeline's folder: the test folders are not packages, so a second ``conftest``
+module would replace this one in ``sys.modules``, and the tests that import helpers from it (``from
+conftest import``) would then fail to import whenever both folders are collected in one command.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -552,3 +559,31 @@ def keys_dir(tmp_path: Path) -> Path:
 def curve_broker(start_broker: BrokerFactory, keys_dir: Path) -> Broker:
     """A broker with CURVE on, admitting the clients of ``keys_dir``."""
     return start_broker(curve=True, keys_dir=keys_dir)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One SparkSession for the session: ``local[2,4]`` (two threads, and a failed task is tried again up to
+    four times, as on a cluster: the exactly-once sink is tested against retries), no UI, the driver bound to
+    loopback, the mc0 data source registered. Spark starts once (a JVM takes seconds), when a test first asks
+    for it, and stops at the end of the session. Python workers inherit this process's environment, so they
+    import this checkout's packages."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors run the same interpreter (and its packages)
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    from pipeline.source import register
+
+    session = (
+        SparkSession.builder.master("local[2,4]").appName("mc0-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    register(session)
+    yield session
+    session.stop()

@@ -611,9 +611,16 @@ def test_without_heartbeats_the_broker_drops_a_silent_client(start_broker: Broke
         peer.connect(broker.endpoint)
         peer.send_multipart([b"", b"CONNECT", b"VERSION", b"0.3", b"TTL", b"300", b"ID", b"1"])
         peer.send_multipart([b"", b"SUB", b"ID", b"2", b"", b"idle"])
+        # Both OKs (the broker's NOOP heartbeats may come between): the broker took the subscription. Asking
+        # another connection's STATS at once could race the peer's handshake on a loaded machine.
+        oks = 0
+        while oks < 2:
+            assert peer.poll(3000), "the broker did not answer CONNECT and SUB"
+            verb = peer.recv_multipart()[1]
+            assert verb in (b"OK", b"NOOP"), verb
+            oks += verb == b"OK"
         with Client(broker.endpoint, timeout=3.0) as observer:
-            assert observer.stats()["topics"]["idle"]["subscribers"] == 1
-            wait_for(lambda: observer.stats()["topics"]["idle"]["subscribers"] == 0, timeout=3.0)
+            wait_for(lambda: observer.stats()["topics"]["idle"]["subscribers"] == 0, timeout=5.0)
         peer.close()
     finally:
         context.destroy(linger=0)
