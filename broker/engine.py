@@ -106,7 +106,7 @@ class RangeRead:
     start_id: int
     incarnation: str | None
     messages: list[Message]
-    records: bytes = b""
+    records: bytes | memoryview = b""  # a view of the log's read buffer: send it, don't keep it
     count: int = 0
 
 

@@ -33,28 +33,33 @@ POLLOUT = int(zmq.POLLOUT)
 
 Again = zmq.Again
 
-#: Payload frames at least this long are handed to libzmq without a copy (pyzmq keeps the bytes object alive
-#: until libzmq has sent it; bytes are immutable, so nothing can change it meanwhile). Measured: a copying
-#: send of a 1.4 MB records reply cost the sending thread 300-500 us, a send without the copy 5-10 us, and a
-#: broker answering the range reads of 1,000,000 stored messages spent 0.18-0.24 CPU-s before, 0.10-0.14
-#: after. This is pyzmq's own threshold (``zmq.COPY_THRESHOLD``), below which it copies anyway.
+#: Payload frames at least this long are handed to libzmq without a copy (pyzmq keeps the object alive until
+#: libzmq has sent it). Measured: a copying send of a 1.4 MB records reply cost the sending thread 300-500 us,
+#: a send without the copy 5-10 us, and a broker answering the range reads of 1,000,000 stored messages spent
+#: 0.18-0.24 CPU-s before, 0.10-0.14 after. This is pyzmq's own threshold (``zmq.COPY_THRESHOLD``), below
+#: which it copies anyway. Only bytes and read-only memoryviews go without a copy: nothing may change the
+#: bytes while libzmq sends them, and bytes cannot change, while a read-only view is how its owner promises
+#: it will not (the store's read buffers: broker.store.buffers). A writable view (a receive buffer, say) is
+#: copied.
 ZERO_COPY_MIN = zmq.COPY_THRESHOLD
 
 
-def send_frames(socket: zmq.Socket, frames: Sequence[bytes]) -> None:
+def send_frames(socket: zmq.Socket, frames: Sequence[bytes | memoryview]) -> None:
     """Send ``frames`` as one message without blocking; ``zmq.Again`` if the peer's pipe is full. A large
-    last frame (a payload) of ``bytes`` leaves without a copy: see :data:`ZERO_COPY_MIN`."""
+    last frame (a payload) of ``bytes``, or a read-only memoryview, leaves without a copy: see
+    :data:`ZERO_COPY_MIN`."""
     last = len(frames) - 1
     for index in range(last):
         _send(socket, frames[index], SNDMORE_NOBLOCK)
     final = frames[last]
-    if len(final) >= ZERO_COPY_MIN and type(final) is bytes:
+    if len(final) >= ZERO_COPY_MIN and (type(final) is bytes
+                                        or (type(final) is memoryview and final.readonly)):
         _send(socket, final, NOBLOCK, False)
     else:
         _send(socket, final, NOBLOCK)
 
 
-def send_to(socket: zmq.Socket, identity: bytes, frames: Sequence[bytes]) -> None:
+def send_to(socket: zmq.Socket, identity: bytes, frames: Sequence[bytes | memoryview]) -> None:
     """:func:`send_frames` on a ROUTER, with the peer's ``identity`` frame in front (no list is built)."""
     _send(socket, identity, SNDMORE_NOBLOCK)
     send_frames(socket, frames)

@@ -284,7 +284,9 @@ class Messages:
 class Ok:
     id: bytes | None = None
     headers: Headers = field(default_factory=dict)
-    body: bytes | None = None  # extension replies (STATS) carry a positional body
+    # Extension replies (STATS, a FETCH's records) carry a positional body; a broker's records may be a
+    # read-only view of its read buffer (broker.store.buffers).
+    body: bytes | memoryview | None = None
 
 
 @dataclass(slots=True)
@@ -903,7 +905,7 @@ def fetch_ok(
 
 def records_ok(
     command_id: bytes, first_id: int, next_id: int, start_id: int, count: int, incarnation: bytes,
-    payload: bytes,
+    payload: bytes | memoryview,
 ) -> Ok:
     """The OK answering a ``FORMAT records`` FETCH: ``count`` records from ``start_id`` on, as stored."""
     headers = {

@@ -184,9 +184,12 @@ class TopicLog(Protocol):
         """Written messages from ``start_id`` on, bounded by count and body bytes (at least one if any)."""
         ...
 
-    def read_records(self, start_id: int, max_messages: int, max_bytes: int) -> tuple[int, int, bytes]:
+    def read_records(
+        self, start_id: int, max_messages: int, max_bytes: int
+    ) -> tuple[int, int, bytes | memoryview]:
         """Written records from ``start_id`` (or the first stored) on, as they lie in the log, undecoded:
-        ``(first id, count, bytes)``, bounded by count and record bytes (at least one record if any)."""
+        ``(first id, count, bytes)``, bounded by count and record bytes (at least one record if any). The
+        bytes may be a read-only view of a buffer the log fills again once nothing holds the view."""
         ...
 
     def find_time(self, timestamp_ms: int) -> int:

@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 from broker.histogram import FSYNC_SECONDS, Histogram
 from broker.store import LogIdentity, StoredTopic, StoreError, SyncFailed
+from broker.store.buffers import ReadBuffers
 from broker.store.log import SegmentLog
 from broker.store.segment import fsync, fsync_directory, open_file, write_all
 from broker.topics import MAX_TOPIC_ID, Delivery, Persistence, Sync, TopicSpec
@@ -301,6 +302,7 @@ class FileStore:
         self.index_interval = index_interval
         # Every log's segment fsyncs, timed (one histogram for the whole store: what the monitoring shows).
         self.fsync_seconds = Histogram(FSYNC_SECONDS)
+        self.read_buffers = ReadBuffers()  # shared by the logs' range reads (broker.store.buffers)
         self.files = OpenFiles(max_open_files)
         self._logs: dict[bytes, SegmentLog] = {}
         self._failed: dict[bytes, tuple[float, StoreError]] = {}  # recent failures to open, by topic
@@ -482,7 +484,8 @@ class FileStore:
                 topic_id = stored.topic_id
             recorded = (stored.spec, stored.topic_id, identity)
         segment_log = SegmentLog(topic, directory, spec, index_interval=self.index_interval, lost=lost,
-                                 fsync_seconds=self.fsync_seconds, on_use=self.files.use)
+                                 fsync_seconds=self.fsync_seconds, on_use=self.files.use,
+                                 read_buffers=self.read_buffers)
         if created:
             segment_log.created = False  # created with its identity just now
         try:

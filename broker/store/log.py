@@ -46,6 +46,7 @@ from broker.histogram import FSYNC_SECONDS, Histogram
 from broker.store import DamagedRange, LogIdentity, StoreError, SyncFailed
 from broker.store.acks import AckJournal
 from broker.store.batch import encode_plain
+from broker.store.buffers import ReadBuffers
 from broker.store.producers import ProducerJournal
 from broker.store.segment import (
     NO_ENTRY,
@@ -113,6 +114,7 @@ class SegmentLog:
         fsync_seconds: Histogram | None = None,
         lost: Iterable[tuple[int, int]] = (),
         on_use: Callable[[SegmentLog], None] | None = None,
+        read_buffers: ReadBuffers | None = None,
     ) -> None:
         if index_interval < 1:
             raise ValueError("index_interval must be at least 1")
@@ -126,6 +128,8 @@ class SegmentLog:
         self.truncated_bytes = 0
         self.lost = sorted(lost)  # id ranges mc0 repair took out: gaps between segments that are no damage
         self.on_use = on_use
+        # Range reads fill kept buffers (the store shares them among its logs): see broker.store.buffers.
+        self.read_buffers = read_buffers if read_buffers is not None else ReadBuffers()
         self._strong = spec.sync is Sync.STRONG
         self._segment_bytes = spec.segment_bytes
         self._pack = msgpack.Packer(use_bin_type=True).pack
@@ -997,14 +1001,17 @@ class SegmentLog:
 
     # ------------------------------------------------------------------------------ raw ranges and time
 
-    def read_records(self, start_id: int, max_messages: int, max_bytes: int) -> tuple[int, int, bytes]:
+    def read_records(
+        self, start_id: int, max_messages: int, max_bytes: int
+    ) -> tuple[int, int, bytes | memoryview]:
         """Written records from ``start_id`` (or the first stored) on, as they lie in the log: ``(first id,
         count, bytes)``. No record is decoded or checked here: the reader checks each record's CRC.
 
         One segment at most, ``max_messages`` records at most, and at most ``max_bytes`` of records (heads
         included), except that the first record is always returned. The cuts come from the sparse index plus
         a walk over at most one index interval of record heads at each end, so the cost does not grow with
-        the number of records returned: one pread."""
+        the number of records returned: one read, into a buffer kept for the next (a read-only view of it,
+        :mod:`broker.store.buffers`)."""
         if self._closed:
             raise StoreError(f"{self.directory}: the log is closed")
         start_id = max(start_id, self._segments[0].base)
@@ -1026,7 +1033,7 @@ class SegmentLog:
             else:  # no index entry inside the budget: it spans less than one index interval
                 stop_id, end = self._walk_heads(segment, begin, start_id, limit)
         assert segment.fd is not None
-        data = pread_exact(segment.fd, end - begin, begin, segment.path)
+        data = self.read_buffers.read(segment.fd, end - begin, begin, segment.path)
         if len(data) != end - begin:
             raise self._corrupt(segment, begin + len(data), "the file is shorter than the log says")
         return start_id, stop_id - start_id, data
