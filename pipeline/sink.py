@@ -42,6 +42,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringType, StructType
 
 from pipeline import options as opts
+from pipeline import worker
 from pipeline.arrow import KEY_HEADER
 from pipeline.options import Connection, Mode, OptionError
 from pipeline.puts import topic_bodies
@@ -144,6 +145,7 @@ def publish(settings: WriteSettings, batches: Iterator[Any], producer: bytes) ->
     """Publish every row as idempotent batches (per topic, numbered from 0); returns once the broker confirmed
     all of them."""
     client = settings.connection.client()
+    worker.settle()  # once per Python worker, all imported: Spark's collection after each task skips them
     timeout = settings.connection.request_timeout
     sequences: dict[str, int] = {}
     pending: dict[str, list[tuple[str, bytes, dict[bytes, bytes] | None]]] = {}  # entries, per topic

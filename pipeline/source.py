@@ -58,6 +58,7 @@ from pyspark.sql.types import (
 )
 
 from pipeline import options as opts
+from pipeline import worker
 from pipeline.options import Connection, Mode, OptionError
 
 FORMAT = "mc0"
@@ -445,6 +446,7 @@ def read_range(settings: ReadSettings, part: Range) -> Iterator[Any]:
         return
     schema = to_arrow_schema(settings.schema(), timezone="UTC")
     client = settings.connection.client()
+    worker.settle()  # once per Python worker, all imported: Spark's collection after each task skips them
     try:
         def ask(position: int) -> Future[Any]:
             return client.fetch_later(part.topic, position,
@@ -490,6 +492,7 @@ class Mc0BatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         settings = self.settings
         broker = Broker(settings.connection)
+        worker.settle()  # planned in a Python worker of its own, which Spark collects after each use
         try:
             topics = topics_of(settings, broker)
             bounds = broker.bounds(topics)
@@ -747,6 +750,7 @@ class Mc0DataSource(DataSource):
     def schema(self) -> StructType:
         # Asked by load(), for batch and streaming reads alike: the names are checked here, so that a typo
         # fails at load(); what depends on the mode is checked when Spark asks for the reader.
+        worker.settle()  # asked in a Python worker of its own, which Spark collects after each use
         opts.check(self.options, None)
         return SCHEMA_WITH_HEADERS if opts.flag(self.options, "includeHeaders", False) else SCHEMA
 
