@@ -35,16 +35,24 @@ _EMPTY_MAP = 0x80
 _UINT_BYTES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
 #: msgpack bin markers -> length bytes that follow.
 _BIN_LENGTH_BYTES = {0xC4: 1, 0xC5: 2, 0xC6: 4}
+#: The same as tables over every marker byte, so that a whole column of markers is looked up at once:
+#: unsigned integer bytes (0 for a positive fixint, -1 for anything else) and bin length bytes (0: not a bin).
+_UINT_WIDTH = np.full(256, -1, dtype=np.int64)
+_UINT_WIDTH[:0x80] = 0
+_BIN_LENGTH_WIDTH = np.zeros(256, dtype=np.int64)
+for _marker, _width in _UINT_BYTES.items():
+    _UINT_WIDTH[_marker] = _width
+for _marker, _width in _BIN_LENGTH_BYTES.items():
+    _BIN_LENGTH_WIDTH[_marker] = _width
 
 HEADER_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 
 
 def _big_endian(buffer: np.ndarray, positions: np.ndarray, width: int) -> np.ndarray:
-    """The unsigned big-endian integers of ``width`` bytes at ``positions`` of ``buffer``, as uint64."""
-    out = np.zeros(len(positions), dtype=np.uint64)
-    for byte in range(width):
-        out = (out << np.uint64(8)) | buffer[positions + byte].astype(np.uint64)
-    return out
+    """The unsigned big-endian integers of ``width`` bytes (1, 2, 4 or 8) at ``positions`` of ``buffer``, as
+    uint64: one gather of their bytes, read as integers of that width."""
+    gathered = buffer[positions[:, None] + np.arange(width)]  # one row of ``width`` bytes per integer
+    return gathered.view(f">u{width}").ravel().astype(np.uint64)
 
 
 def _uniform_positions(
@@ -122,18 +130,13 @@ def to_batch(
     # Where msgpack put each field, for the common shape [uint timestamp, {}, bin body].
     start = positions + 16
     marker = buffer[start + 1] if count else np.empty(0, dtype=np.uint8)
-    widths = np.full(count, -1, dtype=np.int64)
-    widths[marker < 0x80] = 0  # positive fixint
-    for code, width in _UINT_BYTES.items():
-        widths[marker == code] = width
+    widths = _UINT_WIDTH[marker]
     usual = (buffer[start] == _FIXARRAY_3) & (widths >= 0)
     map_at = start + 2 + np.maximum(widths, 0)
     usual &= buffer[np.minimum(map_at, len(buffer) - 1)] == _EMPTY_MAP
     bin_at = np.minimum(map_at + 1, len(buffer) - 1)
     bin_marker = buffer[bin_at]
-    length_bytes = np.zeros(count, dtype=np.int64)
-    for code, width in _BIN_LENGTH_BYTES.items():
-        length_bytes[bin_marker == code] = width
+    length_bytes = _BIN_LENGTH_WIDTH[bin_marker]
     usual &= length_bytes > 0
 
     names = schema.names  # the columns asked for (all of them unless the read was given a schema)

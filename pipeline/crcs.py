@@ -42,10 +42,17 @@ def _tables(columns: np.ndarray) -> np.ndarray:
     return tables
 
 
-def _apply(tables: np.ndarray, crcs: np.ndarray) -> np.ndarray:
-    """The map of ``tables`` applied to each of ``crcs`` (uint32)."""
-    return (tables[0][crcs & 0xFF] ^ tables[1][(crcs >> 8) & 0xFF]
-            ^ tables[2][(crcs >> 16) & 0xFF] ^ tables[3][crcs >> 24])
+def _octets(values: np.ndarray) -> np.ndarray:
+    """uint32 ``values`` as rows of their four bytes, lowest first (what :func:`_apply` takes)."""
+    return np.ascontiguousarray(values, dtype="<u4").view(np.uint8).reshape(-1, 4)
+
+
+def _apply(tables: np.ndarray, octets: np.ndarray) -> np.ndarray:
+    """The map of ``tables`` applied to each of the uint32s whose bytes, lowest first, are the rows of
+    ``octets``. Indexing by the bytes themselves saves the shifts and masks of taking them out of the
+    integers (about half the time of the fold)."""
+    return (tables[0][octets[:, 0]] ^ tables[1][octets[:, 1]]
+            ^ tables[2][octets[:, 2]] ^ tables[3][octets[:, 3]])
 
 
 @lru_cache(maxsize=64)
@@ -59,7 +66,7 @@ def _shift_tables(length: int, levels: int) -> tuple[np.ndarray, ...]:
     out = []
     for _ in range(levels):
         out.append(_tables(columns))
-        columns = _apply(out[-1], columns)  # A(2n) = A(n) . A(n)
+        columns = _apply(out[-1], _octets(columns))  # A(2n) = A(n) . A(n)
     return tuple(out)
 
 
@@ -71,10 +78,11 @@ def combine(crcs: np.ndarray, length: int) -> int:
     levels = (count - 1).bit_length()
     # Padded in front with the CRC of nothing (0): combining 0 with c gives c, and every right-hand operand
     # of the fold is then a whole block of length * 2**level bytes, so one map serves each level.
-    folded = np.zeros(1 << levels, dtype=np.uint32)
+    folded = np.zeros(1 << levels, dtype="<u4")
     folded[len(folded) - count:] = crcs
     for tables in _shift_tables(length, levels):
-        folded = _apply(tables, folded[0::2]) ^ folded[1::2]
+        left = folded.view(np.uint8).reshape(-1, 2, 4)[:, 0]  # the bytes of every other CRC
+        folded = (_apply(tables, left) ^ folded[1::2]).astype("<u4", copy=False)
     return int(folded[0])
 
 
