@@ -61,7 +61,8 @@ def return_large_frees() -> bool:
     glibc raises its mmap threshold each time a large block is freed, so the next ones come from the heap,
     and a heap does not shrink past what is still in use above: a few clients sending 20 MiB lines leave the
     broker 100 MB larger for good. A fixed threshold keeps every block of a megabyte or more in pages of its
-    own, unmapped when freed. True if it was set (glibc only: elsewhere nothing changes)."""
+    own, unmapped when freed. (Range reads, which would pay for fresh pages on every reply, fill a few buffers
+    the store keeps: broker.store.buffers.) True if it was set (glibc only: elsewhere nothing changes)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_FROM))

@@ -46,7 +46,7 @@ class ReadBuffers:
         self.count = count
         self.largest = largest
         self._buffers: list[bytearray] = []
-        self.reused = 0  # reads served from a kept buffer (for tests and STATS-like curiosity)
+        self.reused = 0  # reads that filled a buffer kept from an earlier one (the tests read it)
 
     def read(self, fd: int, size: int, offset: int, path: Path) -> bytes | memoryview:
         """``size`` bytes of ``fd`` at ``offset`` (fewer only at the end of the file): a read-only view of
@@ -85,4 +85,3 @@ class ReadBuffers:
         else:
             return None
         return fresh
-
