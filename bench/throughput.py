@@ -468,6 +468,7 @@ def _bindable(port: int) -> bool:
 
 
 def _ephemeral_start() -> int:
+    """The first port the system hands out for outgoing connections."""
     try:
         with open(PORT_RANGE_FILE) as ports:
             return int(ports.read().split()[0])

@@ -4,8 +4,8 @@ Spark runs after every task from walking the whole process each time.
 A Python worker that Spark reuses (``spark.python.worker.reuse``, on by default) runs ``gc.collect()`` after
 every task (``pyspark/daemon.py``): a full collection, which walks every object alive in the process. With
 PySpark, pyarrow, numpy and the connector loaded that took 30-90 ms of CPU after each task here (logged with
-``gc.callbacks`` during ``python3 -m bench spark``), about as much as turning the task's million-row share
-of records into Arrow columns; on two cores that time comes out of what the JVM and the other task have.
+``gc.callbacks`` during ``python3 -m bench spark``), about as much as turning the task's half of a million
+records into Arrow columns; on two cores that time comes out of what the JVM and the other task have.
 
 Nearly everything alive when a worker runs its first mc0 task lives as long as the process: modules, classes,
 functions, PySpark's own state. :func:`settle` moves those objects out of the collector's way once
