@@ -47,6 +47,7 @@ from broker.store import DamagedRange, LogIdentity, StoreError, SyncFailed
 from broker.store.acks import AckJournal
 from broker.store.batch import encode_plain
 from broker.store.buffers import ReadBuffers
+from broker.store.pending import PendingBytes
 from broker.store.producers import ProducerJournal
 from broker.store.segment import (
     NO_ENTRY,
@@ -63,7 +64,6 @@ from broker.store.segment import (
     open_file,
     parse_segment_file_name,
     pread_exact,
-    write_all,
 )
 from broker.topics import Sync, TopicSpec
 from protocol.bodies import TopicBodies
@@ -149,7 +149,7 @@ class SegmentLog:
         self._unsynced: list[Segment] = []  # written since their last fsync
         self._open_sealed: OrderedDict[Segment, None] = OrderedDict()  # LRU: sealed segments open for reads
         self._dir_dirty = False  # a file was created since the directory's last fsync
-        self._buf = bytearray()  # appended to the active segment, not yet written
+        self._buf = PendingBytes()  # appended to the active segment, not yet written
         self._active_size = 0  # size of the active segment including the buffer
         self._last_entry = NO_ENTRY  # position of the active segment's newest index entry
         self._next_id = 1
@@ -453,7 +453,7 @@ class SegmentLog:
                 active.positions.append(last_entry)  # type: ignore[union-attr]
                 index += 1
             self._last_entry = last_entry
-            self._buf += out[starts[done] : ends[stop - 1]]
+            self._buf.hand_over(out[starts[done] : ends[stop - 1]])
             self._active_size = base + ends[stop - 1]
             self._next_id = first_id + stop  # before a roll: the next segment begins at this id
             self._last_timestamp = timestamp
@@ -470,7 +470,7 @@ class SegmentLog:
             active.ids.append(message_id)  # type: ignore[union-attr]
             active.positions.append(position)  # type: ignore[union-attr]
             self._last_entry = position
-        buf = self._buf
+        buf = self._buf.tail
         buf += head
         buf += payload
         self._active_size = position + RECORD_HEAD_SIZE + len(payload)
@@ -583,11 +583,11 @@ class SegmentLog:
         segment = Segment(self.directory, self._next_id)
         self._segments.append(segment)
         self._bases.append(segment.base)
-        self._buf = bytearray(encode_segment_header(segment.base))  # the new file's first write
+        self._buf = PendingBytes(encode_segment_header(segment.base))  # the new file's first write
         self._active_size = SEGMENT_HEADER_SIZE
         self._last_entry = NO_ENTRY
 
-    def _write_to(self, segment: Segment, data: bytearray) -> None:
+    def _write_to(self, segment: Segment, data: PendingBytes) -> None:
         if segment.fd is None or segment.index_fd is None:
             if segment.size:
                 segment.open_active()  # released earlier to keep few files open
@@ -595,7 +595,7 @@ class SegmentLog:
                 segment.create()
                 self._dir_dirty = True
         assert segment.fd is not None
-        write_all(segment.fd, data, segment.path)
+        data.write(segment.fd, segment.path)
         segment.size += len(data)
         self._bytes_on_disk += len(data)
         segment.write_new_index_entries()
@@ -626,7 +626,7 @@ class SegmentLog:
             self._write_to(active, self._buf)
             # A new segment's first write begins with its header: its first record lies just after.
             self._tail = (active, first, max(active.size - len(self._buf), SEGMENT_HEADER_SIZE))
-            self._buf = bytearray()
+            self._buf = PendingBytes()
             active.last_id = self._next_id - 1
             active.last_timestamp = self._last_timestamp
         self._written_next_id = self._next_id

@@ -20,12 +20,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import lt
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgpack
 
 from broker.store import StoreError, SyncFailed
 from protocol.checksum import crc32
+
+if TYPE_CHECKING:
+    from broker.store.pending import PendingBytes
 
 log = logging.getLogger("mc0.store")
 
@@ -272,7 +275,7 @@ class Segment:
         self.last_timestamp = 0  # of the last record: retention by age compares it
         self.sealed = False
         self.deleted = False
-        self.pending: bytearray | None = None  # bytes appended before a roll and not yet written
+        self.pending: PendingBytes | None = None  # bytes appended before a roll and not yet written
 
     def __repr__(self) -> str:
         return f"Segment({self.path.name}, size={self.size}, sealed={self.sealed})"

@@ -29,23 +29,32 @@ RULES = (TopicRule("p.*", TopicSpec(persistence=Persistence.PERSISTENT)),
 @contextmanager
 def full_disk(monkeypatch: pytest.MonkeyPatch, topic: bytes) -> Iterator[None]:
     """Writes to the files of ``topic`` fail with ENOSPC, nothing else does."""
-    real = os.write
+    real, real_writev = os.write, os.writev
     marker = "/" + directory_name(topic) + "/"
 
-    def write(fd: int, data: bytes) -> int:
+    def refuse(fd: int) -> None:
         try:
             path = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             path = ""
         if marker in path:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def write(fd: int, data: bytes) -> int:
+        refuse(fd)
         return real(fd, data)
 
+    def writev(fd: int, buffers: list[memoryview]) -> int:
+        refuse(fd)
+        return real_writev(fd, buffers)
+
     monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "writev", writev)
     try:
         yield
     finally:
         monkeypatch.setattr(os, "write", real)
+        monkeypatch.setattr(os, "writev", real_writev)
 
 
 @pytest.mark.timeout(30)

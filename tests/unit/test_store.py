@@ -743,13 +743,18 @@ def test_weak_and_async_commits_never_fsync(store: FileStore, fsync_calls: list[
 def test_commit_writes_a_turn_with_one_write(store: FileStore, monkeypatch) -> None:
     log = store.open(TOPIC, spec(segment_bytes=1 << 20))
     writes: list[int] = []
-    real = os.write
+    real, real_writev = os.write, os.writev
 
     def counting(fd: int, data: bytes) -> int:
         writes.append(len(data))
         return real(fd, data)
 
+    def counting_v(fd: int, buffers: list[memoryview]) -> int:
+        writes.append(sum(len(buffer) for buffer in buffers))
+        return real_writev(fd, buffers)
+
     monkeypatch.setattr(os, "write", counting)
+    monkeypatch.setattr(os, "writev", counting_v)
     for n in range(1, 501):
         log.append(message(n))
     log.commit()

@@ -43,15 +43,16 @@ def test_records_are_what_one_append_each_writes(sizes: list[int]) -> None:
 
 
 def write_log(root: Path, batches: list[list[bytes]], *, segment_bytes: int, index_interval: int,
-              bulk: bool, as_columns: bool = False) -> list[Message]:
+              bulk: bool, as_columns: bool = False, commit_every: int = 1) -> list[Message]:
     """Append the batches (through append_batch when ``bulk``, else one append each), commit, close, and read
     everything back from a fresh open. ``as_columns``: each batch a slice of a larger :class:`TopicBodies`
-    (what a batch is after an idempotent PUTS's duplicates were skipped)."""
+    (what a batch is after an idempotent PUTS's duplicates were skipped). ``commit_every``: batches a commit
+    writes (a loop turn that took several PUTS)."""
     spec = TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.ASYNC, segment_bytes=segment_bytes)
     root.mkdir()
     log = SegmentLog(TOPIC, root, spec, index_interval=index_interval)
     next_id = 1
-    for batch in batches:
+    for number, batch in enumerate(batches, 1):
         if bulk and as_columns:
             whole = TopicBodies.of(TOPIC, [b"before", *batch, b"after"])
             assert log.append_batch(next_id, NOW, whole[1:-1]) == len(batch)
@@ -61,7 +62,9 @@ def write_log(root: Path, batches: list[list[bytes]], *, segment_bytes: int, ind
             for offset, body in enumerate(batch):
                 log.append(Message(TOPIC, next_id + offset, body, {}, NOW))
         next_id += len(batch)
-        log.commit()
+        if number % commit_every == 0:
+            log.commit()
+    log.commit()
     log.close()
     log = SegmentLog(TOPIC, root, spec, index_interval=index_interval)
     try:
@@ -70,11 +73,13 @@ def write_log(root: Path, batches: list[list[bytes]], *, segment_bytes: int, ind
         log.close()
 
 
+@pytest.mark.parametrize("commit_every", [1, 5])
 @pytest.mark.parametrize("as_columns", [False, True])
 @pytest.mark.parametrize(("segment_bytes", "index_interval"), [(1024, 64), (4096, 1), (1 << 20, 4096),
                                                                (1024, 10_000)])
 def test_the_log_files_are_the_same_as_one_append_each(
-    tmp_path: Path, segment_bytes: int, index_interval: int, as_columns: bool, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, segment_bytes: int, index_interval: int, as_columns: bool, commit_every: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(log_module, "BULK_MIN", 2)  # every batch but the single entries in bulk
     randomly = random.Random(segment_bytes + index_interval)
@@ -82,7 +87,7 @@ def test_the_log_files_are_the_same_as_one_append_each(
                 for _ in range(randomly.choice([1, 5, 64, 65, 200, 1000]))] for _ in range(12)]
     batches.append([b"x" * 70_000] * 64)  # bin32 bodies, each past a small segment's size
     bulk = write_log(tmp_path / "bulk", batches, segment_bytes=segment_bytes, index_interval=index_interval,
-                     bulk=True, as_columns=as_columns)
+                     bulk=True, as_columns=as_columns, commit_every=commit_every)
     single = write_log(tmp_path / "single", batches, segment_bytes=segment_bytes,
                        index_interval=index_interval, bulk=False)
     assert [m.body for m in bulk] == [body for batch in batches for body in batch]

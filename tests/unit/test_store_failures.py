@@ -41,17 +41,25 @@ def fd_path(fd: int) -> str:
 
 @contextmanager
 def failing_writes(monkeypatch: pytest.MonkeyPatch, match: str, code: int = errno.ENOSPC) -> Iterator[None]:
-    """os.write fails with ``code`` for files whose path contains ``match`` (a full disk, for one topic)."""
-    real = os.write
+    """os.write and os.writev fail with ``code`` for files whose path contains ``match`` (a full disk, for
+    one topic)."""
+    real, real_writev = os.write, os.writev
 
     def write(fd: int, data: bytes) -> int:
         if match in fd_path(fd):
             raise OSError(code, os.strerror(code))
         return real(fd, data)
 
+    def writev(fd: int, buffers: list[memoryview]) -> int:
+        if match in fd_path(fd):
+            raise OSError(code, os.strerror(code))
+        return real_writev(fd, buffers)
+
     monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "writev", writev)
     yield
     monkeypatch.setattr(os, "write", real)
+    monkeypatch.setattr(os, "writev", real_writev)
 
 
 @contextmanager
