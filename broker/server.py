@@ -67,13 +67,12 @@ def return_large_frees() -> bool:
     own, unmapped when freed. (Range reads, which would pay for fresh pages on every reply, fill a few buffers
     the store keeps: broker.store.buffers.)
 
-    Fixing the threshold also fixes the heap's trim threshold, which glibc otherwise keeps at twice the
-    mmap threshold, at its default of 128 KiB: every time more than that lay free at the heap's top it went
-    back to the system, and came back a page fault at a time (the kernel zeroing each) with the next
-    allocations. A loop turn that stores a few PUTS of a pipelining publisher frees a few MB of batches there:
-    a Spark write of 1,000,000 rows cost the broker 10,000-40,000 page faults. The heap keeps up to
-    ``_TRIM_FROM`` (8 MiB) free at its top instead. True if both were set (glibc only: elsewhere nothing
-    changes)."""
+    glibc moves the heap's trim threshold with the mmap threshold (to twice it); fixed, it stays at its
+    default of 128 KiB, so every time more than that lay free at the heap's top it went back to the system,
+    and came back a page fault at a time (the kernel zeroing each) with the next allocations. A loop turn that
+    stores a few PUTS of a pipelining publisher frees a few MB of batches there: a Spark write of 1,000,000
+    rows cost the broker 10,000-79,000 page faults. The heap keeps up to ``_TRIM_FROM`` (8 MiB) free at its
+    top instead. True if both were set (glibc only: elsewhere nothing changes)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_FROM)) and bool(
