@@ -42,8 +42,8 @@ def mixed() -> tuple[PendingBytes, bytes]:
     return pending, expected
 
 
-def test_pieces_come_out_in_order_with_one_writev(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pending, expected = mixed()
+def counted_writevs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many buffers each ``os.writev`` call is given, from now on."""
     calls: list[int] = []
     real = os.writev
 
@@ -52,6 +52,12 @@ def test_pieces_come_out_in_order_with_one_writev(tmp_path: Path, monkeypatch: p
         return real(fd, buffers)
 
     monkeypatch.setattr(os, "writev", counting)
+    return calls
+
+
+def test_pieces_come_out_in_order_with_one_writev(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pending, expected = mixed()
+    calls = counted_writevs(monkeypatch)
     assert len(pending) == len(expected)
     assert bytes(pending) == expected
     assert written(tmp_path, pending) == b"before|" + expected
@@ -85,14 +91,7 @@ def test_a_partial_write_goes_on_where_it_stopped(tmp_path: Path, monkeypatch: p
 def test_more_pieces_than_one_call_carries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pending_module, "IOV_MAX", 3)
     pending, expected = mixed()
-    sizes: list[int] = []
-    real = os.writev
-
-    def counting(fd: int, buffers: list[memoryview]) -> int:
-        sizes.append(len(buffers))
-        return real(fd, buffers)
-
-    monkeypatch.setattr(os, "writev", counting)
+    sizes = counted_writevs(monkeypatch)
     assert written(tmp_path, pending) == b"before|" + expected
     assert max(sizes) == 3
     assert len(sizes) > 4
