@@ -19,8 +19,9 @@ times each, on ``local[2]``:
 * **write: connector** — one Python process publishing the same rows with ``Client.publish_batch``, batches
   of the sink's size, each waiting for its OK (target: mc0 >= 1.0 x).
 
-Printed: rows/s of each (median) and the ratios, with whether each target is met. A small read and write
-first warm the JVM and the Python workers up, unmeasured. ``--profile DIR`` also
+Printed: rows/s of each (median) and the ratios, with whether each target is met. One whole run of each Spark
+read and write (and one of ``publish_batch``) first warms the JVM's compiled code and the Python workers up,
+unmeasured. ``--profile DIR`` also
 runs what one executor task does for the whole topic, outside Spark (``pipeline.source.read_range`` and
 ``pipeline.sink.publish`` in this process), under cProfile, with the broker under cProfile too, and writes the
 top functions of each into DIR: where a row's time goes on each side, apart from Spark's own.
@@ -191,13 +192,16 @@ def main(argv: list[str]) -> int:
 
         total_of = f.sum(f.length("value")).alias("bytes")
         # Warm up what every measured run reuses (the JVM's compiled code, Python workers, connections) with
-        # a small read and write of each kind; nothing of it is measured. The read takes two tasks, as the
-        # measured ones do: with one, the second Python worker started inside the first measured read (a
-        # second or more of imports, measured: that read took 1.6-2.3 s where the next took 0.6-1.0).
-        warm = {"endingOffsets": f'{{"{TOPIC}": 20001}}', "minPartitions": "2"}
-        source_reader().options(**warm).load().agg(total_of).collect()
+        # one run of each Spark query and write, whole, as Parquet's always was; nothing of it is measured.
+        # A small warm-up left the JVM compiling through the first measured write (a sink write of 20,000
+        # rows first: the first measured write took 1.3-1.9 s and 1.2-1.6 CPU-s of the JVM, the next ones
+        # 0.8-1.1 s and 0.5-0.7), and the median of three then took the slower of the two warm rounds. The
+        # read takes two tasks, as the measured ones do: with one, the second Python worker started inside
+        # the first measured read (a second or more of imports: that read took 1.6-2.3 s, the next 0.6-1.0).
+        source_reader().load().agg(total_of).collect()
         spark.read.parquet(str(parquet)).agg(total_of).collect()
-        writes.limit(20_000).write.format("mc0").options(**options, topic="bench.warm").mode("append").save()
+        writes.write.format("mc0").options(**options, topic="bench.warm").mode("append").save()
+        connector_write(endpoint, "bench.warm.plain", args.messages)
         for round_ in range(args.repeat):
             timed("read: mc0", lambda: check(source_reader().load().agg(total_of).collect()[0].bytes, "mc0"))
             timed("read: mc0, no CRCs", lambda: check(source_reader().option("checkCrcs", "false").load().agg(
