@@ -125,7 +125,7 @@ class AckJournal(JournalFile):
             self.compact()
 
     def write(self) -> None:
-        """Write the acks made since the last call as coalesced ranges (one os.write); compact if big."""
+        """Write the acks made since the last call as coalesced ranges (one write); compact if big."""
         if not self.pending:
             return
         data = encode_ranges(coalesce(self.pending))

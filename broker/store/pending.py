@@ -18,13 +18,9 @@ Single-threaded, as the store is: the broker's loop is the only caller.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from broker.store import StoreError
-
-#: The most pieces one ``writev`` takes (POSIX's IOV_MAX; Linux's is 1024).
-IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") and "SC_IOV_MAX" in os.sysconf_names else 1024
+from broker.store.segment import write_gathered
 
 
 class PendingBytes:
@@ -59,17 +55,6 @@ class PendingBytes:
         return b"".join(self._pieces)
 
     def write(self, fd: int, path: Path) -> None:
-        """Write every byte at ``fd``'s position: one ``writev`` in the normal case; StoreError if the
-        system refuses (then how much was written is unknown: the log reads its state back from the file)."""
-        views = [memoryview(piece) for piece in self._pieces if len(piece)]
-        first = 0  # views before this are written
-        try:
-            while first < len(views):
-                written = os.writev(fd, views[first : first + IOV_MAX])
-                while first < len(views) and written >= len(views[first]):
-                    written -= len(views[first])
-                    first += 1
-                if written:
-                    views[first] = views[first][written:]
-        except OSError as exc:
-            raise StoreError(f"{path}: write failed: {exc}") from exc
+        """Write every byte at ``fd``'s position: one ``writev`` in the normal case
+        (:func:`broker.store.segment.write_gathered`)."""
+        write_gathered(fd, self._pieces, path)

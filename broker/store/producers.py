@@ -132,7 +132,7 @@ class ProducerJournal(ProducerWindow, JournalFile):
             self.compact()
 
     def write(self) -> None:
-        """Write the records made since the last call (one os.write)."""
+        """Write the records made since the last call (one write)."""
         if not self.pending:
             return
         data, self.pending = self.pending, bytearray()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from broker.store import StoreError
-from broker.store import pending as pending_module
+from broker.store import segment as segment_module
 from broker.store.pending import PendingBytes
 
 
@@ -89,7 +89,7 @@ def test_a_partial_write_goes_on_where_it_stopped(tmp_path: Path, monkeypatch: p
 
 
 def test_more_pieces_than_one_call_carries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pending_module, "IOV_MAX", 3)
+    monkeypatch.setattr(segment_module, "IOV_MAX", 3)
     pending, expected = mixed()
     sizes = counted_writevs(monkeypatch)
     assert written(tmp_path, pending) == b"before|" + expected
