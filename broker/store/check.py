@@ -10,7 +10,8 @@ further on, whose record is whole and passes its CRC.
 
 It never runs beside a broker: it takes the data directory's lock, and refuses in one line when a broker
 holds it. A torn tail of a topic's last segment (a crash during a write) is only reported: the broker cuts it
-when it opens the topic. Index files are derived data: a bad one is reported and rebuilt by the broker.
+when it opens the topic, as it cuts the space it had reserved after the records (zero bytes, not reported).
+Index files are derived data: a bad one is reported and rebuilt by the broker.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from broker.store.segment import (
     NO_ENTRY,
     RECORD_HEAD,
     RECORD_HEAD_SIZE,
+    RESERVE_STEP,
     SEGMENT_HEADER,
     SEGMENT_HEADER_SIZE,
     decode_index,
@@ -128,14 +130,18 @@ def _resync(data: bytes, start: int, first_id: int, last_id: int | None) -> tupl
     """The first good record from byte ``start`` on with an id from ``first_id`` (up to ``last_id``, and at
     most RESYNC_IDS further): ``(position, id)``, or None."""
     top = first_id + RESYNC_IDS if last_id is None else min(last_id, first_id + RESYNC_IDS)
+    # A good record's payload starts with a msgpack array marker, never a zero byte, so no good record's id
+    # lies in the zero bytes that end a file (the space a broker reserved ahead of its records, a MiB of it):
+    # the search stops before them.
+    limit = len(data.rstrip(b"\0"))
     for candidate in range(first_id, top + 1):
         pattern = _ID.pack(candidate)
-        found = data.find(pattern, start + 8)
+        found = data.find(pattern, start + 8, limit)
         while found >= 0:
             position = found - 8
             if _record(data, position, candidate)[0]:
                 return position, candidate
-            found = data.find(pattern, found + 1)
+            found = data.find(pattern, found + 1, limit)
     return None
 
 
@@ -175,7 +181,12 @@ def survey_segment(path: Path, base: int, last_id: int | None, last: bool) -> Se
         run = None
         found = _resync(data, position + 1, expected, last_id)
         if found is None and last:
-            report.torn_tail = len(data) - position  # nothing good after it: the broker cuts it at open
+            # Nothing good after it: the broker cuts it at open. Zero bytes ending a file whose length is a
+            # multiple of RESERVE_STEP are the space a broker reserved ahead of its records, not torn.
+            tail = memoryview(data)[position:]
+            if len(data) % RESERVE_STEP == 0:
+                tail = tail[: len(bytes(tail).rstrip(b"\0"))]
+            report.torn_tail = len(tail)
             break
         if found is None:
             report.damage.append(Damage(expected, last_id, position, why or "unreadable"))

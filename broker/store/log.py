@@ -312,9 +312,18 @@ class SegmentLog:
         might not hear of an error on the old one), then close. The next call opens what it needs again."""
         if self._closed or self._failure is not None:
             return
+        self._trim_active()
         if self._unsynced_files():
             self._fsync_written()
         self._let_go()
+
+    def _trim_active(self) -> None:
+        """Before the active segment's file is let go: it ends at its last record again (the next fsync makes
+        that durable), so that a log at rest has no reserved space (see :meth:`Segment.append`)."""
+        if self._segments:
+            active = self._segments[-1]
+            if active.trim() and active not in self._unsynced:
+                self._unsynced.append(active)
 
     def _forget_places(self) -> None:
         """Forget where readers were (cursors, the start of the last write, the last chunk read): after
@@ -594,9 +603,7 @@ class SegmentLog:
             else:
                 segment.create()
                 self._dir_dirty = True
-        assert segment.fd is not None
-        data.write(segment.fd, segment.path)
-        segment.size += len(data)
+        segment.append(data)
         self._bytes_on_disk += len(data)
         segment.write_new_index_entries()
         if segment not in self._unsynced:
@@ -635,7 +642,8 @@ class SegmentLog:
     def _seal(self, segment: Segment) -> None:
         """Make a full segment durable with its index before anything lands in the next one."""
         # Always, not only if written since the last fsync: a segment recovered at open may hold bytes a
-        # crashed process wrote and nobody fsynced.
+        # crashed process wrote and nobody fsynced. Its file ends at its last record again first.
+        segment.trim()
         self._fsync_segment(segment)
         if segment in self._unsynced:
             self._unsynced.remove(segment)
@@ -730,6 +738,7 @@ class SegmentLog:
             return
         try:
             if self._failure is None:
+                self._trim_active()
                 self.sync()
         finally:
             self._closed = True

@@ -54,7 +54,7 @@ class PendingBytes:
     def __bytes__(self) -> bytes:
         return b"".join(self._pieces)
 
-    def write(self, fd: int, path: Path) -> None:
-        """Write every byte at ``fd``'s position: one ``writev`` in the normal case
+    def write(self, fd: int, path: Path, offset: int) -> None:
+        """Write every byte at byte ``offset`` of the file: one ``pwritev`` in the normal case
         (:func:`broker.store.segment.write_gathered`)."""
-        write_gathered(fd, self._pieces, path)
+        write_gathered(fd, self._pieces, path, offset)

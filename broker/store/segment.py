@@ -2,9 +2,10 @@
 
 A segment is ``<base id>.log`` (a 16-byte header, then records) plus ``<base id>.index`` (sparse entries
 ``id -> byte position``). This module owns those bytes: encoding the header, scanning records with their CRCs,
-loading, checking and rebuilding an index, recovering a torn tail. It does not know about topics, message
-objects, acks, retention or when to fsync: that is :mod:`broker.store.log`. ``docs/storage.md`` describes the
-same bytes for other programs.
+loading, checking and rebuilding an index, recovering a torn tail, and the space reserved ahead of the
+active segment's records (:meth:`Segment.append`). It does not know about topics, message objects, acks,
+retention or when to fsync: that is :mod:`broker.store.log`. ``docs/storage.md`` describes the same bytes for
+other programs.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ INDEX_ENTRY_SIZE = INDEX_ENTRY.size  # 16
 
 #: Scans read this much per pread: enough that syscalls vanish from the profile, little enough to not matter.
 SCAN_CHUNK = 4 << 20
+#: The active segment's file is made long ahead of its records to a multiple of this (see
+#: :meth:`Segment.append`); recovery takes zero bytes at the end of a file of such a length for that space.
+RESERVE_STEP = 1 << 20
 #: "No index entry yet in this segment": far enough back that the first record always gets one.
 NO_ENTRY = -(1 << 62)
 #: Index files are big-endian on disk; ``array('Q')`` is native.
@@ -145,20 +149,28 @@ def pread_exact(fd: int, size: int, offset: int, path: Path) -> bytes:
 IOV_MAX = os.sysconf("SC_IOV_MAX")
 
 
-def write_all(fd: int, data: bytes | bytearray | memoryview, path: Path) -> None:
-    """Write all of ``data`` at ``fd``'s position (:func:`write_gathered` of one piece)."""
-    write_gathered(fd, [data], path)
+def write_all(fd: int, data: bytes | bytearray | memoryview, path: Path, offset: int | None = None) -> None:
+    """Write all of ``data`` (:func:`write_gathered` of one piece)."""
+    write_gathered(fd, [data], path, offset)
 
 
-def write_gathered(fd: int, pieces: Sequence[bytes | bytearray | memoryview], path: Path) -> None:
-    """Write ``pieces`` back to back at ``fd``'s position: one ``writev`` in the normal case, going on where
-    the kernel stopped if it took only part. StoreError if the system refuses (how much was written is then
-    unknown: a log reads its state back from the file)."""
+def write_gathered(
+    fd: int, pieces: Sequence[bytes | bytearray | memoryview], path: Path, offset: int | None = None
+) -> None:
+    """Write ``pieces`` back to back at byte ``offset`` of the file, or at ``fd``'s position without one: one
+    ``pwritev`` (``writev``) in the normal case, going on where the kernel stopped if it took only part.
+    StoreError if the system refuses (how much was written is then unknown: a log reads its state back from
+    the file)."""
     views = [view for view in map(memoryview, pieces) if view.nbytes]
     first = 0  # views before this are written
     try:
         while first < len(views):
-            written = os.writev(fd, views[first : first + IOV_MAX])
+            batch = views[first : first + IOV_MAX]
+            if offset is None:
+                written = os.writev(fd, batch)
+            else:
+                written = os.pwritev(fd, batch, offset)
+                offset += written
             while first < len(views) and written >= views[first].nbytes:
                 written -= views[first].nbytes
                 first += 1
@@ -255,9 +267,10 @@ class Scan:
 class Segment:
     """One ``.log`` file and its index. The log above decides when to write, fsync, seal and delete.
 
-    ``size`` counts bytes written to the file (what readers may see); ``fd`` is open read-write while the
-    segment is active, read-only (and only while cached by the log) once sealed. ``ids``/``positions`` are
-    the sparse index in memory, None for a sealed segment whose index has not been loaded.
+    ``size`` counts bytes written to the file (what readers may see); ``reserved`` is the file's length while
+    the segment is active, ``size`` or more (:meth:`append`); ``fd`` is open read-write while the segment is
+    active, read-only (and only while cached by the log) once sealed. ``ids``/``positions`` are the sparse
+    index in memory, None for a sealed segment whose index has not been loaded.
     """
 
     __slots__ = (
@@ -273,6 +286,7 @@ class Segment:
         "path",
         "pending",
         "positions",
+        "reserved",
         "sealed",
         "size",
     )
@@ -284,6 +298,7 @@ class Segment:
         self.fd: int | None = None
         self.index_fd: int | None = None
         self.size = 0
+        self.reserved = 0
         self.ids: array | None = array("Q")
         self.positions: array | None = array("Q")
         self.index_written = 0  # entries already in the .index file
@@ -301,7 +316,7 @@ class Segment:
     def create(self) -> None:
         """Create the files of a new segment (the header is the first bytes the log writes into it)."""
         try:
-            self.fd = open_file(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND)
+            self.fd = open_file(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
             self.index_fd = open_file(
                 self.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644
             )
@@ -312,7 +327,7 @@ class Segment:
         """Create the segment with its header only, fsynced, and close it (a new topic's first segment)."""
         self.create()
         assert self.fd is not None
-        write_all(self.fd, encode_segment_header(self.base), self.path)
+        write_all(self.fd, encode_segment_header(self.base), self.path, 0)
         fsync(self.fd, self.path)
         self.close()
 
@@ -327,7 +342,8 @@ class Segment:
         """Open again the files of the active segment after the log let them go (to keep few files open)."""
         try:
             if self.fd is None:
-                self.fd = open_file(self.path, os.O_RDWR | os.O_APPEND)
+                self.fd = open_file(self.path, os.O_RDWR)
+                self.reserved = self.file_size()
             if self.index_fd is None:
                 self.index_fd = open_file(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         except OSError as exc:
@@ -336,6 +352,42 @@ class Segment:
     @property
     def open_files(self) -> int:
         return (self.fd is not None) + (self.index_fd is not None)
+
+    def append(self, data: PendingBytes) -> None:
+        """Write ``data`` after the last record of the open active segment, first making the file longer when
+        the records would reach its end: to the next multiple of :data:`RESERVE_STEP`.
+
+        Why: an fsync after a write that made the file longer must also commit its new length (the file
+        system's journal), one that wrote inside the file's length need not. Measured on ext4, a 150-byte
+        record written and fsynced took 125-170 us appended, 85-120 us inside a longer file (sparse or
+        allocated alike), and a strong topic's commit of one record 148-165 us against 108-110. The length is
+        set with ``ftruncate``: a hole, no disk space taken. Readers see ``size``; after it come zero bytes,
+        which recovery tells from a torn write by the file's length (:meth:`recover_active`), and which
+        :meth:`trim` cuts off when the segment is sealed or the log lets the file go."""
+        assert self.fd is not None
+        end = self.size + len(data)
+        if end > self.reserved:
+            self.reserved = end  # the write makes the file this long in any case
+            ahead = (end + RESERVE_STEP) // RESERVE_STEP * RESERVE_STEP
+            try:
+                os.ftruncate(self.fd, ahead)
+                self.reserved = ahead
+            except OSError as exc:  # a file system that cannot: the write appends, as it would without
+                log.debug("%s: cannot make the file %d bytes long: %s", self.path, ahead, exc)
+        data.write(self.fd, self.path, self.size)
+        self.size = end
+
+    def trim(self) -> bool:
+        """End the file at its last record again, cutting the space reserved after it; True if there was
+        some. The caller fsyncs."""
+        if self.fd is None or self.reserved <= self.size:
+            return False
+        try:
+            os.ftruncate(self.fd, self.size)
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot truncate to {self.size} bytes: {exc}") from exc
+        self.reserved = self.size
+        return True
 
     def close(self) -> None:
         for name in ("fd", "index_fd"):
@@ -619,11 +671,14 @@ class Segment:
 
         The scan starts at the newest index entry that points at a complete, CRC-valid record with that id
         (or at the first record) and stops at the first record that is incomplete, fails its CRC or has the
-        wrong id; the file is truncated there and fsynced. A header shorter than 16 bytes is a crash while
-        creating the segment, and so is a file of nothing but zero bytes: the file is reset to a fresh header.
+        wrong id; the file is truncated there and fsynced. In a file whose length is a multiple of
+        :data:`RESERVE_STEP`, zero bytes after the last record are the space :meth:`append` reserved, cut
+        without a word; anything else after it is a torn write, reported. A header shorter than 16 bytes is a
+        crash while creating the segment, and so is a file of nothing but zero bytes: the file is reset to a
+        fresh header.
         """
         try:
-            self.fd = open_file(self.path, os.O_RDWR | os.O_APPEND)
+            self.fd = open_file(self.path, os.O_RDWR)
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot open segment: {exc}") from exc
         size = self.file_size()
@@ -631,11 +686,11 @@ class Segment:
             # Some file systems, after a crash, show a file's new length before its data: zeros where a
             # header (and records) were being written. Nothing in it was ever fsynced, so nothing is lost.
             self._truncate(0)
-            write_all(self.fd, encode_segment_header(self.base), self.path)
+            write_all(self.fd, encode_segment_header(self.base), self.path, 0)
             fsync(self.fd, self.path)
             if size:
                 log.warning("%s: torn segment (%d bytes) replaced by a fresh header", self.path, size)
-            self.size = SEGMENT_HEADER_SIZE
+            self.size = self.reserved = SEGMENT_HEADER_SIZE
             self.ids, self.positions = array("Q"), array("Q")
             self.write_index_file()
             self._open_index_for_append()
@@ -654,16 +709,19 @@ class Segment:
         scan = self.scan(start, start_id, size, index_interval, last_entry=last_entry)
         removed = size - scan.end
         if scan.error is not None:
+            if size % RESERVE_STEP == 0:  # it may end in space append() reserved: zeros, not a torn write
+                removed = self._written_after(scan.end, size)
             self._truncate(scan.end)
             fsync(self.fd, self.path)
-            log.warning(
-                "%s: recovery truncated %d bytes of torn tail at byte %d (%s)",
-                self.path,
-                removed,
-                scan.end,
-                scan.error,
-            )
-        self.size = scan.end
+            if removed:
+                log.warning(
+                    "%s: recovery truncated %d bytes of torn tail at byte %d (%s)",
+                    self.path,
+                    removed,
+                    scan.end,
+                    scan.error,
+                )
+        self.size = self.reserved = scan.end
         self.last_id = scan.next_id - 1
         self.ids, self.positions = ids[:keep], positions[:keep]
         self.ids.extend(scan.ids)
@@ -683,6 +741,20 @@ class Segment:
             self.index_written = len(self.ids)
         self._open_index_for_append()
         return removed, last_entry
+
+    def _written_after(self, position: int, size: int) -> int:
+        """Bytes from ``position`` up to the last one that is not zero (0: only reserved space follows)."""
+        assert self.fd is not None
+        start = last = position
+        while position < size:
+            chunk = pread_exact(self.fd, min(SCAN_CHUNK, size - position), position, self.path)
+            if not chunk:
+                break
+            written = len(chunk.rstrip(b"\0"))
+            if written:
+                last = position + written
+            position += len(chunk)
+        return last - start
 
     def _all_zeros(self, size: int) -> bool:
         """True if the file is nothing but zero bytes (checked only when the header is not a header)."""

@@ -23,6 +23,7 @@ from broker.engine import Message
 from broker.store import StoreError
 from broker.store.files import FileStore, directory_name, spec_to_json
 from broker.store.log import MAX_OPEN_SEALED, SegmentLog
+from broker.store.segment import RESERVE_STEP
 from broker.topics import Delivery, Persistence, Sync, TopicSpec
 
 TOPIC = b"t"
@@ -70,6 +71,8 @@ def parse_segment(path: Path) -> tuple[int, list[tuple[int, int, int, bytes]]]:
     (base,) = struct.unpack(">Q", data[8:16])
     records, position = [], 16
     while position < len(data):
+        if not any(data[position:]):  # space the broker reserved after the active segment's last record
+            break
         length, crc, record_id = struct.unpack_from(">IIQ", data, position)
         payload = data[position + 16 : position + 16 + length]
         assert len(payload) == length
@@ -81,6 +84,15 @@ def parse_segment(path: Path) -> tuple[int, list[tuple[int, int, int, bytes]]]:
 
 def segment_paths(directory: Path) -> list[Path]:
     return sorted(directory.glob("*.log"))
+
+
+def written_bytes(path: Path) -> int:
+    """Where a segment file's last record ends (space reserved after it not counted)."""
+    _, records = parse_segment(path)
+    if not records:
+        return 16
+    position, _, length, _ = records[-1]
+    return position + 16 + length
 
 
 @pytest.fixture(autouse=True)
@@ -319,7 +331,12 @@ def test_segments_roll_by_size(store: FileStore) -> None:
             assert size >= 1024 > size - last_length  # sealed by the record that reached the size
         expected_base = base + len(records)
     assert expected_base == log.next_id == 201
-    assert log.bytes_on_disk == sum(path.stat().st_size for path in paths)
+    assert log.bytes_on_disk == sum(map(written_bytes, paths))
+    # The active segment's file is longer than its records while the log has it; sealed ones never are.
+    assert paths[-1].stat().st_size % RESERVE_STEP == 0 < paths[-1].stat().st_size - written_bytes(paths[-1])
+    assert all(path.stat().st_size == written_bytes(path) for path in paths[:-1])
+    store.close()
+    assert [path.stat().st_size for path in paths] == list(map(written_bytes, paths))
 
 
 def test_rolling_does_not_depend_on_how_appends_are_committed(tmp_path: Path) -> None:
@@ -351,7 +368,7 @@ def test_retention_by_bytes_deletes_whole_sealed_segments_oldest_first(store: Fi
     after = segment_paths(directory)
     assert deleted == len(before) - len(after) > 0
     assert after == before[deleted:]  # the oldest went
-    assert log.bytes_on_disk == sum(path.stat().st_size for path in after) <= 3000
+    assert log.bytes_on_disk == sum(map(written_bytes, after)) <= 3000
     assert sum(sizes[deleted - 1 :]) > 3000  # no more than needed
     assert not (directory / before[0].name.replace(".log", ".index")).exists()
     first_id = parse_segment(after[0])[0]
@@ -743,7 +760,7 @@ def test_weak_and_async_commits_never_fsync(store: FileStore, fsync_calls: list[
 def test_commit_writes_a_turn_with_one_write(store: FileStore, monkeypatch) -> None:
     log = store.open(TOPIC, spec(segment_bytes=1 << 20))
     writes: list[int] = []
-    real, real_writev = os.write, os.writev
+    real, real_writev, real_pwritev = os.write, os.writev, os.pwritev
 
     def counting(fd: int, data: bytes) -> int:
         writes.append(len(data))
@@ -753,8 +770,13 @@ def test_commit_writes_a_turn_with_one_write(store: FileStore, monkeypatch) -> N
         writes.append(sum(len(buffer) for buffer in buffers))
         return real_writev(fd, buffers)
 
+    def counting_pv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        writes.append(sum(len(buffer) for buffer in buffers))
+        return real_pwritev(fd, buffers, offset)
+
     monkeypatch.setattr(os, "write", counting)
     monkeypatch.setattr(os, "writev", counting_v)
+    monkeypatch.setattr(os, "pwritev", counting_pv)
     for n in range(1, 501):
         log.append(message(n))
     log.commit()

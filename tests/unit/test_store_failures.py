@@ -41,25 +41,33 @@ def fd_path(fd: int) -> str:
 
 @contextmanager
 def failing_writes(monkeypatch: pytest.MonkeyPatch, match: str, code: int = errno.ENOSPC) -> Iterator[None]:
-    """os.write and os.writev fail with ``code`` for files whose path contains ``match`` (a full disk, for
-    one topic)."""
-    real, real_writev = os.write, os.writev
+    """os.write, os.writev and os.pwritev fail with ``code`` for files whose path contains ``match`` (a full
+    disk, for one topic)."""
+    real, real_writev, real_pwritev = os.write, os.writev, os.pwritev
 
-    def write(fd: int, data: bytes) -> int:
+    def refuse(fd: int) -> None:
         if match in fd_path(fd):
             raise OSError(code, os.strerror(code))
+
+    def write(fd: int, data: bytes) -> int:
+        refuse(fd)
         return real(fd, data)
 
     def writev(fd: int, buffers: list[memoryview]) -> int:
-        if match in fd_path(fd):
-            raise OSError(code, os.strerror(code))
+        refuse(fd)
         return real_writev(fd, buffers)
+
+    def pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
+        refuse(fd)
+        return real_pwritev(fd, buffers, offset)
 
     monkeypatch.setattr(os, "write", write)
     monkeypatch.setattr(os, "writev", writev)
+    monkeypatch.setattr(os, "pwritev", pwritev)
     yield
     monkeypatch.setattr(os, "write", real)
     monkeypatch.setattr(os, "writev", real_writev)
+    monkeypatch.setattr(os, "pwritev", real_pwritev)
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """Bytes a log has appended and not yet written (:mod:`broker.store.pending`): copied records and handed-over
-batches come out in order, in one ``writev`` when the system takes it all, and whole when it takes only
-part or when there are more pieces than one call carries."""
+batches come out in order at the offset given, in one ``pwritev`` when the system takes it all, and whole when
+it takes only part or when there are more pieces than one call carries."""
 
 from __future__ import annotations
 
@@ -17,11 +17,14 @@ from broker.store.pending import PendingBytes
 
 
 def written(tmp_path: Path, pending: PendingBytes) -> bytes:
+    """The file after ``pending`` was written at byte 7 of it, after ``before|``, with the descriptor's own
+    position left at 0 (a segment's writes say where they go)."""
     path = tmp_path / "segment"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         os.write(fd, b"before|")
-        pending.write(fd, path)
+        os.lseek(fd, 0, os.SEEK_SET)
+        pending.write(fd, path, 7)
     finally:
         os.close(fd)
     return path.read_bytes()
@@ -43,15 +46,15 @@ def mixed() -> tuple[PendingBytes, bytes]:
 
 
 def counted_writevs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many buffers each ``os.writev`` call is given, from now on."""
+    """How many buffers each ``os.pwritev`` call is given, from now on."""
     calls: list[int] = []
-    real = os.writev
+    real = os.pwritev
 
-    def counting(fd: int, buffers: list[memoryview]) -> int:
+    def counting(fd: int, buffers: list[memoryview], offset: int) -> int:
         calls.append(len(buffers))
-        return real(fd, buffers)
+        return real(fd, buffers, offset)
 
-    monkeypatch.setattr(os, "writev", counting)
+    monkeypatch.setattr(os, "pwritev", counting)
     return calls
 
 
@@ -74,16 +77,16 @@ def test_a_handed_over_buffer_is_not_copied(tmp_path: Path) -> None:
 
 def test_a_partial_write_goes_on_where_it_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pending, expected = mixed()
-    real = os.writev
+    real = os.pwritev
     calls = 0
 
-    def stingy(fd: int, buffers: list[memoryview]) -> int:
+    def stingy(fd: int, buffers: list[memoryview], offset: int) -> int:
         nonlocal calls
         calls += 1
         first = bytes(next(buffer for buffer in buffers if len(buffer)))
-        return real(fd, [first[:7]])  # the kernel takes at most 7 bytes of the first piece
+        return real(fd, [first[:7]], offset)  # the kernel takes at most 7 bytes of the first piece
 
-    monkeypatch.setattr(os, "writev", stingy)
+    monkeypatch.setattr(os, "pwritev", stingy)
     assert written(tmp_path, pending) == b"before|" + expected
     assert calls > len(expected) // 7
 
@@ -115,9 +118,21 @@ def test_empty_and_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert handed
     assert written(tmp_path, PendingBytes()) == b"before|"
 
-    def full(fd: int, buffers: list[memoryview]) -> int:
+    def full(fd: int, buffers: list[memoryview], offset: int) -> int:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "writev", full)
+    monkeypatch.setattr(os, "pwritev", full)
     with pytest.raises(StoreError, match=r"segment: write failed: .*No space left"):
         written(tmp_path, PendingBytes(b"data"))
+
+
+def test_without_an_offset_the_descriptors_position_is_used(tmp_path: Path) -> None:
+    """The journals append through the same loop, at their descriptor's position (``O_APPEND``)."""
+    path = tmp_path / "journal"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        segment_module.write_all(fd, b"one|", path)
+        segment_module.write_gathered(fd, [b"two", memoryview(b"|three")], path)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"one|two|three"
