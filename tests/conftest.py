@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -587,3 +588,44 @@ def spark() -> Iterator[Any]:
     register(session)
     yield session
     session.stop()
+
+
+def fd_path(fd: int) -> str:
+    """The path of this process's descriptor ``fd`` ("" when it has none)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
+
+
+@contextlib.contextmanager
+def failing_writes(monkeypatch: pytest.MonkeyPatch, match: str, code: int = errno.ENOSPC) -> Iterator[None]:
+    """os.write, os.writev and os.pwritev fail with ``code`` for files whose path contains ``match`` (a full
+    disk, for one topic), until the block ends."""
+    real, real_writev, real_pwritev = os.write, os.writev, os.pwritev
+
+    def refuse(fd: int) -> None:
+        if match in fd_path(fd):
+            raise OSError(code, os.strerror(code))
+
+    def write(fd: int, data: bytes) -> int:
+        refuse(fd)
+        return real(fd, data)
+
+    def writev(fd: int, buffers: list[memoryview]) -> int:
+        refuse(fd)
+        return real_writev(fd, buffers)
+
+    def pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
+        refuse(fd)
+        return real_pwritev(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "writev", writev)
+    monkeypatch.setattr(os, "pwritev", pwritev)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(os, "write", real)
+        monkeypatch.setattr(os, "writev", real_writev)
+        monkeypatch.setattr(os, "pwritev", real_pwritev)

@@ -3,7 +3,9 @@ segments.
 
 :class:`JournalFile` owns the descriptor and what every journal does with it alike: open and read it whole at
 start, cut a torn tail durably, append (creating the file on the first write, or reopening it after the store
-let it go), fsync, and rewrite it atomically as a compact state. What the records mean, and when to write or
+let it go) inside space reserved ahead of its records, as a segment does (:func:`broker.store.segment.
+reserve_ahead`: an fsync that need not commit a new file length is cheaper), fsync, and rewrite it atomically
+as a compact state. What the records mean, and when to write or
 fsync, belong to the journals (:mod:`broker.store.acks`, :mod:`broker.store.producers`) and the log.
 """
 
@@ -14,14 +16,24 @@ import os
 from pathlib import Path
 
 from broker.store import StoreError
-from broker.store.segment import fsync, open_file, pread_exact, replace_file, write_all
+from broker.store.segment import (
+    cut,
+    fsync,
+    open_file,
+    pread_exact,
+    replace_file,
+    reserve_ahead,
+    write_all,
+    written_after,
+)
 
 log = logging.getLogger("mc0.store")
 
 
 class JournalFile:
-    """One journal's file: ``size`` bytes of good records, ``unsynced`` after a write until the fsync, and
-    ``created`` while the file's name is new since the last fsync of its directory."""
+    """One journal's file: ``size`` bytes of good records (``reserved``: the file's length, ``size`` or more),
+    ``unsynced`` after a write until the fsync, and ``created`` while the file's name is new since the last
+    fsync of its directory."""
 
     #: What the journal is called in the log's warnings.
     what = "journal"
@@ -30,6 +42,7 @@ class JournalFile:
         self.path = path
         self.compact_bytes = compact_bytes  # past this size the journal is rewritten as its state
         self.size = 0
+        self.reserved = 0
         self.unsynced = False
         self.created = False
         self._fd: int | None = None
@@ -37,26 +50,27 @@ class JournalFile:
     def _read_existing(self) -> bytes | None:
         """Open the file, keep it open for appends, and return its bytes; None when there is no file."""
         try:
-            fd = open_file(self.path, os.O_RDWR | os.O_APPEND)
+            fd = open_file(self.path, os.O_RDWR)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot open: {exc}") from exc
         self._fd = fd
-        return pread_exact(fd, os.fstat(fd).st_size, 0, self.path)
+        self.reserved = os.fstat(fd).st_size
+        return pread_exact(fd, self.reserved, 0, self.path)
 
     def _keep(self, good: int, size: int, reason: str | None = None) -> None:
-        """Keep the first ``good`` of the file's ``size`` bytes: a torn tail is cut, durably, and logged."""
+        """Keep the first ``good`` of the file's ``size`` bytes: a torn tail is cut, durably, and logged (the
+        space reserved after the records is cut without a word)."""
         if good < size:
             assert self._fd is not None  # read by _read_existing
-            try:
-                os.ftruncate(self._fd, good)
-            except OSError as exc:
-                raise StoreError(f"{self.path}: cannot truncate: {exc}") from exc
+            torn = written_after(self._fd, good, size, self.path)
+            cut(self._fd, good, self.path)
             fsync(self._fd, self.path)
-            log.warning("%s: recovery truncated %d bytes of torn %s tail at byte %d (%s)", self.path,
-                        size - good, self.what, good, reason or "incomplete record")
-        self.size = good
+            if torn:
+                log.warning("%s: recovery truncated %d bytes of torn %s tail at byte %d (%s)", self.path,
+                            torn, self.what, good, reason or "incomplete record")
+        self.size = self.reserved = good
 
     def _append(self, data: bytes | bytearray) -> None:
         """One write of ``data`` at the end, creating the file if there is none (or reopening it after the
@@ -64,19 +78,31 @@ class JournalFile:
         if self._fd is None:
             try:
                 self.created = not self.path.exists()
-                self._fd = open_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+                self._fd = open_file(self.path, os.O_RDWR | os.O_CREAT)
+                self.reserved = os.fstat(self._fd).st_size
             except OSError as exc:
                 raise StoreError(f"{self.path}: cannot open: {exc}") from exc
-        write_all(self._fd, data, self.path)
-        self.size += len(data)
+        end = self.size + len(data)
+        if end > self.reserved:
+            self.reserved = reserve_ahead(self._fd, end, self.path)
+        write_all(self._fd, data, self.path, self.size)
+        self.size = end
         self.unsynced = True
+
+    def trim(self) -> None:
+        """End the file at its last record again, cutting the space reserved after it (before the file is let
+        go; the next :meth:`fsync` makes it durable)."""
+        if self._fd is not None and self.reserved > self.size:
+            cut(self._fd, self.size, self.path)
+            self.reserved = self.size
+            self.unsynced = True
 
     def _rewrite(self, data: bytes) -> None:
         """Replace the file by ``data``, atomically: tmp file, fsync, rename, fsync the directory."""
         fd = replace_file(self.path, data)
         self.close()
         self._fd = fd
-        self.size = len(data)
+        self.size = self.reserved = len(data)
         self.unsynced = False
         self.created = False
 

@@ -312,18 +312,21 @@ class SegmentLog:
         might not hear of an error on the old one), then close. The next call opens what it needs again."""
         if self._closed or self._failure is not None:
             return
-        self._trim_active()
+        self._trim()
         if self._unsynced_files():
             self._fsync_written()
         self._let_go()
 
-    def _trim_active(self) -> None:
-        """Before the active segment's file is let go: it ends at its last record again (the next fsync makes
-        that durable), so that a log at rest has no reserved space (see :meth:`Segment.append`)."""
+    def _trim(self) -> None:
+        """Before the files are let go: the active segment and the journals end at their last record again
+        (the next fsync makes that durable), so that a log at rest has no reserved space
+        (:func:`broker.store.segment.reserve_ahead`)."""
         if self._segments:
             active = self._segments[-1]
             if active.trim() and active not in self._unsynced:
                 self._unsynced.append(active)
+        self._acks.trim()
+        self.producers.trim()
 
     def _forget_places(self) -> None:
         """Forget where readers were (cursors, the start of the last write, the last chunk read): after
@@ -738,7 +741,7 @@ class SegmentLog:
             return
         try:
             if self._failure is None:
-                self._trim_active()
+                self._trim()
                 self.sync()
         finally:
             self._closed = True

@@ -43,8 +43,8 @@ INDEX_ENTRY_SIZE = INDEX_ENTRY.size  # 16
 
 #: Scans read this much per pread: enough that syscalls vanish from the profile, little enough to not matter.
 SCAN_CHUNK = 4 << 20
-#: The active segment's file is made long ahead of its records to a multiple of this (see
-#: :meth:`Segment.append`); recovery takes zero bytes at the end of a file of such a length for that space.
+#: An appended file (a segment, a journal) is made longer ahead of its records to a multiple of this (see
+#: :func:`reserve_ahead`); recovery takes zero bytes at the end of a file of such a length for that space.
 RESERVE_STEP = 1 << 20
 #: "No index entry yet in this segment": far enough back that the first record always gets one.
 NO_ENTRY = -(1 << 62)
@@ -188,14 +188,61 @@ def fsync(fd: int, path: Path) -> None:
         raise SyncFailed(f"{path}: fsync failed: {exc}") from exc
 
 
+def reserve_ahead(fd: int, end: int, path: Path) -> int:
+    """Make the file at least ``end`` bytes long by making it longer, to the next multiple of
+    :data:`RESERVE_STEP` past ``end``, before a write that would reach its end; returns its length then
+    (``end`` where the file system cannot: the write then makes the file longer itself).
+
+    Why: an fsync after a write that made a file longer must also commit its new length (the file system's
+    journal), one after a write inside the file's length need not. Measured on ext4, a 150-byte record written
+    and fsynced took 125-170 us appended, 85-120 us inside a longer file (sparse or allocated alike), and a
+    strong topic's commit of one record 148-165 us against 108-110. The length is set with ``ftruncate``: a
+    hole, no disk space taken. Readers of the file stop at the end of its records; :func:`written_after` tells
+    the zero bytes after them from a torn write, and :func:`cut` ends the file at its records again."""
+    ahead = (end + RESERVE_STEP) // RESERVE_STEP * RESERVE_STEP
+    try:
+        os.ftruncate(fd, ahead)
+    except OSError as exc:
+        log.debug("%s: cannot make the file %d bytes long: %s", path, ahead, exc)
+        return end
+    return ahead
+
+
+def cut(fd: int, size: int, path: Path) -> None:
+    """Truncate the file to ``size`` bytes (StoreError if the system refuses); the caller fsyncs."""
+    try:
+        os.ftruncate(fd, size)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot truncate to {size} bytes: {exc}") from exc
+
+
+def written_after(fd: int, position: int, size: int, path: Path) -> int:
+    """How many of the file's bytes from ``position`` (the end of its good records) to its end ``size`` were
+    written: all of them, unless the length is a multiple of :data:`RESERVE_STEP`, where the zero bytes at
+    the end are space :func:`reserve_ahead` made, not a torn write. (A torn piece's own last zero bytes
+    cannot be told from them.)"""
+    if size % RESERVE_STEP:
+        return size - position
+    start = last = position
+    while position < size:
+        chunk = pread_exact(fd, min(SCAN_CHUNK, size - position), position, path)
+        if not chunk:
+            break
+        written = len(chunk.rstrip(b"\0"))
+        if written:
+            last = position + written
+        position += len(chunk)
+    return last - start
+
+
 def replace_file(path: Path, data: bytes) -> int:
     """Replace ``path`` with ``data`` atomically (tmp file, fsync, rename, fsync of the directory), and return
-    a descriptor of the new file open for appending (the journals go on writing to it)."""
+    a descriptor of the new file open for writing (the journals go on writing to it, after ``data``)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        fd = open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+        fd = open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         try:
-            write_all(fd, data, tmp)
+            write_all(fd, data, tmp, 0)
             fsync(fd, tmp)
             os.replace(tmp, path)
         except BaseException:
@@ -354,26 +401,13 @@ class Segment:
         return (self.fd is not None) + (self.index_fd is not None)
 
     def append(self, data: PendingBytes) -> None:
-        """Write ``data`` after the last record of the open active segment, first making the file longer when
-        the records would reach its end: to the next multiple of :data:`RESERVE_STEP`.
-
-        Why: an fsync after a write that made the file longer must also commit its new length (the file
-        system's journal), one that wrote inside the file's length need not. Measured on ext4, a 150-byte
-        record written and fsynced took 125-170 us appended, 85-120 us inside a longer file (sparse or
-        allocated alike), and a strong topic's commit of one record 148-165 us against 108-110. The length is
-        set with ``ftruncate``: a hole, no disk space taken. Readers see ``size``; after it come zero bytes,
-        which recovery tells from a torn write by the file's length (:meth:`recover_active`), and which
-        :meth:`trim` cuts off when the segment is sealed or the log lets the file go."""
+        """Write ``data`` after the last record of the open active segment, inside space reserved ahead of
+        it (:func:`reserve_ahead`), which :meth:`trim` cuts off when the segment is sealed or the log lets the
+        file go."""
         assert self.fd is not None
         end = self.size + len(data)
         if end > self.reserved:
-            self.reserved = end  # the write makes the file this long in any case
-            ahead = (end + RESERVE_STEP) // RESERVE_STEP * RESERVE_STEP
-            try:
-                os.ftruncate(self.fd, ahead)
-                self.reserved = ahead
-            except OSError as exc:  # a file system that cannot: the write appends, as it would without
-                log.debug("%s: cannot make the file %d bytes long: %s", self.path, ahead, exc)
+            self.reserved = reserve_ahead(self.fd, end, self.path)
         data.write(self.fd, self.path, self.size)
         self.size = end
 
@@ -382,10 +416,7 @@ class Segment:
         some. The caller fsyncs."""
         if self.fd is None or self.reserved <= self.size:
             return False
-        try:
-            os.ftruncate(self.fd, self.size)
-        except OSError as exc:
-            raise StoreError(f"{self.path}: cannot truncate to {self.size} bytes: {exc}") from exc
+        cut(self.fd, self.size, self.path)
         self.reserved = self.size
         return True
 
@@ -671,9 +702,8 @@ class Segment:
 
         The scan starts at the newest index entry that points at a complete, CRC-valid record with that id
         (or at the first record) and stops at the first record that is incomplete, fails its CRC or has the
-        wrong id; the file is truncated there and fsynced. In a file whose length is a multiple of
-        :data:`RESERVE_STEP`, zero bytes after the last record are the space :meth:`append` reserved, cut
-        without a word; anything else after it is a torn write, reported. A header shorter than 16 bytes is a
+        wrong id; the file is truncated there and fsynced, with a warning if anything but the space
+        :meth:`append` reserved was cut (:func:`written_after`). A header shorter than 16 bytes is a
         crash while creating the segment, and so is a file of nothing but zero bytes: the file is reset to a
         fresh header.
         """
@@ -707,10 +737,9 @@ class Segment:
                 keep, start, start_id, last_entry = k + 1, positions[k], ids[k], positions[k]
                 break
         scan = self.scan(start, start_id, size, index_interval, last_entry=last_entry)
-        removed = size - scan.end
+        removed = 0
         if scan.error is not None:
-            if size % RESERVE_STEP == 0:  # it may end in space append() reserved: zeros, not a torn write
-                removed = self._written_after(scan.end, size)
+            removed = written_after(self.fd, scan.end, size, self.path)
             self._truncate(scan.end)
             fsync(self.fd, self.path)
             if removed:
@@ -742,20 +771,6 @@ class Segment:
         self._open_index_for_append()
         return removed, last_entry
 
-    def _written_after(self, position: int, size: int) -> int:
-        """Bytes from ``position`` up to the last one that is not zero (0: only reserved space follows)."""
-        assert self.fd is not None
-        start = last = position
-        while position < size:
-            chunk = pread_exact(self.fd, min(SCAN_CHUNK, size - position), position, self.path)
-            if not chunk:
-                break
-            written = len(chunk.rstrip(b"\0"))
-            if written:
-                last = position + written
-            position += len(chunk)
-        return last - start
-
     def _all_zeros(self, size: int) -> bool:
         """True if the file is nothing but zero bytes (checked only when the header is not a header)."""
         assert self.fd is not None
@@ -771,10 +786,7 @@ class Segment:
 
     def _truncate(self, size: int) -> None:
         assert self.fd is not None
-        try:
-            os.ftruncate(self.fd, size)
-        except OSError as exc:
-            raise StoreError(f"{self.path}: cannot truncate to {size} bytes: {exc}") from exc
+        cut(self.fd, size, self.path)
 
     def _open_index_for_append(self) -> None:
         try:

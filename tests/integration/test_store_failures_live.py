@@ -7,16 +7,13 @@ Nothing stops the broker.
 
 from __future__ import annotations
 
-import errno
-import os
 import socket
 import struct
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
-from conftest import BrokerFactory, DealerFactory
+from conftest import BrokerFactory, DealerFactory, failing_writes
 
 from broker.store.files import directory_name
 from broker.topics import Persistence, TopicRule, TopicSpec
@@ -26,35 +23,9 @@ RULES = (TopicRule("p.*", TopicSpec(persistence=Persistence.PERSISTENT)),
          TopicRule("logs", TopicSpec(persistence=Persistence.PERSISTENT)))
 
 
-@contextmanager
-def full_disk(monkeypatch: pytest.MonkeyPatch, topic: bytes) -> Iterator[None]:
+def full_disk(monkeypatch: pytest.MonkeyPatch, topic: bytes) -> AbstractContextManager[None]:
     """Writes to the files of ``topic`` fail with ENOSPC, nothing else does."""
-    real, real_writev = os.write, os.writev
-    marker = "/" + directory_name(topic) + "/"
-
-    def refuse(fd: int) -> None:
-        try:
-            path = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            path = ""
-        if marker in path:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    def write(fd: int, data: bytes) -> int:
-        refuse(fd)
-        return real(fd, data)
-
-    def writev(fd: int, buffers: list[memoryview]) -> int:
-        refuse(fd)
-        return real_writev(fd, buffers)
-
-    monkeypatch.setattr(os, "write", write)
-    monkeypatch.setattr(os, "writev", writev)
-    try:
-        yield
-    finally:
-        monkeypatch.setattr(os, "write", real)
-        monkeypatch.setattr(os, "writev", real_writev)
+    return failing_writes(monkeypatch, "/" + directory_name(topic) + "/")
 
 
 @pytest.mark.timeout(30)

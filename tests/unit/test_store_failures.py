@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import failing_writes
 
 from broker.engine import Engine, EngineError, Message, Subscriber
 from broker.store import StoreError, SyncFailed
@@ -30,44 +31,6 @@ RULES = TopicRules([TopicRule("s.*", STRONG), TopicRule("w.*", WEAK), TopicRule(
 
 def message(topic: bytes, message_id: int) -> Message:
     return Message(topic, message_id, b"body %d" % message_id * 4, {}, NOW)
-
-
-def fd_path(fd: int) -> str:
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return ""
-
-
-@contextmanager
-def failing_writes(monkeypatch: pytest.MonkeyPatch, match: str, code: int = errno.ENOSPC) -> Iterator[None]:
-    """os.write, os.writev and os.pwritev fail with ``code`` for files whose path contains ``match`` (a full
-    disk, for one topic)."""
-    real, real_writev, real_pwritev = os.write, os.writev, os.pwritev
-
-    def refuse(fd: int) -> None:
-        if match in fd_path(fd):
-            raise OSError(code, os.strerror(code))
-
-    def write(fd: int, data: bytes) -> int:
-        refuse(fd)
-        return real(fd, data)
-
-    def writev(fd: int, buffers: list[memoryview]) -> int:
-        refuse(fd)
-        return real_writev(fd, buffers)
-
-    def pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
-        refuse(fd)
-        return real_pwritev(fd, buffers, offset)
-
-    monkeypatch.setattr(os, "write", write)
-    monkeypatch.setattr(os, "writev", writev)
-    monkeypatch.setattr(os, "pwritev", pwritev)
-    yield
-    monkeypatch.setattr(os, "write", real)
-    monkeypatch.setattr(os, "writev", real_writev)
-    monkeypatch.setattr(os, "pwritev", real_pwritev)
 
 
 @contextmanager

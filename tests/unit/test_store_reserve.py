@@ -1,8 +1,8 @@
-"""The space a segment reserves after its records (:meth:`broker.store.segment.Segment.append`): the active
-segment's file is longer than its records while the log writes it; readers see the records only; a crash
-leaves zero bytes that the next open cuts without calling them torn, while a torn write inside that space is
-still reported (by the broker and by ``mc0 verify``); sealing, letting the file go and closing end the file at
-its last record; and a file system that cannot make a file longer loses nothing."""
+"""The space a log reserves after its records (:func:`broker.store.segment.reserve_ahead`): the active
+segment's file and the journals' are longer than their records while the log writes them; readers see the
+records only; a crash leaves zero bytes that the next open cuts without calling them torn, while a torn write
+inside that space is still reported (by the broker and by ``mc0 verify``); sealing, letting the files go and
+closing end each file at its last record; and a file system that cannot make a file longer loses nothing."""
 
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ from broker.engine import Message
 from broker.store import check
 from broker.store.files import FileStore, directory_name
 from broker.store.segment import RESERVE_STEP
-from broker.topics import Persistence, Sync, TopicSpec
+from broker.topics import Delivery, Persistence, Sync, TopicSpec
 
 TOPIC = b"reserve/test"
 NOW = 1_700_000_000_000
 SPEC = TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG)
 SMALL = TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG, segment_bytes=1024)
+QUEUE = TopicSpec(delivery=Delivery.ROUND_ROBIN, persistence=Persistence.PERSISTENT, sync=Sync.STRONG)
 
 
 def message(message_id: int, size: int = 0) -> Message:
@@ -184,3 +185,51 @@ def test_a_log_reopened_after_a_clean_close_reads_the_same(tmp_path: Path, count
     reopened = FileStore(tmp_path / "data").open(TOPIC, SPEC)
     assert reopened.truncated_bytes == 0
     assert reopened.read(1, 10_000, 1 << 30) == [message(n, 1000) for n in range(1, count + 1)]
+
+
+def journaled_queue(root: Path):
+    """A strong queue with acks and an idempotent producer's records, committed one message at a time."""
+    store = FileStore(root)
+    log = store.open(TOPIC, QUEUE)
+    for n in range(1, 31):
+        log.append(message(n))
+        log.producers.record(b"producer-%d" % (n % 3), n, n, 1)
+        if n > 1:
+            log.ack([n - 1])
+        log.commit()
+    return store, log
+
+
+def journals(root: Path) -> list[Path]:
+    return [topic_dir(root) / "queue.acks", topic_dir(root) / "producers.journal"]
+
+
+def test_the_journals_reserve_space_and_a_crash_leaves_it_without_a_warning(tmp_path: Path, caplog) -> None:
+    store, log = journaled_queue(tmp_path / "data")
+    assert [path.stat().st_size for path in journals(store.root)] == [RESERVE_STEP, RESERVE_STEP]
+    sizes = [log._acks.size, log.producers.size]
+    copy = crash(store.root, tmp_path)
+    store.close()
+    assert [path.stat().st_size for path in journals(store.root)] == sizes  # ended at their records
+    with caplog.at_level(logging.WARNING, logger="mc0.store"):
+        log = FileStore(copy).open(TOPIC, QUEUE)
+    assert not [record for record in caplog.records if "torn" in record.getMessage()]
+    assert "did not stop cleanly" in caplog.text  # the crash is seen, as it is
+    assert log.acked_watermark == 29
+    assert log.producers.last[b"producer-0"] == (30, 30)
+    assert [path.stat().st_size for path in journals(copy)] == sizes
+
+
+def test_a_torn_journal_write_inside_the_reserved_space_is_still_reported(tmp_path: Path, caplog) -> None:
+    store, log = journaled_queue(tmp_path / "data")
+    acks_end = log._acks.size
+    copy = crash(store.root, tmp_path)
+    store.close()
+    acks = journals(copy)[0]
+    with acks.open("r+b") as file:
+        file.seek(acks_end)
+        file.write(b"\x12\x34\x56\x78\x00\x00\x00\x00\x00\x00\x00\x1e\x05")  # a range cut short
+    with caplog.at_level(logging.WARNING, logger="mc0.store"):
+        log = FileStore(copy).open(TOPIC, QUEUE)
+    assert "truncated 13 bytes of torn ack journal tail" in caplog.text
+    assert log.acked_watermark == 29
