@@ -3,10 +3,10 @@ segments.
 
 :class:`JournalFile` owns the descriptor and what every journal does with it alike: open and read it whole at
 start, cut a torn tail durably, append (creating the file on the first write, or reopening it after the store
-let it go) inside space reserved ahead of its records, as a segment does (:func:`broker.store.segment.
-reserve_ahead`: an fsync that need not commit a new file length is cheaper), fsync, and rewrite it atomically
-as a compact state. What the records mean, and when to write or
-fsync, belong to the journals (:mod:`broker.store.acks`, :mod:`broker.store.producers`) and the log.
+let it go) inside space reserved ahead of its records as a segment does
+(:func:`broker.store.segment.reserve_ahead`: an fsync that need not commit a new file length is cheaper),
+fsync, and rewrite it atomically as a compact state. What the records mean, and when to write or fsync, belong
+to the journals (:mod:`broker.store.acks`, :mod:`broker.store.producers`) and the log.
 """
 
 from __future__ import annotations
@@ -91,11 +91,10 @@ class JournalFile:
 
     def trim(self) -> None:
         """End the file at its last record again, cutting the space reserved after it (before the file is let
-        go; the next :meth:`fsync` makes it durable)."""
+        go). Durable with the next fsync; a crash before it leaves zero bytes that recovery cuts again."""
         if self._fd is not None and self.reserved > self.size:
             cut(self._fd, self.size, self.path)
             self.reserved = self.size
-            self.unsynced = True
 
     def _rewrite(self, data: bytes) -> None:
         """Replace the file by ``data``, atomically: tmp file, fsync, rename, fsync the directory."""

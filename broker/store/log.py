@@ -318,13 +318,11 @@ class SegmentLog:
         self._let_go()
 
     def _trim(self) -> None:
-        """Before the files are let go: the active segment and the journals end at their last record again
-        (the next fsync makes that durable), so that a log at rest has no reserved space
-        (:func:`broker.store.segment.reserve_ahead`)."""
+        """Before the files are let go: the active segment and the journals end at their last record again,
+        so that a log at rest has no reserved space (:func:`broker.store.segment.reserve_ahead`). Not worth
+        an fsync of its own: after a crash, recovery cuts that space as it finds it."""
         if self._segments:
-            active = self._segments[-1]
-            if active.trim() and active not in self._unsynced:
-                self._unsynced.append(active)
+            self._segments[-1].trim()
         self._acks.trim()
         self.producers.trim()
 

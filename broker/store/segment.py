@@ -189,9 +189,9 @@ def fsync(fd: int, path: Path) -> None:
 
 
 def reserve_ahead(fd: int, end: int, path: Path) -> int:
-    """Make the file at least ``end`` bytes long by making it longer, to the next multiple of
-    :data:`RESERVE_STEP` past ``end``, before a write that would reach its end; returns its length then
-    (``end`` where the file system cannot: the write then makes the file longer itself).
+    """Before a write that ends at byte ``end``, past the end of the file: make the file longer, to the next
+    multiple of :data:`RESERVE_STEP` past ``end``. Returns the file's length then (``end`` where the file
+    system cannot: the write makes the file that long itself).
 
     Why: an fsync after a write that made a file longer must also commit its new length (the file system's
     journal), one after a write inside the file's length need not. Measured on ext4, a 150-byte record written
@@ -411,14 +411,12 @@ class Segment:
         data.write(self.fd, self.path, self.size)
         self.size = end
 
-    def trim(self) -> bool:
-        """End the file at its last record again, cutting the space reserved after it; True if there was
-        some. The caller fsyncs."""
-        if self.fd is None or self.reserved <= self.size:
-            return False
-        cut(self.fd, self.size, self.path)
-        self.reserved = self.size
-        return True
+    def trim(self) -> None:
+        """End the file at its last record again, cutting the space reserved after it. Durable with the next
+        fsync; a crash before it leaves zero bytes that recovery cuts again."""
+        if self.fd is not None and self.reserved > self.size:
+            cut(self.fd, self.size, self.path)
+            self.reserved = self.size
 
     def close(self) -> None:
         for name in ("fd", "index_fd"):

@@ -69,6 +69,15 @@ def crash(root: Path, tmp_path: Path) -> Path:
     return copy
 
 
+def crashed(tmp_path: Path, count: int) -> tuple[Path, list[Message]]:
+    """The data directory of a strong log of ``count`` messages, as a crash leaves it, and the messages."""
+    store = FileStore(tmp_path / "data")
+    messages = write(store.open(TOPIC, SPEC), 1, count)
+    copy = crash(store.root, tmp_path)
+    store.close()
+    return copy, messages
+
+
 def test_the_active_file_is_longer_than_its_records_until_the_log_closes(tmp_path: Path) -> None:
     store = FileStore(tmp_path / "data")
     log = store.open(TOPIC, SPEC)
@@ -83,11 +92,7 @@ def test_the_active_file_is_longer_than_its_records_until_the_log_closes(tmp_pat
 
 
 def test_a_crash_leaves_reserved_space_that_the_next_open_cuts_quietly(tmp_path: Path, caplog) -> None:
-    store = FileStore(tmp_path / "data")
-    log = store.open(TOPIC, SPEC)
-    messages = write(log, 1, 25)
-    copy = crash(store.root, tmp_path)
-    store.close()
+    copy, messages = crashed(tmp_path, 25)
     (active,) = segments(copy)
     assert active.stat().st_size == RESERVE_STEP
     with caplog.at_level(logging.WARNING, logger="mc0.store"):
@@ -104,11 +109,7 @@ def test_a_crash_leaves_reserved_space_that_the_next_open_cuts_quietly(tmp_path:
 
 
 def test_a_torn_write_inside_the_reserved_space_is_still_reported(tmp_path: Path, caplog) -> None:
-    store = FileStore(tmp_path / "data")
-    log = store.open(TOPIC, SPEC)
-    messages = write(log, 1, 25)
-    copy = crash(store.root, tmp_path)
-    store.close()
+    copy, messages = crashed(tmp_path, 25)
     (active,) = segments(copy)
     end = records_end(active)
     torn = struct.pack(">IIQ", 40, 0x12345678, 26)[:8]  # a record head cut short by the crash
@@ -126,10 +127,7 @@ def test_a_torn_write_inside_the_reserved_space_is_still_reported(tmp_path: Path
 
 
 def test_verify_does_not_call_reserved_space_torn(tmp_path: Path) -> None:
-    store = FileStore(tmp_path / "data")
-    write(store.open(TOPIC, SPEC), 1, 5)
-    copy = crash(store.root, tmp_path)
-    store.close()
+    copy, _ = crashed(tmp_path, 5)
     report = check.survey_topic(topic_dir(copy))
     assert report.problems == []
     assert report.notes == []
