@@ -37,6 +37,8 @@ class JournalFile:
 
     #: What the journal is called in the log's warnings.
     what = "journal"
+    #: Whether appends go inside space reserved ahead of the records (set by the log: strong topics only).
+    reserving = False
 
     def __init__(self, path: Path, compact_bytes: int) -> None:
         self.path = path
@@ -84,7 +86,7 @@ class JournalFile:
                 raise StoreError(f"{self.path}: cannot open: {exc}") from exc
         end = self.size + len(data)
         if end > self.reserved:
-            self.reserved = reserve_ahead(self._fd, end, self.path)
+            self.reserved = reserve_ahead(self._fd, end, self.path) if self.reserving else end
         write_all(self._fd, data, self.path, self.size)
         self.size = end
         self.unsynced = True

@@ -167,6 +167,8 @@ class SegmentLog:
         self._last_chunk: tuple[Segment, bytes, int] | None = None
         self._acks = AckJournal(self.directory / ACK_FILE)
         self.producers = ProducerJournal(self.directory)
+        # Only a strong topic fsyncs at every commit: only its files gain by writing inside reserved space.
+        self._acks.reserving = self.producers.reserving = self._strong
         # Damaged records by where they are (segment, byte position, id), with why; and gaps between segments
         # nobody recorded as lost (first id, last id, the segment before).
         self._damage: dict[tuple[Segment, int], tuple[int, str]] = {}
@@ -604,7 +606,7 @@ class SegmentLog:
             else:
                 segment.create()
                 self._dir_dirty = True
-        segment.append(data)
+        segment.append(data, self._strong)
         self._bytes_on_disk += len(data)
         segment.write_new_index_entries()
         if segment not in self._unsynced:

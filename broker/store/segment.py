@@ -400,14 +400,14 @@ class Segment:
     def open_files(self) -> int:
         return (self.fd is not None) + (self.index_fd is not None)
 
-    def append(self, data: PendingBytes) -> None:
-        """Write ``data`` after the last record of the open active segment, inside space reserved ahead of
-        it (:func:`reserve_ahead`), which :meth:`trim` cuts off when the segment is sealed or the log lets the
-        file go."""
+    def append(self, data: PendingBytes, reserving: bool) -> None:
+        """Write ``data`` after the last record of the open active segment; with ``reserving`` (a topic that
+        fsyncs every commit), inside space reserved ahead of it (:func:`reserve_ahead`), which :meth:`trim`
+        cuts off when the segment is sealed or the log lets the file go."""
         assert self.fd is not None
         end = self.size + len(data)
         if end > self.reserved:
-            self.reserved = reserve_ahead(self.fd, end, self.path)
+            self.reserved = reserve_ahead(self.fd, end, self.path) if reserving else end
         data.write(self.fd, self.path, self.size)
         self.size = end
 

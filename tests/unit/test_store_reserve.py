@@ -231,3 +231,21 @@ def test_a_torn_journal_write_inside_the_reserved_space_is_still_reported(tmp_pa
         log = FileStore(copy).open(TOPIC, QUEUE)
     assert "truncated 13 bytes of torn ack journal tail" in caplog.text
     assert log.acked_watermark == 29
+
+
+def test_weak_and_async_topics_append_without_reserving(tmp_path: Path) -> None:
+    """Their fsyncs are rare (a timer, a seal, a stop): reserved space would gain them nothing."""
+    store = FileStore(tmp_path / "data")
+    for sync in (Sync.WEAK, Sync.ASYNC):
+        topic = b"reserve/" + sync.value.encode()
+        log = store.open(topic, TopicSpec(delivery=Delivery.ROUND_ROBIN, persistence=Persistence.PERSISTENT,
+                                          sync=sync))
+        for n in range(1, 11):
+            log.append(Message(topic, n, b"body", {}, NOW))
+            log.ack([n])
+            log.commit()
+        directory = store.root / directory_name(topic)
+        (segment,) = directory.glob("*.log")
+        assert segment.stat().st_size == records_end(segment) == log.bytes_on_disk
+        assert (directory / "queue.acks").stat().st_size == log._acks.size > 0
+    store.close()
