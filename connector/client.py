@@ -225,6 +225,33 @@ class _BulkConfirms(Confirms):
         self.release(len(futures))
 
 
+class _Arrivals:
+    """Wakes a thread waiting in :meth:`Client.receive` once deliveries reach the inbox (or the client stops):
+    a lock held while nothing is signalled, which :meth:`set` releases and :meth:`wait` acquires.
+
+    Why not ``threading.Event``: its ``set`` and ``wait`` run a Condition in Python. A hand-off from one
+    thread to another waiting, at a paced 1,000 a second, took p50 30 us and p90 40-50 us through an Event,
+    20-22 and 29-34 us through a lock (three runs each). The price: a ``set`` wakes one waiter, not all, so a
+    waiter that leaves something behind (more deliveries, or the client's failure) passes it on with
+    ``set`` for the next one.
+    """
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()  # nothing has arrived yet
+
+    def set(self) -> None:
+        if self._lock.locked():
+            with contextlib.suppress(RuntimeError):  # released by another set in between
+                self._lock.release()
+
+    def wait(self, timeout: float | None) -> bool:
+        """Until something is signalled (True, the signal taken) or ``timeout`` seconds pass (False)."""
+        return self._lock.acquire(True, -1 if timeout is None else timeout)
+
+
 class Client(ClientBase):
     """A blocking mc0 client.
 
@@ -242,7 +269,7 @@ class Client(ClientBase):
         super().__init__(endpoint, **options)
         self._outbox: deque[Publish | mc0.Ack | _Request | QueuedConfirm] = deque()
         self._in_flight = 0  # confirmed publishes queued or sent and not yet settled (guarded by _room)
-        self._arrived = threading.Event()
+        self._arrived = _Arrivals()
         # A plain lock under the condition: the publish paths take it as a C-level context manager.
         self._room_lock = threading.Lock()
         self._room = threading.Condition(self._room_lock)
@@ -617,20 +644,28 @@ class Client(ClientBase):
                 self._wake()  # room again: the I/O thread resumes reading the socket
             return message
         deadline = None if timeout is None else time.monotonic() + timeout
+        arrived = self._arrived
         while True:
-            self._arrived.clear()
             try:
-                return inbox.popleft()
+                message = inbox.popleft()
             except IndexError:
                 pass
-            self._check()
+            else:
+                if inbox:
+                    arrived.set()  # more than this: another waiting thread may take it
+                return message
+            try:
+                self._check()
+            except ConnectorError:
+                arrived.set()  # the next waiting thread learns it too
+                raise
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return None
             if self._read_paused:
                 self._read_paused = False
                 self._wake()  # the inbox is empty: let the I/O thread read again
-            self._arrived.wait(remaining if remaining is None else min(remaining, 1.0))
+            arrived.wait(remaining if remaining is None else min(remaining, 1.0))
 
     def __iter__(self) -> Iterator[Message]:
         while True:

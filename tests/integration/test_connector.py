@@ -546,6 +546,53 @@ def test_receiving_from_several_threads_hands_each_message_out_once(client: Clie
     assert sorted(got) == sorted(b"%d" % n for n in range(count))
 
 
+def test_threads_waiting_together_are_each_woken_by_one_batch(client: Client, other: Client) -> None:
+    """One batch reaches the inbox with one wake-up: the first thread woken passes it on to the next while
+    deliveries remain, so none of them waits for its next look at the clock (a second)."""
+    client.subscribe("waiting together")
+    got: list[tuple[bytes, float]] = []
+    lock = threading.Lock()
+
+    def take() -> None:
+        message = client.receive(timeout=5.0)
+        if message is not None:
+            with lock:
+                got.append((message.body, time.monotonic()))
+
+    readers = [threading.Thread(target=take) for _ in range(3)]
+    for reader in readers:
+        reader.start()
+    time.sleep(0.3)  # all three are waiting
+    sent = time.monotonic()
+    other.publish_batch([("waiting together", body, None) for body in (b"a", b"b", b"c")])
+    for reader in readers:
+        reader.join(10)
+    assert sorted(body for body, _ in got) == [b"a", b"b", b"c"]
+    assert max(at for _, at in got) - sent < 0.5
+
+
+def test_close_wakes_every_thread_waiting_to_receive(broker: Broker) -> None:
+    client = Client(broker.endpoint, timeout=3.0)
+    errors: list[BaseException] = []
+
+    def wait_forever() -> None:
+        try:
+            client.receive()
+        except ConnectorError as error:
+            errors.append(error)
+
+    readers = [threading.Thread(target=wait_forever) for _ in range(3)]
+    for reader in readers:
+        reader.start()
+    time.sleep(0.3)
+    client.close()
+    for reader in readers:
+        reader.join(2.0)
+    assert not any(reader.is_alive() for reader in readers)
+    assert len(errors) == 3
+    assert all("closed" in str(error) for error in errors)
+
+
 def test_a_full_inbox_pauses_reading_without_losing_messages(broker: Broker, other: Client) -> None:
     with Client(broker.endpoint, timeout=3.0, max_inbox=10) as client:
         client.subscribe("slow reader")
