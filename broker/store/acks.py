@@ -116,7 +116,7 @@ class AckJournal(JournalFile):
                     break
                 self._apply(first, last)
                 good += ACK_RECORD_SIZE
-            self._keep(good, len(data), reason)
+            self._keep(data, good, reason)
         self.raise_floor(first_id)
         if self.watermark >= next_id or any(acked >= next_id for acked in self.above):
             log.warning("%s: forgetting acks of ids >= %d, which the log no longer holds", self.path, next_id)

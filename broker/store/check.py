@@ -38,7 +38,6 @@ from broker.store.segment import (
     NO_ENTRY,
     RECORD_HEAD,
     RECORD_HEAD_SIZE,
-    RESERVE_STEP,
     SEGMENT_HEADER,
     SEGMENT_HEADER_SIZE,
     decode_index,
@@ -49,6 +48,7 @@ from broker.store.segment import (
     index_file_name,
     parse_segment_file_name,
     segment_file_name,
+    written_length,
 )
 from protocol.checksum import crc32
 
@@ -126,14 +126,12 @@ def _record(data: bytes, position: int, expected: int) -> tuple[int, str | None]
     return RECORD_HEAD_SIZE + length, None
 
 
-def _resync(data: bytes, start: int, first_id: int, last_id: int | None) -> tuple[int, int] | None:
-    """The first good record from byte ``start`` on with an id from ``first_id`` (up to ``last_id``, and at
-    most RESYNC_IDS further): ``(position, id)``, or None."""
+def _resync(
+    data: bytes, start: int, limit: int, first_id: int, last_id: int | None
+) -> tuple[int, int] | None:
+    """The first good record from byte ``start`` on, ending before ``limit``, with an id from ``first_id`` (up
+    to ``last_id``, and at most RESYNC_IDS further): ``(position, id)``, or None."""
     top = first_id + RESYNC_IDS if last_id is None else min(last_id, first_id + RESYNC_IDS)
-    # A good record's payload starts with a msgpack array marker, never a zero byte, so no good record's id
-    # lies in the zero bytes that end a file (the space a broker reserved ahead of its records, a MiB of it):
-    # the search stops before them.
-    limit = len(data.rstrip(b"\0"))
     for candidate in range(first_id, top + 1):
         pattern = _ID.pack(candidate)
         found = data.find(pattern, start + 8, limit)
@@ -154,12 +152,16 @@ def survey_segment(path: Path, base: int, last_id: int | None, last: bool) -> Se
         reason = f"segment header is cut short ({len(data)} of 16 bytes)"
         report.damage.append(Damage(base, last_id, 0, reason))
         return report
+    # A good record's payload starts with a msgpack array marker, never a zero byte, so no good record's id
+    # lies in the zero bytes that end a file (the space a broker reserved ahead of its records, a MiB of it):
+    # searches for records stop before them.
+    limit = len(data.rstrip(b"\0"))
     magic, header_base = SEGMENT_HEADER.unpack_from(data)
     position, expected = SEGMENT_HEADER_SIZE, base
     if magic != MAGIC or header_base != base:
         why = f"not an mc0 segment (magic {magic!r})" if magic != MAGIC else (
             f"header says base id {header_base}, the file name says {base}")
-        found = _resync(data, SEGMENT_HEADER_SIZE - 8, base, last_id)
+        found = _resync(data, SEGMENT_HEADER_SIZE - 8, limit, base, last_id)
         report.damage.append(Damage(base, None if found is None else found[1] - 1, 0, why))
         if found is None:
             return report
@@ -179,14 +181,10 @@ def survey_segment(path: Path, base: int, last_id: int | None, last: bool) -> Se
                 break
             continue
         run = None
-        found = _resync(data, position + 1, expected, last_id)
+        found = _resync(data, position + 1, limit, expected, last_id)
         if found is None and last:
-            # Nothing good after it: the broker cuts it at open. Zero bytes ending a file whose length is a
-            # multiple of RESERVE_STEP are the space a broker reserved ahead of its records, not torn.
-            tail = memoryview(data)[position:]
-            if len(data) % RESERVE_STEP == 0:
-                tail = tail[: len(bytes(tail).rstrip(b"\0"))]
-            report.torn_tail = len(tail)
+            # Nothing good after it: the broker cuts it at open (and the space it reserved, without a word).
+            report.torn_tail = written_length(memoryview(data)[position:], len(data))
             break
         if found is None:
             report.damage.append(Damage(expected, last_id, position, why or "unreadable"))

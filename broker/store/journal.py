@@ -24,7 +24,7 @@ from broker.store.segment import (
     replace_file,
     reserve_ahead,
     write_all,
-    written_after,
+    written_length,
 )
 
 log = logging.getLogger("mc0.store")
@@ -61,12 +61,12 @@ class JournalFile:
         self.reserved = os.fstat(fd).st_size
         return pread_exact(fd, self.reserved, 0, self.path)
 
-    def _keep(self, good: int, size: int, reason: str | None = None) -> None:
-        """Keep the first ``good`` of the file's ``size`` bytes: a torn tail is cut, durably, and logged (the
-        space reserved after the records is cut without a word)."""
-        if good < size:
+    def _keep(self, data: bytes, good: int, reason: str | None = None) -> None:
+        """Keep the first ``good`` bytes of the file, whose bytes :meth:`_read_existing` returned as ``data``:
+        a torn tail is cut, durably, and logged (the space reserved after the records without a word)."""
+        if good < len(data):
             assert self._fd is not None  # read by _read_existing
-            torn = written_after(self._fd, good, size, self.path)
+            torn = written_length(memoryview(data)[good:], len(data))
             cut(self._fd, good, self.path)
             fsync(self._fd, self.path)
             if torn:

@@ -123,7 +123,7 @@ class ProducerJournal(ProducerWindow, JournalFile):
             good = end
         self.history = sorted(replayed.values())[-MAX_HISTORY:]
         self._history_ids = [entry[0] for entry in self.history]
-        self._keep(good, len(data))
+        self._keep(data, good)
         if dropped:
             log.warning("%s: %d producer records refer to messages the log no longer holds (ids >= %d): "
                         "forgotten", self.path, dropped, next_id)

@@ -197,8 +197,8 @@ def reserve_ahead(fd: int, end: int, path: Path) -> int:
     journal), one after a write inside the file's length need not. Measured on ext4, a 150-byte record written
     and fsynced took 125-170 us appended, 85-120 us inside a longer file (sparse or allocated alike), and a
     strong topic's commit of one record 148-165 us against 108-110. The length is set with ``ftruncate``: a
-    hole, no disk space taken. Readers of the file stop at the end of its records; :func:`written_after` tells
-    the zero bytes after them from a torn write, and :func:`cut` ends the file at its records again."""
+    hole, no disk space taken. Readers of the file stop at the end of its records; :func:`written_length`
+    tells the zero bytes after them from a torn write, and :func:`cut` ends the file at its records again."""
     ahead = (end + RESERVE_STEP) // RESERVE_STEP * RESERVE_STEP
     try:
         os.ftruncate(fd, ahead)
@@ -216,23 +216,14 @@ def cut(fd: int, size: int, path: Path) -> None:
         raise StoreError(f"{path}: cannot truncate to {size} bytes: {exc}") from exc
 
 
-def written_after(fd: int, position: int, size: int, path: Path) -> int:
-    """How many of the file's bytes from ``position`` (the end of its good records) to its end ``size`` were
-    written: all of them, unless the length is a multiple of :data:`RESERVE_STEP`, where the zero bytes at
-    the end are space :func:`reserve_ahead` made, not a torn write. (A torn piece's own last zero bytes
+def written_length(tail: bytes | bytearray | memoryview, file_size: int) -> int:
+    """How many of ``tail``, the bytes after a file's good records up to its end (``file_size`` bytes long),
+    were written: all of them, unless the length is a multiple of :data:`RESERVE_STEP`, where the zero bytes
+    at the end are space :func:`reserve_ahead` made, not a torn write. (A torn piece's own last zero bytes
     cannot be told from them.)"""
-    if size % RESERVE_STEP:
-        return size - position
-    start = last = position
-    while position < size:
-        chunk = pread_exact(fd, min(SCAN_CHUNK, size - position), position, path)
-        if not chunk:
-            break
-        written = len(chunk.rstrip(b"\0"))
-        if written:
-            last = position + written
-        position += len(chunk)
-    return last - start
+    if file_size % RESERVE_STEP:
+        return len(tail)
+    return len(bytes(tail).rstrip(b"\0"))
 
 
 def replace_file(path: Path, data: bytes) -> int:
@@ -701,7 +692,7 @@ class Segment:
         The scan starts at the newest index entry that points at a complete, CRC-valid record with that id
         (or at the first record) and stops at the first record that is incomplete, fails its CRC or has the
         wrong id; the file is truncated there and fsynced, with a warning if anything but the space
-        :meth:`append` reserved was cut (:func:`written_after`). A header shorter than 16 bytes is a
+        :meth:`append` reserved was cut (:func:`written_length`). A header shorter than 16 bytes is a
         crash while creating the segment, and so is a file of nothing but zero bytes: the file is reset to a
         fresh header.
         """
@@ -713,7 +704,7 @@ class Segment:
         if size < SEGMENT_HEADER_SIZE or self._all_zeros(size):
             # Some file systems, after a crash, show a file's new length before its data: zeros where a
             # header (and records) were being written. Nothing in it was ever fsynced, so nothing is lost.
-            self._truncate(0)
+            cut(self.fd, 0, self.path)
             write_all(self.fd, encode_segment_header(self.base), self.path, 0)
             fsync(self.fd, self.path)
             if size:
@@ -737,8 +728,8 @@ class Segment:
         scan = self.scan(start, start_id, size, index_interval, last_entry=last_entry)
         removed = 0
         if scan.error is not None:
-            removed = written_after(self.fd, scan.end, size, self.path)
-            self._truncate(scan.end)
+            removed = written_length(pread_exact(self.fd, size - scan.end, scan.end, self.path), size)
+            cut(self.fd, scan.end, self.path)
             fsync(self.fd, self.path)
             if removed:
                 log.warning(
@@ -781,10 +772,6 @@ class Segment:
                 return False
             position += len(chunk)
         return True
-
-    def _truncate(self, size: int) -> None:
-        assert self.fd is not None
-        cut(self.fd, size, self.path)
 
     def _open_index_for_append(self) -> None:
         try:
