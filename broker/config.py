@@ -71,6 +71,7 @@ class BrokerConfig:
     lumberjack_tls_key: str = ""
     lumberjack_tls_client_ca: str = ""  # PEM CA bundle: clients must present a certificate it signed
     event_loop: str = "auto"  # auto (uvloop where installed) | uvloop | asyncio
+    mc0_engine: str = "zeromq"  # what serves the mc0 port: zeromq (libzmq's ROUTER) | native (CURVE off only)
     # HOST:PORT of the monitoring endpoint (metrics, health, JSON, dashboard), or "off". None: DEFAULT_HTTP,
     # and only if that port is free (several brokers on one machine still start with their defaults).
     http: str | None = None
@@ -148,7 +149,8 @@ _BROKER_KEYS = {
     "sexp": str, "sexp_ping_interval": (int, float), "msgq": str, "msgq_max_message": int,
     "rstreams": str, "rstreams_part_size": int, "lumberjack": str, "lumberjack_topic": str,
     "lumberjack_topic_field": str, "lumberjack_tls_cert": str, "lumberjack_tls_key": str,
-    "lumberjack_tls_client_ca": str, "event_loop": str, "http": str, "http_topic_labels": int,
+    "lumberjack_tls_client_ca": str, "event_loop": str, "mc0_engine": str, "http": str,
+    "http_topic_labels": int,
     "max_waiting_fetches": int,
     "handshake_timeout": (int, float), "max_open_files": int,
     "descriptor_reserve": int, "input_budget": int, "session_idle": (int, float), "max_sessions": int,
@@ -171,6 +173,10 @@ _NON_NEGATIVE = frozenset({"max_open_files", "descriptor_reserve"})
 
 #: The event loops a broker runs on (``event_loop``): auto takes uvloop where it is installed.
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+
+#: What serves the mc0 port (``mc0_engine``): libzmq's ROUTER, or the broker's own ZMTP engine
+#: (broker/zmtp_door.py), which has no CURVE.
+MC0_ENGINES = ("zeromq", "native")
 
 #: The level names the standard ``logging`` module knows (it refuses any other string).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -207,6 +213,22 @@ def raft_address(text: str, where: str) -> str:
     if port == 0:
         raise ConfigError(f"{where}: {text!r}: a Raft address needs a fixed port (the others must know it)")
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def check_engine(config: BrokerConfig) -> None:
+    """Refuse, in one line, an mc0 engine the rest of the configuration rules out."""
+    if config.mc0_engine not in MC0_ENGINES:
+        raise ConfigError(f"mc0_engine {config.mc0_engine!r} is not one of {', '.join(MC0_ENGINES)}")
+    if config.mc0_engine != "native":
+        return
+    if config.curve:
+        raise ConfigError("mc0_engine 'native' has no CURVE: turn CURVE off (--no-curve) or use mc0_engine "
+                          "'zeromq'")
+    if config.clustered:
+        raise ConfigError("mc0_engine 'native' does not serve a cluster yet: use mc0_engine 'zeromq'")
+    if not config.bind.startswith("tcp://"):
+        raise ConfigError(f"mc0_engine 'native' listens on TCP only, not {config.bind}: use mc0_engine "
+                          "'zeromq'")
 
 
 def check_cluster(config: BrokerConfig) -> None:
@@ -334,6 +356,9 @@ def load(path: Path | None, base: BrokerConfig = DEFAULTS) -> BrokerConfig:
         if key == "event_loop" and value not in EVENT_LOOPS:
             choices = ", ".join(EVENT_LOOPS)
             raise ConfigError(f"{path}: [broker].event_loop: {value!r} is not one of {choices}")
+        if key == "mc0_engine" and value not in MC0_ENGINES:
+            choices = ", ".join(MC0_ENGINES)
+            raise ConfigError(f"{path}: [broker].mc0_engine: {value!r} is not one of {choices}")
         if key in _POSITIVE and value <= 0:
             raise ConfigError(f"{path}: [broker].{key} must be greater than 0, not {value!r}")
         if key in _NON_NEGATIVE and value < 0:

@@ -30,10 +30,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import json
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import repeat
 from time import perf_counter
@@ -47,6 +48,7 @@ from broker.engine import EngineError, Message, RangeRead
 from broker.hub import Hub
 from broker.sessions import Session, Sessions, heartbeat_tick
 from broker.waiting import DEFAULT_LIMIT, Wait, Waits
+from broker.zmtp_door import ZmtpDoor
 from connector.zsock import Again, readable, recv_routed, send_to
 from protocol import ProtocolError, mc0
 from protocol.bodies import entry_topics
@@ -158,12 +160,25 @@ class RouterShell:
         max_waiting_fetches: int = DEFAULT_LIMIT,
         session_idle: float = 60.0,
         max_sessions: int = 100_000,
+        wire: ZmtpDoor | None = None,
     ) -> None:
         self.hub = hub
         self.engine = hub.engine
         self.socket = socket
         # The same libzmq socket without the asyncio layer: non-blocking drains and sends cost no futures.
         self.raw = zmq.Socket.shadow(socket.underlying)
+        # Where commands come from and replies go: libzmq's ROUTER, or the broker's own ZMTP engine
+        # (mc0_engine = "native", broker/zmtp_door.py), which answers the same three calls.
+        self.wire = wire
+        self._readable: Callable[[], bool]
+        self._receive: Callable[[], tuple[list[bytes], zmq.Frame | None]]
+        self._transmit: Callable[[bytes, list[bytes]], None]
+        if wire is None:
+            self._readable = functools.partial(readable, self.raw)
+            self._receive = functools.partial(recv_routed, self.raw)
+            self._transmit = functools.partial(send_to, self.raw)
+        else:
+            self._readable, self._receive, self._transmit = wire.readable, wire.receive, wire.send
         self.sessions = Sessions(self)
         self.recv_budget = recv_budget
         self.pending_limit = pending_limit
@@ -223,15 +238,21 @@ class RouterShell:
         heartbeat on a timer. A failure inside a turn stops the broker through :meth:`Hub.fail`."""
         loop = asyncio.get_running_loop()
         self.loop = loop
-        fd = self.raw.getsockopt(zmq.FD)
-        loop.add_reader(fd, self._turn)
+        fd = None
+        if self.wire is None:
+            fd = self.raw.getsockopt(zmq.FD)
+            loop.add_reader(fd, self._turn)
+        else:
+            self.wire.wake = self._schedule_turn  # the connections call it when messages arrive
+            await self.wire.start()
         self._heartbeat_timer = loop.call_later(self.tick, self._heartbeat_turn)
         self.hub.after_flush.append(self._recheck)
         self._schedule_turn()  # commands may be waiting already: the descriptor only signals changes
         try:
             await loop.create_future()  # never set: the turns run as the loop's reader callbacks
         finally:
-            loop.remove_reader(fd)
+            if fd is not None:
+                loop.remove_reader(fd)
             self._heartbeat_timer.cancel()
             with contextlib.suppress(ValueError):
                 self.hub.after_flush.remove(self._recheck)
@@ -259,7 +280,7 @@ class RouterShell:
         if self._sent or self.receive_exhausted:
             self._sent = False
             self.receive_exhausted = False
-            if not self._turn_scheduled and readable(self.raw):
+            if not self._turn_scheduled and self._readable():
                 self._schedule_turn()
 
     def _schedule_turn(self) -> None:
@@ -284,7 +305,7 @@ class RouterShell:
         The budget counts messages, not frame sets: one PUTS frame may carry a thousand messages, and a turn
         that took too many would overflow the subscribers' pending bounds before the flush that empties them.
         """
-        raw = self.raw
+        ready, take = self._readable, self._receive
         wall = self.wall_ms()
         budget = self.recv_budget
         taken = 0
@@ -292,9 +313,9 @@ class RouterShell:
         # (and pyzmq's errno enum) at the end of every turn, several times more.
         size = 0
         while taken < budget:
-            if not readable(raw):
+            if not ready():
                 break
-            frames, self.peer = recv_routed(raw)
+            frames, self.peer = take()
             size += len(frames[-1])  # the payload: a summing of every frame cost 8x as much per message
             taken += self.handle(frames, now, wall)
             if self.end_turn:
@@ -859,8 +880,8 @@ class RouterShell:
         return True
 
     def transmit(self, identity: bytes, frames: list[bytes]) -> None:
-        """Hand one frame set to ZeroMQ: the only place the router writes to its socket."""
-        send_to(self.raw, identity, frames)
+        """Hand one frame set to the wire: the only place the router writes to its clients."""
+        self._transmit(identity, frames)
 
     # ----------------------------------------------------------------------------------------------- liveness
 

@@ -32,7 +32,7 @@ import zmq
 import zmq.asyncio
 
 from broker import auth, descriptors
-from broker.config import BrokerConfig, ConfigError
+from broker.config import BrokerConfig, ConfigError, check_engine
 from broker.engine import Engine
 from broker.gateways.lumberjack import LumberjackConnection, LumberjackOptions, field_path
 from broker.gateways.msgq import MsgqConnection, MsgqOptions
@@ -45,6 +45,7 @@ from broker.monitoring import Monitor
 from broker.router import RouterShell
 from broker.store import StoreError, SyncFailed, segment
 from broker.store.files import FileStore
+from broker.zmtp_door import ZmtpDoor
 from connector import addresses, keys
 
 log = logging.getLogger("mc0.broker")
@@ -257,6 +258,19 @@ def _bind_router(socket: zmq.asyncio.Socket, endpoint: str) -> Listener | None:
     return listener
 
 
+def _native_door(config: BrokerConfig, backlog: int) -> ZmtpDoor:
+    """The mc0 port served by the broker's own ZMTP engine, on a listening socket of its own."""
+    try:
+        listener = open_listener(config.bind, backlog)
+    except OSError as error:
+        raise OSError(error.errno, f"bind {config.bind}: {error.strerror}") from None
+    if listener is None:
+        raise ConfigError(f"mc0_engine 'native' cannot listen on {config.bind} itself (an interface or host "
+                          "name only libzmq resolves): give an IP address, or use mc0_engine 'zeromq'")
+    return ZmtpDoor(listener, max_frame=config.max_message_size, recv_hwm=config.recv_hwm,
+                    handshake_timeout=config.handshake_timeout)
+
+
 def _lumberjack_tls(config: BrokerConfig) -> ssl.SSLContext | None:
     """TLS for the Lumberjack port when a certificate is configured; client certificates when a CA is."""
     if not config.lumberjack_tls_cert:
@@ -302,6 +316,7 @@ def _router_socket(context: zmq.asyncio.Context, config: BrokerConfig) -> zmq.as
 
 async def serve(config: BrokerConfig, on_ready: Callable[[Broker], None] | None = None) -> None:
     """Run a broker until ``Broker.stop()`` (or a signal in :func:`run`)."""
+    check_engine(config)
     return_large_frees()
     asyncio.get_running_loop().set_exception_handler(_loop_exceptions)
     before, limit = descriptors.raise_limit()
@@ -340,19 +355,25 @@ async def _serve(
     authenticator = None
     handshakes = auth.HandshakeWatch(socket)
     watch: descriptors.DescriptorWatch | None = None
-    door: _RouterDoor | None = None
+    door: _RouterDoor | ZmtpDoor | None = None
     try:
         if config.curve:
             authenticator = auth.secure(context, socket, config.keys_dir, config.allow_any_client,
                                         cluster=config.clustered)
         else:
             log.warning("CURVE is OFF: traffic on %s is plaintext and any client is admitted", config.bind)
-        listener = _bind_router(socket, config.bind)
-        endpoint = socket.last_endpoint.decode()
-        door = _RouterDoor(socket, endpoint, listener)
+        wire: ZmtpDoor | None = None
+        if config.mc0_engine == "native":
+            wire = _native_door(config, socket.getsockopt(zmq.BACKLOG))
+            endpoint = wire.endpoint
+            door = wire
+        else:
+            listener = _bind_router(socket, config.bind)
+            endpoint = socket.last_endpoint.decode()
+            door = _RouterDoor(socket, endpoint, listener)
         router = RouterShell(hub, socket, pending_limit=config.pending_limit, tick=config.heartbeat_tick,
                              max_waiting_fetches=config.max_waiting_fetches, session_idle=config.session_idle,
-                             max_sessions=config.max_sessions)
+                             max_sessions=config.max_sessions, wire=wire)
         hub.add(router)
         cluster = None
         if config.clustered:

@@ -148,6 +148,8 @@ def start_broker(tmp_path: Path) -> Iterator[BrokerFactory]:
         http: str = GATEWAY_LOOPBACK,
         **overrides: Any,
     ) -> Broker:
+        if not curve and "mc0_engine" not in overrides and os.environ.get("MC0_TEST_ENGINE"):
+            overrides["mc0_engine"] = os.environ["MC0_TEST_ENGINE"]  # the suite run against another engine
         config = BrokerConfig(
             bind=bind,
             sexp=sexp,

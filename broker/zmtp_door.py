@@ -1,0 +1,249 @@
+"""The mc0 port without libzmq: a ROUTER on the event loop's own TCP transports, speaking ZMTP 3 with the
+NULL mechanism (:mod:`protocol.zmtp`) to the clients' libzmq DEALERs. Chosen with ``mc0_engine = "native"``
+where CURVE is off (docs/configuration.md).
+
+Why it exists: libzmq reads and writes in an I/O thread of its own, so every command crosses two threads
+each way (a mailbox write to wake the other side, a read to drain it) and every send or readiness check
+makes libzmq process its command queue (a ``poll`` and a ``getpid`` each). At one message at a time that
+costs more than the broker's own Python: a ROUTER that only answers OK cost 118-200 µs of CPU a request
+through libzmq and 30 µs on these transports (docs/benchmarks.md). Here a command is one ``read`` in the
+loop's wake-up, and a reply one ``writev``.
+
+Owns: the accepted connections, the identity each goes by, the messages read and not yet taken by the
+router, and what each connection has yet to write. It gives the router what libzmq's ROUTER gave it
+(:class:`broker.router.RouterShell` calls :meth:`readable`, :meth:`receive` and :meth:`send`):
+
+* ROUTER_MANDATORY: a send to an identity with no connection raises ``EHOSTUNREACH``;
+* ROUTER_HANDOVER: a connection presenting an identity already in use takes it over (the old one closes);
+* the high-water marks: a connection with :data:`SEND_BUFFER` bytes unsent makes a send raise
+  ``zmq.Again`` (the router keeps the reply and retries, as for a full libzmq pipe), and with ``recv_hwm``
+  messages waiting for the router, connections stop being read until it has taken them;
+* MAXMSGSIZE: a frame longer than ``max_message_size`` closes its connection;
+* the handshake timeout: a connection that has not finished its greeting and READY in time is closed.
+
+A peer that breaks the protocol is closed (with a ZMTP ERROR first where it is still in its handshake);
+the broker carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+import struct
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import cast
+
+import zmq
+
+from broker.listener import Listener
+from protocol import zmtp
+
+log = logging.getLogger(__name__)
+
+#: Unsent bytes a connection may hold before sends to it wait (libzmq's ``sndhwm`` counts frame sets; a
+#: transport counts bytes). 16 MiB: a few full records replies, or 100,000 deliveries of 100 bytes.
+SEND_BUFFER = 16 << 20
+
+_GENERATED = struct.Struct(">BI")  # libzmq's shape for identities it makes up: a zero octet, then 4 octets
+
+
+class _Connection(asyncio.Protocol):
+    """One peer: its bytes in through a :class:`protocol.zmtp.Reader`, its messages into the door's inbox."""
+
+    def __init__(self, door: ZmtpDoor) -> None:
+        self.door = door
+        self.reader = zmtp.Reader(door.max_frame)
+        self.transport: asyncio.Transport | None = None
+        self.identity: bytes | None = None  # set by the peer's READY
+        self.full = False  # the transport asked us to stop writing (SEND_BUFFER reached)
+        self.paused = False  # not read while the inbox is full
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # libzmq's default too
+        transport.set_write_buffer_limits(high=SEND_BUFFER)
+        transport.write(zmtp.GREETING)
+        self.door.connections.add(self)
+        self._deadline = asyncio.get_running_loop().call_later(self.door.handshake_timeout, self._too_slow)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self.door.detach(self)
+
+    def pause_writing(self) -> None:
+        self.full = True
+
+    def resume_writing(self) -> None:
+        self.full = False
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.reader.feed(data)
+        except zmtp.ZmtpError as error:
+            self.refuse(str(error))
+            return
+        door = self.door
+        arrived = False
+        for event in events:
+            if type(event) is list:
+                event.insert(0, self.identity)
+                door.inbox.append(event)
+                arrived = True
+            elif type(event) is zmtp.Ping:
+                self.write([zmtp.pong(event.context)])
+            elif event == b"greeting":
+                self.write([zmtp.READY_ROUTER])
+            elif type(event) is zmtp.Ready:
+                if event.identity[:1] == b"\0":
+                    self.refuse("an identity starting with a zero octet (those are the ROUTER's to give)")
+                    return
+                if self._deadline is not None:
+                    self._deadline.cancel()
+                    self._deadline = None
+                door.attach(self, event.identity)
+        if arrived:
+            door.arrived(self)
+
+    def write(self, pieces: Sequence[bytes | memoryview]) -> None:
+        if self.transport is not None:
+            self.transport.writelines(pieces)
+
+    def refuse(self, reason: str) -> None:
+        log.debug("mc0 door: closing a connection from %s: %s", self.peer_name(), reason)
+        self.door.refused += 1
+        if self.transport is not None:
+            if self.identity is None:
+                self.transport.write(zmtp.error(reason))
+            self.transport.close()
+
+    def peer_name(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "?"
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self.identity is None:
+            self.refuse(f"no ZMTP handshake within {self.door.handshake_timeout:g} s")
+
+    def pause(self) -> None:
+        if not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+
+
+class ZmtpDoor:
+    """The mc0 port served on the broker's own listening socket (:mod:`broker.listener`). Also the door the
+    descriptor watch pauses: a pause holds the listener (new connections wait in the kernel), a shed closes
+    every connection as unbinding libzmq's ROUTER would, and a resume lets connections in again."""
+
+    name = "mc0"
+
+    def __init__(
+        self, listener: Listener, *, max_frame: int, recv_hwm: int, handshake_timeout: float
+    ) -> None:
+        self.listener = listener
+        self.max_frame = max_frame
+        self.recv_hwm = recv_hwm
+        self.handshake_timeout = handshake_timeout
+        self.inbox: deque[list[bytes]] = deque()
+        self.peers: dict[bytes, _Connection] = {}
+        self.connections: set[_Connection] = set()
+        self.refused = 0  # connections closed for breaking ZMTP or for a slow handshake
+        self.wake: Callable[[], None] = lambda: None  # the router's: schedule a turn
+        self._server: asyncio.AbstractServer | None = None
+        self._paused: set[_Connection] = set()
+        self._next_identity = 0x6B8B4567  # libzmq starts its counter at a random value too
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self.listener.socket.getsockname()[:2]
+        return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), sock=self.listener.socket)
+
+    # -------------------------------------------------------------------------------- what the router calls
+
+    def readable(self) -> bool:
+        return bool(self.inbox)
+
+    def receive(self) -> tuple[list[bytes], None]:
+        """The oldest message, the sender's identity in front (no frame metadata: that is CURVE's)."""
+        frames = self.inbox.popleft()
+        if self._paused and len(self.inbox) <= self.recv_hwm // 2:
+            for connection in self._paused:
+                connection.resume()
+            self._paused.clear()
+        return frames, None
+
+    def send(self, identity: bytes, frames: Sequence[bytes | memoryview]) -> None:
+        connection = self.peers.get(identity)
+        if connection is None:
+            raise zmq.ZMQError(errno.EHOSTUNREACH)
+        if connection.full:
+            raise zmq.Again()
+        connection.write(zmtp.message(frames))
+
+    # ------------------------------------------------------------------------------------- connections
+
+    def attach(self, connection: _Connection, identity: bytes) -> None:
+        if not identity:
+            self._next_identity = (self._next_identity + 1) & 0xFFFFFFFF
+            identity = _GENERATED.pack(0, self._next_identity)
+        connection.identity = identity
+        previous = self.peers.get(identity)
+        if previous is not None and previous.transport is not None:
+            previous.identity = b""  # handed over: its close must not take the identity with it
+            previous.transport.close()
+        self.peers[identity] = connection
+
+    def detach(self, connection: _Connection) -> None:
+        self.connections.discard(connection)
+        self._paused.discard(connection)
+        if connection.identity and self.peers.get(connection.identity) is connection:
+            del self.peers[connection.identity]
+
+    def arrived(self, connection: _Connection) -> None:
+        if len(self.inbox) >= self.recv_hwm:
+            connection.pause()
+            self._paused.add(connection)
+        self.wake()
+
+    # ------------------------------------------------------------------------ the descriptor watch's door
+
+    def pause(self) -> None:
+        self.listener.hold()
+
+    def shed(self) -> None:
+        self.listener.hold()
+        if self.connections:
+            log.warning("mc0 door: closing its %d connections for want of descriptors: clients reconnect "
+                        "once it takes connections again", len(self.connections))
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.abort()
+
+    def resume(self) -> None:
+        self.listener.release()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.abort()
+        self.listener.close()

@@ -1,0 +1,227 @@
+"""ZMTP 3, the wire under ZeroMQ's TCP sockets (RFC 23 and 37), with the NULL mechanism: what the broker's
+own ROUTER engine (:mod:`broker.zmtp_door`) speaks to the clients' libzmq DEALERs when CURVE is off.
+
+A connection starts with a 64-byte greeting each way (signature, version, mechanism, as-server), then each
+side sends a READY command carrying its properties (``Socket-Type``, and a DEALER's optional ``Identity``).
+After that the wire is frames: a flags octet (MORE, LONG, COMMAND), a size (one octet, or eight big-endian
+with LONG) and the bytes. A message is the frames up to one without MORE. Commands between messages are PING
+(answered with PONG carrying the PING's context), PONG and ERROR.
+
+:class:`Reader` takes bytes as they arrive and gives back what they complete; :func:`message` turns frames
+into bytes to write. Nothing here touches a socket or a clock.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from protocol.errors import ProtocolError
+
+SIGNATURE_HEAD = b"\xff"
+SIGNATURE_TAIL = b"\x7f"
+GREETING_SIZE = 64
+#: Our greeting: ZMTP 3.0 (a 3.1 peer speaks 3.0 to a 3.0 peer), NULL, as-server set.
+GREETING = (SIGNATURE_HEAD + bytes(8) + SIGNATURE_TAIL + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\x01"
+            + bytes(31))
+
+MORE = 0x01
+LONG = 0x02
+COMMAND = 0x04
+
+#: The socket types a ROUTER talks to (RFC 28: a ROUTER accepts DEALER, REQ and ROUTER peers).
+ROUTER_PEERS = frozenset({b"DEALER", b"REQ", b"ROUTER"})
+
+_SIZE = struct.Struct(">Q")
+_PROPERTY_SIZE = struct.Struct(">I")
+#: A command's longest name and a PING's longest context (RFC 37).
+_PING_CONTEXT = 16
+
+
+class ZmtpError(ProtocolError):
+    """The peer broke ZMTP: the connection is closed (with an ERROR command first where the RFC has one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The peer's READY: its socket type and the routing identity it asked for (empty: none)."""
+
+    socket_type: bytes
+    identity: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """A heartbeat: answer with :func:`pong` of ``context``."""
+
+    context: bytes
+
+
+def command(name: bytes, body: bytes = b"") -> bytes:
+    """One command frame: its name (length-prefixed) and ``body``."""
+    data = bytes((len(name),)) + name + body
+    if len(data) <= 255:
+        return bytes((COMMAND, len(data))) + data
+    return bytes((COMMAND | LONG,)) + _SIZE.pack(len(data)) + data
+
+
+def properties(values: dict[bytes, bytes]) -> bytes:
+    """A READY command's metadata: each name length-prefixed in one octet, each value in four."""
+    return b"".join(bytes((len(name),)) + name + _PROPERTY_SIZE.pack(len(value)) + value
+                    for name, value in values.items())
+
+
+def parse_properties(data: bytes) -> dict[bytes, bytes]:
+    """The metadata of a READY command, names lower-cased (RFC 23: they are case-insensitive)."""
+    found: dict[bytes, bytes] = {}
+    position = 0
+    while position < len(data):
+        name_size = data[position]
+        name_end = position + 1 + name_size
+        if name_size == 0 or name_end + 4 > len(data):
+            raise ZmtpError("a READY property is cut short")
+        (value_size,) = _PROPERTY_SIZE.unpack_from(data, name_end)
+        value_end = name_end + 4 + value_size
+        if value_end > len(data):
+            raise ZmtpError("a READY property's value is cut short")
+        found[data[position + 1:name_end].lower()] = data[name_end + 4:value_end]
+        position = value_end
+    return found
+
+
+READY_ROUTER = command(b"READY", properties({b"Socket-Type": b"ROUTER"}))
+
+
+def error(reason: str) -> bytes:
+    """An ERROR command (sent during the handshake before closing): the reason, at most 255 bytes."""
+    text = reason.encode()[:255]
+    return command(b"ERROR", bytes((len(text),)) + text)
+
+
+def pong(context: bytes) -> bytes:
+    return command(b"PONG", context)
+
+
+def check_greeting(data: bytes) -> None:
+    """Refuse a greeting we cannot speak to: not ZMTP, a version before 3, or a mechanism other than NULL."""
+    if data[:1] != SIGNATURE_HEAD or data[9:10] != SIGNATURE_TAIL:
+        raise ZmtpError("not a ZeroMQ peer (no ZMTP signature)")
+    if data[10] < 3:
+        raise ZmtpError(f"ZMTP {data[10]}.x is not supported (3.0 or later)")
+    mechanism = data[12:32].rstrip(b"\0")
+    if mechanism != b"NULL":
+        raise ZmtpError(f"security mechanism {mechanism.decode(errors='replace')!r} where this port has NULL "
+                        "(CURVE is off)")
+
+
+def frame_head(size: int, more: bool) -> bytes:
+    if size <= 255:
+        return bytes((MORE if more else 0, size))
+    return bytes((LONG | MORE if more else LONG,)) + _SIZE.pack(size)
+
+
+def message(frames: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+    """The pieces to write for one message (a head before each frame), for a gathered write: no frame is
+    copied."""
+    pieces: list[bytes | memoryview] = []
+    last = len(frames) - 1
+    for index, frame in enumerate(frames):
+        pieces.append(frame_head(len(frame), index < last))
+        pieces.append(frame)
+    return pieces
+
+
+class Reader:
+    """One connection's incoming bytes, as the peer's greeting, its READY, then messages, PINGs and the rest.
+
+    :meth:`feed` returns what the bytes completed: ``b"greeting"`` once, a :class:`Ready` once, then lists of
+    frames (messages) and :class:`Ping`. It raises :class:`ZmtpError` on anything else: a bad greeting, a
+    message before READY, a frame longer than ``max_frame`` (checked from its head, before its bytes arrive),
+    an unknown command, or a message of more than ``max_parts`` frames."""
+
+    def __init__(self, max_frame: int, max_parts: int = 64) -> None:
+        self.max_frame = max_frame
+        self.max_parts = max_parts
+        self._buffer = bytearray()
+        self._greeted = False
+        self._ready = False
+        self._parts: list[bytes] = []
+
+    def feed(self, data: bytes) -> list[object]:
+        buffer = self._buffer
+        buffer += data
+        out: list[object] = []
+        position = 0
+        if not self._greeted:
+            if len(buffer) < GREETING_SIZE:
+                if buffer[:1] not in (b"", SIGNATURE_HEAD):
+                    raise ZmtpError("not a ZeroMQ peer (no ZMTP signature)")
+                return out
+            check_greeting(bytes(buffer[:GREETING_SIZE]))
+            self._greeted = True
+            out.append(b"greeting")
+            position = GREETING_SIZE
+        size_of = _SIZE.unpack_from
+        end_of_data = len(buffer)
+        parts = self._parts
+        while position + 2 <= end_of_data:
+            flags = buffer[position]
+            if flags & LONG:
+                if position + 9 > end_of_data:
+                    break
+                (size,) = size_of(buffer, position + 1)
+                start = position + 9
+            else:
+                size = buffer[position + 1]
+                start = position + 2
+            if size > self.max_frame:
+                raise ZmtpError(f"a frame of {size} bytes (the limit is {self.max_frame})")
+            end = start + size
+            if end > end_of_data:
+                break
+            body = bytes(buffer[start:end])
+            position = end
+            if flags & COMMAND:
+                event = self._command(body)
+                if event is not None:
+                    out.append(event)
+            elif not self._ready:
+                raise ZmtpError("a message before the handshake's READY")
+            else:
+                parts.append(body)
+                if not flags & MORE:
+                    out.append(parts)
+                    parts = self._parts = []
+                elif len(parts) >= self.max_parts:
+                    raise ZmtpError(f"a message of more than {self.max_parts} frames")
+        del buffer[:position]
+        return out
+
+    def _command(self, body: bytes) -> object | None:
+        if not body or len(body) < 1 + body[0]:
+            raise ZmtpError("a command without a name")
+        name = body[1:1 + body[0]]
+        rest = body[1 + body[0]:]
+        if not self._ready:
+            if name == b"ERROR":
+                reason = rest[1:1 + rest[0]].decode(errors="replace") if rest else ""
+                raise ZmtpError(f"the peer refused the handshake: {reason}" if reason
+                                else "the peer refused the handshake")
+            if name != b"READY":
+                raise ZmtpError(f"{name.decode(errors='replace')} before READY")
+            found = parse_properties(rest)
+            socket_type = found.get(b"socket-type", b"")
+            if socket_type not in ROUTER_PEERS:
+                raise ZmtpError(f"a {socket_type.decode(errors='replace') or 'peer without a socket type'} "
+                                "cannot talk to a ROUTER")
+            self._ready = True
+            return Ready(socket_type, found.get(b"identity", b""))
+        if name == b"PING":
+            # Two octets of TTL, then the context to echo (at most 16 octets).
+            return Ping(rest[2:2 + _PING_CONTEXT])
+        if name in (b"PONG", b"SUBSCRIBE", b"CANCEL"):
+            return None
+        if name == b"ERROR":
+            raise ZmtpError("the peer sent ERROR")
+        raise ZmtpError(f"unknown command {name.decode(errors='replace')!r}")

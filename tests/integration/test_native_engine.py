@@ -1,0 +1,158 @@
+"""The mc0 port served by the broker's own ZMTP engine (``mc0_engine = "native"``, broker/zmtp_door.py):
+libzmq DEALERs (raw and the connector's) talk to it as to libzmq's ROUTER, and peers that break ZMTP are
+closed while the broker serves the others."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import zmq
+from conftest import RawStream
+
+from broker.config import BrokerConfig, ConfigError, check_engine, load
+from connector import Client
+
+pytestmark = pytest.mark.timeout(60)
+
+PEER_GREETING = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x01" + b"NULL".ljust(20, b"\0") + b"\x00" + bytes(31)
+
+
+def address(endpoint: str) -> tuple[str, int]:
+    parts = urlsplit(endpoint)
+    assert parts.hostname is not None
+    assert parts.port is not None
+    return parts.hostname, parts.port
+
+
+@pytest.fixture
+def native(start_broker):  # type: ignore[no-untyped-def]
+    return start_broker(mc0_engine="native")
+
+
+def works(endpoint: str) -> None:
+    with Client(endpoint, curve=False, timeout=5) as client:
+        assert client.publish("still.there", b"x", confirm=True)["DURABILITY"] == "memory"
+
+
+def test_a_raw_dealer_is_answered_as_by_libzmq(native, dealer) -> None:  # type: ignore[no-untyped-def]
+    peer = dealer(native.endpoint)
+    reply = peer.connect()
+    assert reply.verb == b"OK"
+    peer.send(b"PUT", b"TOPIC", b"t", b"ID", b"7", b"", b"body")
+    reply = peer.recv()
+    assert (reply.verb, reply.header(b"ID")) == (b"OK", b"7")
+
+
+def test_the_connector_publishes_subscribes_and_confirms(native) -> None:  # type: ignore[no-untyped-def]
+    with Client(native.endpoint, curve=False, timeout=10) as publisher, \
+            Client(native.endpoint, curve=False, timeout=10) as subscriber:
+        subscriber.subscribe("t")
+        assert publisher.publish("t", b"first", confirm=True)["MESSAGE-ID"] == "1"
+        confirms = [publisher.publish_async("t", b"%d" % index) for index in range(2_000)]
+        assert [int(confirm.result(10)["MESSAGE-ID"]) for confirm in confirms] == list(range(2, 2_002))
+        bodies = [subscriber.receive(timeout=5).body for _ in range(2_001)]
+        assert bodies == [b"first", *(b"%d" % index for index in range(2_000))]
+
+
+def test_a_large_message_crosses_whole_both_ways(native) -> None:  # type: ignore[no-untyped-def]
+    body = bytes(range(256)) * (4 << 10)  # 1 MiB: eight-octet frame sizes, many reads
+    with Client(native.endpoint, curve=False, timeout=10) as client:
+        client.subscribe("big")
+        client.publish("big", body, confirm=True)
+        assert client.receive(timeout=5).body == body
+
+
+def test_an_identity_in_use_is_handed_over(native, dealer) -> None:  # type: ignore[no-untyped-def]
+    first = dealer(native.endpoint, identity=b"agent-1", monitor=zmq.EVENT_DISCONNECTED)
+    assert first.connect().verb == b"OK"
+    second = dealer(native.endpoint, identity=b"agent-1")
+    assert second.connect().verb == b"OK"
+    event = first.next_event(timeout=5)  # the broker closed the first connection when the second took over
+    assert event is not None
+    assert event["event"] == zmq.EVENT_DISCONNECTED
+    second.send(b"PING", b"ID", b"1")
+    assert second.recv().header(b"ID") == b"1"
+
+
+def test_bytes_that_are_not_zmtp_close_that_connection_only(native) -> None:  # type: ignore[no-untyped-def]
+    stream = RawStream(address(native.endpoint))
+    stream.sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert stream.closed_within(5)
+    stream.close()
+    works(native.endpoint)
+
+
+def test_a_connection_that_never_shakes_hands_is_closed(start_broker) -> None:  # type: ignore[no-untyped-def]
+    broker = start_broker(mc0_engine="native", handshake_timeout=0.5)
+    stream = RawStream(address(broker.endpoint))
+    started = time.monotonic()
+    assert stream.closed_within(5)
+    assert 0.4 < time.monotonic() - started < 4
+    stream.close()
+
+
+def test_a_frame_over_max_message_size_closes_the_connection(start_broker) -> None:  # type: ignore[no-untyped-def]
+    broker = start_broker(mc0_engine="native", max_message_size=1_000)
+    stream = RawStream(address(broker.endpoint))
+    ready = b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
+    stream.sock.sendall(PEER_GREETING + bytes((4, len(ready))) + ready + b"\x02" + struct.pack(">Q", 5_000))
+    assert stream.closed_within(5)
+    stream.close()
+    works(broker.endpoint)
+
+
+def test_a_curve_client_is_refused_in_its_handshake(native, dealer) -> None:  # type: ignore[no-untyped-def]
+    public, secret = zmq.curve_keypair()
+    server_public, _ = zmq.curve_keypair()
+    peer = dealer(native.endpoint, server_key=server_public, public_key=public, secret_key=secret,
+                  monitor=zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_DISCONNECTED)
+    peer.send(b"CONNECT")
+    event = peer.next_event(timeout=5)  # libzmq reports the refused handshake
+    assert event is not None
+    assert event["event"] in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_DISCONNECTED)
+    assert peer.poll(0.3) is None
+    works(native.endpoint)
+
+
+def test_a_full_inbox_pauses_reading_without_losing_a_message(start_broker, dealer) -> None:  # type: ignore[no-untyped-def]
+    broker = start_broker(mc0_engine="native", recv_hwm=10)
+    peer = dealer(broker.endpoint)
+    peer.connect()
+    for index in range(3_000):
+        peer.send(b"PUT", b"TOPIC", b"flood", b"ID", b"%d" % index, b"", b"%d" % index)
+    ids = [int(peer.recv().header(b"ID")) for _ in range(3_000)]
+    assert ids == list(range(3_000))
+
+
+def test_a_peer_is_told_a_router_will_not_take_its_socket_type(native) -> None:  # type: ignore[no-untyped-def]
+    with socket.create_connection(address(native.endpoint), timeout=5) as sock:
+        ready = b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", 3) + b"SUB"
+        sock.sendall(PEER_GREETING + bytes((4, len(ready))) + ready)
+        received = b""
+        while True:
+            data = sock.recv(4096)
+            if not data:
+                break
+            received += data
+    assert b"\x05ERROR" in received
+    assert b"SUB cannot talk to a ROUTER" in received
+
+
+def test_native_needs_curve_off_no_cluster_and_tcp(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no CURVE"):
+        check_engine(BrokerConfig(mc0_engine="native", curve=True))
+    with pytest.raises(ConfigError, match="cluster"):
+        check_engine(BrokerConfig(mc0_engine="native", curve=False, cluster_node="127.0.0.1:7000",
+                                  cluster_peers=("127.0.0.1:7001",)))
+    with pytest.raises(ConfigError, match="TCP only"):
+        check_engine(BrokerConfig(mc0_engine="native", curve=False, bind="ipc:///tmp/mc0.sock"))
+    check_engine(BrokerConfig(mc0_engine="native", curve=False))
+    path = tmp_path / "mc0.toml"
+    path.write_text('[broker]\nmc0_engine = "libzmq"\n')
+    with pytest.raises(ConfigError, match="mc0_engine: 'libzmq' is not one of zeromq, native"):
+        load(path)
