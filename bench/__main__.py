@@ -40,7 +40,7 @@ import sys
 
 import zmq
 
-from bench.process import choose_event_loop
+from bench.process import choose_engine, choose_event_loop
 from bench.throughput import median_cases
 
 SYSTEMS = ("zmq-proxy", "py-forwarder", "mc0")
@@ -91,8 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-seconds", type=float, default=3.0, help="length of the paced latency run")
     parser.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"),
                         help="mc0's event loop (default: the broker's own default, auto)")
+    parser.add_argument("--mc0-engine", choices=("zeromq", "native"),
+                        help="what serves mc0's port (default: the broker's own default, zeromq)")
     args = parser.parse_args(argv)
     choose_event_loop(args.event_loop)
+    choose_engine(args.mc0_engine)
 
     print(f"python {platform.python_version()}, pyzmq {zmq.pyzmq_version()}, libzmq {zmq.zmq_version()}, "
           f"{args.messages:,} x {100}-byte messages, median of {args.repeat}, interleaved")

@@ -47,7 +47,7 @@ import zmq
 
 from bench.durability import serve_durable
 from bench.lumberjack import serve as serve_lumberjack
-from bench.process import broker_process
+from bench.process import broker_process, choose_engine
 from bench.throughput import BODY_SIZE, _free_pair, free_port, process_cpu_seconds
 
 #: Targets (see the module docstring).
@@ -226,7 +226,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pipelined", type=int, default=50_000, help="messages per 100-in-flight run")
     parser.add_argument("--batches", type=int, default=1_000, help="Lumberjack batches per run")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
+    parser.add_argument("--mc0-engine", choices=("zeromq", "native"),
+                        help="what serves mc0's port (default: the broker's own default, zeromq)")
     args = parser.parse_args(argv)
+    choose_engine(args.mc0_engine)
     cases = [
         (Case("mc0 1 in flight", serve_durable, mc0_confirmed, (1,), cpu=True), args.confirms),
         (Case("py-confirmer 1 in flight", serve_py_confirmer, raw_confirmed, (1,)), args.confirms),

@@ -12,12 +12,20 @@ from typing import Any
 #: The event loop of every benchmark broker a run starts (``--event-loop`` of the benchmarks that offer it):
 #: passed to the spawned broker processes through their environment.
 EVENT_LOOP_VARIABLE = "MC0_BENCH_EVENT_LOOP"
+#: The same for what serves their mc0 port (``--mc0-engine``: zeromq or native).
+ENGINE_VARIABLE = "MC0_BENCH_ENGINE"
 
 
 def choose_event_loop(choice: str | None) -> None:
     """Make the broker processes this run starts use ``choice`` (auto, uvloop, asyncio)."""
     if choice:
         os.environ[EVENT_LOOP_VARIABLE] = choice
+
+
+def choose_engine(choice: str | None) -> None:
+    """Make the broker processes this run starts serve mc0 with ``choice`` (zeromq, native)."""
+    if choice:
+        os.environ[ENGINE_VARIABLE] = choice
 
 
 def serve_broker(port: int, ready: Any, *, data_dir: str | None = None, **settings: Any) -> None:
@@ -34,6 +42,7 @@ def serve_broker(port: int, ready: Any, *, data_dir: str | None = None, **settin
     logging.basicConfig(level=logging.ERROR)
     settings["data_dir"] = Path(data_dir or Path(tempfile.gettempdir()) / f"mc0-bench-{os.getpid()}")
     settings.setdefault("event_loop", os.environ.get(EVENT_LOOP_VARIABLE, "auto"))
+    settings.setdefault("mc0_engine", os.environ.get(ENGINE_VARIABLE, "zeromq"))
     config = BrokerConfig(**{"bind": f"tcp://127.0.0.1:{port}", "curve": False, "sexp": "off", "msgq": "off",
                              "rstreams": "off", "lumberjack": "off", "http": "off", **settings})
     server.run(config, lambda _broker: ready.set())
