@@ -147,6 +147,12 @@ WATCHED_EVENTS = {
 }
 
 
+def refused_by_reason(counters: dict[str, int]) -> dict[str, int]:
+    """The ``refused_*`` counts of the mc0 port's handshake counters, by reason (auth, protocol, other)."""
+    return {name.removeprefix("refused_"): count for name, count in counters.items()
+            if name.startswith("refused_")}
+
+
 class HandshakeWatch:
     """Counts the ROUTER socket's connection and handshake events (``counters``), on the broker's loop.
 
@@ -172,8 +178,7 @@ class HandshakeWatch:
     @property
     def refused(self) -> dict[str, int]:
         """Refused handshakes by reason (``auth``, ``protocol``, ``other``)."""
-        return {name.removeprefix("refused_"): count for name, count in self.counters.items()
-                if name.startswith("refused_")}
+        return refused_by_reason(self.counters)
 
     def close(self) -> None:
         self.socket.disable_monitor()

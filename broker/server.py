@@ -121,7 +121,8 @@ class Broker:
     endpoint: str  # the resolved bind address, e.g. tcp://127.0.0.1:49152
     gateways: dict[str, Gateway] = field(default_factory=dict)  # the ones turned on, by name
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)
-    handshakes: auth.HandshakeWatch | None = None  # the mc0 port's connection and handshake counters
+    # The mc0 port's connection and handshake counters: libzmq's socket monitor, or the native engine's own.
+    handshakes: auth.HandshakeWatch | ZmtpDoor | None = None
     monitor: Monitor | None = None  # the HTTP monitoring endpoint, when on
 
     @property
@@ -353,7 +354,8 @@ async def _serve(
     context = zmq.asyncio.Context()
     socket = _router_socket(context, config)
     authenticator = None
-    handshakes = auth.HandshakeWatch(socket)
+    # libzmq's socket monitor counts the mc0 port's connections and handshakes; the native engine its own.
+    handshakes = auth.HandshakeWatch(socket) if config.mc0_engine != "native" else None
     watch: descriptors.DescriptorWatch | None = None
     door: _RouterDoor | ZmtpDoor | None = None
     try:
@@ -391,7 +393,7 @@ async def _serve(
         for gateway in gateways.values():
             await gateway.start()
             hub.add(gateway)
-        broker = Broker(config, engine, hub, router, endpoint, gateways, handshakes=handshakes,
+        broker = Broker(config, engine, hub, router, endpoint, gateways, handshakes=handshakes or wire,
                         monitor=monitor)
         watch = descriptors.DescriptorWatch(shares, [door, *gateways.values()],
                                             lambda: store.files.held)
@@ -419,8 +421,9 @@ async def _serve(
             on_ready(broker)
         async with asyncio.TaskGroup() as group:
             tasks = {group.create_task(router.run(), name="mc0-router"),
-                     group.create_task(hub.run(), name="hub"),
-                     group.create_task(handshakes.run(), name="mc0-handshakes")}
+                     group.create_task(hub.run(), name="hub")}
+            if handshakes is not None:
+                tasks.add(group.create_task(handshakes.run(), name="mc0-handshakes"))
             # Not among the tasks whose end stops the broker: with no descriptor listing it ends at once.
             watching = group.create_task(watch.run(), name="descriptors")
             tasks |= {group.create_task(gateway.run(), name=f"{name}-gateway")
@@ -455,7 +458,8 @@ async def _serve(
         finally:
             if authenticator is not None:
                 authenticator.stop()
-            handshakes.close()
+            if handshakes is not None:
+                handshakes.close()
             socket.close(linger=0)
             if door is not None:
                 door.close()

@@ -38,6 +38,7 @@ from typing import cast
 
 import zmq
 
+from broker.auth import refused_by_reason
 from broker.listener import Listener
 from protocol import zmtp
 
@@ -64,17 +65,19 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
-        sock = transport.get_extra_info("socket")
+        sock = self.transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # libzmq's default too
-        transport.set_write_buffer_limits(high=SEND_BUFFER)
-        transport.write(zmtp.GREETING)
+        self.transport.set_write_buffer_limits(high=SEND_BUFFER)
+        self.transport.write(zmtp.GREETING)
         self.door.connections.add(self)
+        self.door.counters["accepted"] += 1
         self._deadline = asyncio.get_running_loop().call_later(self.door.handshake_timeout, self._too_slow)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
+        self.door.counters["closed"] += 1
         self.door.detach(self)
 
     def pause_writing(self) -> None:
@@ -87,7 +90,7 @@ class _Connection(asyncio.Protocol):
         try:
             events = self.reader.feed(data)
         except zmtp.ZmtpError as error:
-            self.refuse(str(error))
+            self.refuse(str(error), "protocol")
             return
         door = self.door
         arrived = False
@@ -102,11 +105,13 @@ class _Connection(asyncio.Protocol):
                 self.write([zmtp.READY_ROUTER])
             elif type(event) is zmtp.Ready:
                 if event.identity[:1] == b"\0":
-                    self.refuse("an identity starting with a zero octet (those are the ROUTER's to give)")
+                    self.refuse("an identity starting with a zero octet (those are the ROUTER's to give)",
+                                "protocol")
                     return
                 if self._deadline is not None:
                     self._deadline.cancel()
                     self._deadline = None
+                door.counters["handshakes"] += 1
                 door.attach(self, event.identity)
         if arrived:
             door.arrived(self)
@@ -115,11 +120,13 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.writelines(pieces)
 
-    def refuse(self, reason: str) -> None:
+    def refuse(self, reason: str, kind: str) -> None:
+        """Close the connection for ``reason``; ``kind`` is the handshake counter's (``protocol``, ``other``)
+        while the handshake has not finished."""
         log.debug("mc0 door: closing a connection from %s: %s", self.peer_name(), reason)
-        self.door.refused += 1
         if self.transport is not None:
             if self.identity is None:
+                self.door.counters[f"refused_{kind}"] += 1
                 self.transport.write(zmtp.error(reason))
             self.transport.close()
 
@@ -130,7 +137,7 @@ class _Connection(asyncio.Protocol):
     def _too_slow(self) -> None:
         self._deadline = None
         if self.identity is None:
-            self.refuse(f"no ZMTP handshake within {self.door.handshake_timeout:g} s")
+            self.refuse(f"no ZMTP handshake within {self.door.handshake_timeout:g} s", "other")
 
     def pause(self) -> None:
         if not self.paused and self.transport is not None:
@@ -160,11 +167,18 @@ class ZmtpDoor:
         self.inbox: deque[list[bytes]] = deque()
         self.peers: dict[bytes, _Connection] = {}
         self.connections: set[_Connection] = set()
-        self.refused = 0  # connections closed for breaking ZMTP or for a slow handshake
+        # The counters libzmq's socket monitor gives for its ROUTER (broker.auth.HandshakeWatch): connections
+        # accepted and closed, handshakes finished, and refused by reason (NULL has no authentication).
+        self.counters = dict.fromkeys(("accepted", "closed", "handshakes", "refused_auth", "refused_protocol",
+                                       "refused_other"), 0)
         self.wake: Callable[[], None] = lambda: None  # the router's: schedule a turn
         self._server: asyncio.AbstractServer | None = None
         self._paused: set[_Connection] = set()
         self._next_identity = 0x6B8B4567  # libzmq starts its counter at a random value too
+
+    @property
+    def refused(self) -> dict[str, int]:
+        return refused_by_reason(self.counters)
 
     @property
     def endpoint(self) -> str:

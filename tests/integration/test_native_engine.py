@@ -85,6 +85,12 @@ def test_bytes_that_are_not_zmtp_close_that_connection_only(native) -> None:  # 
     assert stream.closed_within(5)
     stream.close()
     works(native.endpoint)
+    # Counted as libzmq's socket monitor counts them (what /metrics shows for the mc0 door).
+    counters = native.handshakes.counters
+    assert counters["refused_protocol"] == 1
+    assert counters["handshakes"] == 1
+    assert counters["accepted"] == 2
+    assert native.handshakes.refused == {"auth": 0, "protocol": 1, "other": 0}
 
 
 def test_a_connection_that_never_shakes_hands_is_closed(start_broker) -> None:  # type: ignore[no-untyped-def]
@@ -94,6 +100,7 @@ def test_a_connection_that_never_shakes_hands_is_closed(start_broker) -> None:  
     assert stream.closed_within(5)
     assert 0.4 < time.monotonic() - started < 4
     stream.close()
+    assert broker.handshakes.refused["other"] == 1
 
 
 def test_a_frame_over_max_message_size_closes_the_connection(start_broker) -> None:  # type: ignore[no-untyped-def]
