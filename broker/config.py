@@ -221,9 +221,6 @@ def check_engine(config: BrokerConfig) -> None:
         raise ConfigError(f"mc0_engine {config.mc0_engine!r} is not one of {', '.join(MC0_ENGINES)}")
     if config.mc0_engine != "native":
         return
-    if config.curve:
-        raise ConfigError("mc0_engine 'native' has no CURVE: turn CURVE off (--no-curve) or use mc0_engine "
-                          "'zeromq'")
     if config.clustered:
         raise ConfigError("mc0_engine 'native' does not serve a cluster yet: use mc0_engine 'zeromq'")
     if not config.bind.startswith("tcp://"):

@@ -30,6 +30,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from zmq.utils import z85
 
 from broker import auth, descriptors
 from broker.config import BrokerConfig, ConfigError, check_engine
@@ -259,8 +260,9 @@ def _bind_router(socket: zmq.asyncio.Socket, endpoint: str) -> Listener | None:
     return listener
 
 
-def _native_door(config: BrokerConfig, backlog: int) -> ZmtpDoor:
-    """The mc0 port served by the broker's own ZMTP engine, on a listening socket of its own."""
+def _native_door(config: BrokerConfig, backlog: int, allowed: auth.AllowList | None) -> ZmtpDoor:
+    """The mc0 port served by the broker's own ZMTP engine, on a listening socket of its own; with CURVE, the
+    broker's key pair and ``allowed`` (None: any client key)."""
     try:
         listener = open_listener(config.bind, backlog)
     except OSError as error:
@@ -268,8 +270,14 @@ def _native_door(config: BrokerConfig, backlog: int) -> ZmtpDoor:
     if listener is None:
         raise ConfigError(f"mc0_engine 'native' cannot listen on {config.bind} itself (an interface or host "
                           "name only libzmq resolves): give an IP address, or use mc0_engine 'zeromq'")
+    curve_keys = None
+    if config.curve:
+        pair = keys.broker_pair(config.keys_dir)
+        assert pair.secret is not None  # broker_pair refuses a certificate without one
+        curve_keys = (z85.decode(pair.public), z85.decode(pair.secret))
+    admit = None if allowed is None else functools.partial(allowed.callback, auth.ZAP_DOMAIN)
     return ZmtpDoor(listener, max_frame=config.max_message_size, recv_hwm=config.recv_hwm,
-                    handshake_timeout=config.handshake_timeout)
+                    handshake_timeout=config.handshake_timeout, curve_keys=curve_keys, admit=admit)
 
 
 def _lumberjack_tls(config: BrokerConfig) -> ssl.SSLContext | None:
@@ -354,19 +362,23 @@ async def _serve(
     context = zmq.asyncio.Context()
     socket = _router_socket(context, config)
     authenticator = None
+    native = config.mc0_engine == "native"
     # libzmq's socket monitor counts the mc0 port's connections and handshakes; the native engine its own.
-    handshakes = auth.HandshakeWatch(socket) if config.mc0_engine != "native" else None
+    handshakes = auth.HandshakeWatch(socket) if not native else None
     watch: descriptors.DescriptorWatch | None = None
     door: _RouterDoor | ZmtpDoor | None = None
+    allowed: auth.AllowList | None = None  # the native engine's CURVE allow-list (libzmq's: ZAP's)
     try:
-        if config.curve:
+        if not config.curve:
+            log.warning("CURVE is OFF: traffic on %s is plaintext and any client is admitted", config.bind)
+        elif not native:
             authenticator = auth.secure(context, socket, config.keys_dir, config.allow_any_client,
                                         cluster=config.clustered)
-        else:
-            log.warning("CURVE is OFF: traffic on %s is plaintext and any client is admitted", config.bind)
+        elif not config.allow_any_client:
+            allowed = auth.AllowList(Path(config.keys_dir) / keys.ALLOWED)
         wire: ZmtpDoor | None = None
-        if config.mc0_engine == "native":
-            wire = _native_door(config, socket.getsockopt(zmq.BACKLOG))
+        if native:
+            wire = _native_door(config, socket.getsockopt(zmq.BACKLOG), allowed)
             endpoint = wire.endpoint
             door = wire
         else:
@@ -413,6 +425,11 @@ async def _serve(
                 loop.add_signal_handler(
                     signal.SIGHUP, auth.reload, authenticator, config.keys_dir, config.allow_any_client
                 )
+            elif allowed is not None:
+                loop.add_signal_handler(signal.SIGHUP, allowed.reload)
+            elif config.curve:
+                loop.add_signal_handler(signal.SIGHUP, log.info, "SIGHUP: any CURVE client is admitted, "
+                                        "nothing to reload")
             else:
                 loop.add_signal_handler(signal.SIGHUP, log.info, "SIGHUP: CURVE is off, nothing to reload")
         if monitor is not None:

@@ -1,6 +1,6 @@
-"""The mc0 port without libzmq: a ROUTER on the event loop's own TCP transports, speaking ZMTP 3 with the
-NULL mechanism (:mod:`protocol.zmtp`) to the clients' libzmq DEALERs. Chosen with ``mc0_engine = "native"``
-where CURVE is off (docs/configuration.md).
+"""The mc0 port without libzmq: a ROUTER on the event loop's own TCP transports, speaking ZMTP 3 (NULL, or
+CURVE with the broker's key pair and allow-list) to the clients' libzmq DEALERs (:mod:`protocol.zmtp`,
+:mod:`protocol.curvezmq`). Chosen with ``mc0_engine = "native"`` (docs/configuration.md).
 
 Why it exists: libzmq reads and writes in an I/O thread of its own, so every command crosses two threads
 each way (a mailbox write to wake the other side, a read to drain it) and every send or readiness check
@@ -19,7 +19,9 @@ router, and what each connection has yet to write. It gives the router what libz
   ``zmq.Again`` (the router keeps the reply and retries, as for a full libzmq pipe), and with ``recv_hwm``
   messages waiting for the router, connections stop being read until it has taken them;
 * MAXMSGSIZE: a frame longer than ``max_message_size`` closes its connection;
-* the handshake timeout: a connection that has not finished its greeting and READY in time is closed.
+* the handshake timeout: a connection that has not finished its greeting and READY in time is closed;
+* the ZAP handler's decision, with CURVE: a client whose long-term key the allow-list does not hold
+  (:class:`broker.auth.AllowList`, logged as there) is sent an ERROR and closed.
 
 A peer that breaks the protocol is closed (with a ZMTP ERROR first where it is still in its handshake);
 the broker carries on.
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import socket
 import struct
 from collections import deque
@@ -37,10 +40,11 @@ from collections.abc import Callable, Sequence
 from typing import cast
 
 import zmq
+from zmq.utils import z85
 
 from broker.auth import refused_by_reason
 from broker.listener import Listener
-from protocol import zmtp
+from protocol import ProtocolError, curvezmq, zmtp
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +60,11 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, door: ZmtpDoor) -> None:
         self.door = door
-        self.reader = zmtp.Reader(door.max_frame)
+        curve = None
+        if door.curve_keys is not None:
+            curve = curvezmq.CurveServer(*door.curve_keys, random=os.urandom)
+        self.reader = zmtp.Reader(door.max_frame, curve=curve)
+        self.writer = zmtp.Writer(curve)
         self.transport: asyncio.Transport | None = None
         self.identity: bytes | None = None  # set by the peer's READY
         self.full = False  # the transport asked us to stop writing (SEND_BUFFER reached)
@@ -69,7 +77,7 @@ class _Connection(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # libzmq's default too
         self.transport.set_write_buffer_limits(high=SEND_BUFFER)
-        self.transport.write(zmtp.GREETING)
+        self.transport.write(self.writer.greeting())
         self.door.connections.add(self)
         self.door.counters["accepted"] += 1
         self._deadline = asyncio.get_running_loop().call_later(self.door.handshake_timeout, self._too_slow)
@@ -89,7 +97,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             events = self.reader.feed(data)
-        except zmtp.ZmtpError as error:
+        except ProtocolError as error:  # ZMTP's or CurveZMQ's
             self.refuse(str(error), "protocol")
             return
         door = self.door
@@ -100,14 +108,22 @@ class _Connection(asyncio.Protocol):
                 door.inbox.append(event)
                 arrived = True
             elif type(event) is zmtp.Ping:
-                self.write([zmtp.pong(event.context)])
+                self.write(self.writer.pong(event.context))
+            elif type(event) is zmtp.Reply:
+                self.write([event.data])
             elif event == b"greeting":
-                self.write([zmtp.READY_ROUTER])
+                if self.writer.curve is None:
+                    self.write([self.writer.ready()])  # NULL: both READYs cross; CURVE answers HELLO first
             elif type(event) is zmtp.Ready:
                 if event.identity[:1] == b"\0":
                     self.refuse("an identity starting with a zero octet (those are the ROUTER's to give)",
                                 "protocol")
                     return
+                if event.client_key is not None:
+                    if not door.admits(event.client_key):
+                        self.refuse("this client's key is not admitted", "auth")
+                        return
+                    self.write([self.writer.ready()])
                 if self._deadline is not None:
                     self._deadline.cancel()
                     self._deadline = None
@@ -158,9 +174,14 @@ class ZmtpDoor:
     name = "mc0"
 
     def __init__(
-        self, listener: Listener, *, max_frame: int, recv_hwm: int, handshake_timeout: float
+        self, listener: Listener, *, max_frame: int, recv_hwm: int, handshake_timeout: float,
+        curve_keys: tuple[bytes, bytes] | None = None, admit: Callable[[bytes], bool] | None = None,
     ) -> None:
+        """``curve_keys``: the broker's public and secret key (32 bytes each) to serve CURVE, None for NULL;
+        ``admit``: asked with each CURVE client's public key (Z85), None to admit any."""
         self.listener = listener
+        self.curve_keys = curve_keys
+        self.admit = admit
         self.max_frame = max_frame
         self.recv_hwm = recv_hwm
         self.handshake_timeout = handshake_timeout
@@ -175,6 +196,9 @@ class ZmtpDoor:
         self._server: asyncio.AbstractServer | None = None
         self._paused: set[_Connection] = set()
         self._next_identity = 0x6B8B4567  # libzmq starts its counter at a random value too
+
+    def admits(self, client_key: bytes) -> bool:
+        return self.admit is None or self.admit(z85.encode(client_key))
 
     @property
     def refused(self) -> dict[str, int]:
@@ -209,7 +233,7 @@ class ZmtpDoor:
             raise zmq.ZMQError(errno.EHOSTUNREACH)
         if connection.full:
             raise zmq.Again()
-        connection.write(zmtp.message(frames))
+        connection.write(connection.writer.message(frames))
 
     # ------------------------------------------------------------------------------------- connections
 

@@ -1,11 +1,13 @@
-"""ZMTP 3, the wire under ZeroMQ's TCP sockets (RFC 23 and 37), with the NULL mechanism: what the broker's
-own ROUTER engine (:mod:`broker.zmtp_door`) speaks to the clients' libzmq DEALERs when CURVE is off.
+"""ZMTP 3, the wire under ZeroMQ's TCP sockets (RFC 23 and 37), with the NULL and CURVE mechanisms: what the
+broker's own ROUTER engine (:mod:`broker.zmtp_door`) speaks to the clients' libzmq DEALERs.
 
 A connection starts with a 64-byte greeting each way (signature, version, mechanism, as-server), then each
 side sends a READY command carrying its properties (``Socket-Type``, and a DEALER's optional ``Identity``).
 After that the wire is frames: a flags octet (MORE, LONG, COMMAND), a size (one octet, or eight big-endian
 with LONG) and the bytes. A message is the frames up to one without MORE. Commands between messages are PING
-(answered with PONG carrying the PING's context), PONG and ERROR.
+(answered with PONG carrying the PING's context), PONG and ERROR. With CURVE (:mod:`protocol.curvezmq`) the
+handshake is HELLO, WELCOME, INITIATE and READY instead, and every frame after it travels boxed in a MESSAGE
+whose plaintext carries the frame's flags.
 
 :class:`Reader` takes bytes as they arrive and gives back what they complete; :func:`message` turns frames
 into bytes to write. Nothing here touches a socket or a clock.
@@ -17,14 +19,21 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from protocol import curvezmq
 from protocol.errors import ProtocolError
 
 SIGNATURE_HEAD = b"\xff"
 SIGNATURE_TAIL = b"\x7f"
 GREETING_SIZE = 64
-#: Our greeting: ZMTP 3.0 (a 3.1 peer speaks 3.0 to a 3.0 peer), NULL, as-server set.
-GREETING = (SIGNATURE_HEAD + bytes(8) + SIGNATURE_TAIL + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\x01"
+
+
+def greeting(mechanism: bytes) -> bytes:
+    """Our greeting: ZMTP 3.0 (a 3.1 peer speaks 3.0 to a 3.0 peer), ``mechanism``, as-server set."""
+    return (SIGNATURE_HEAD + bytes(8) + SIGNATURE_TAIL + b"\x03\x00" + mechanism.ljust(20, b"\0") + b"\x01"
             + bytes(31))
+
+
+GREETING = greeting(b"NULL")
 
 MORE = 0x01
 LONG = 0x02
@@ -45,10 +54,19 @@ class ZmtpError(ProtocolError):
 
 @dataclass(frozen=True, slots=True)
 class Ready:
-    """The peer's READY: its socket type and the routing identity it asked for (empty: none)."""
+    """The peer finished its handshake: its socket type, the routing identity it asked for (empty: none) and,
+    with CURVE, its long-term public key (to admit or refuse before :meth:`Reader` is told to answer)."""
 
     socket_type: bytes
     identity: bytes
+    client_key: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Bytes to send the peer now (a CURVE WELCOME)."""
+
+    data: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +78,11 @@ class Ping:
 
 def command(name: bytes, body: bytes = b"") -> bytes:
     """One command frame: its name (length-prefixed) and ``body``."""
-    data = bytes((len(name),)) + name + body
+    return command_frame(bytes((len(name),)) + name + body)
+
+
+def command_frame(data: bytes) -> bytes:
+    """A command frame around ``data`` (the command's name already in front)."""
     if len(data) <= 255:
         return bytes((COMMAND, len(data))) + data
     return bytes((COMMAND | LONG,)) + _SIZE.pack(len(data)) + data
@@ -90,7 +112,8 @@ def parse_properties(data: bytes) -> dict[bytes, bytes]:
     return found
 
 
-READY_ROUTER = command(b"READY", properties({b"Socket-Type": b"ROUTER"}))
+ROUTER_METADATA = properties({b"Socket-Type": b"ROUTER"})
+READY_ROUTER = command(b"READY", ROUTER_METADATA)
 
 
 def error(reason: str) -> bytes:
@@ -103,16 +126,17 @@ def pong(context: bytes) -> bytes:
     return command(b"PONG", context)
 
 
-def check_greeting(data: bytes) -> None:
-    """Refuse a greeting we cannot speak to: not ZMTP, a version before 3, or a mechanism other than NULL."""
+def check_greeting(data: bytes, expected: bytes = b"NULL") -> None:
+    """Refuse a greeting we cannot speak to: not ZMTP, a version before 3, or a mechanism other than ours."""
     if data[:1] != SIGNATURE_HEAD or data[9:10] != SIGNATURE_TAIL:
         raise ZmtpError("not a ZeroMQ peer (no ZMTP signature)")
     if data[10] < 3:
         raise ZmtpError(f"ZMTP {data[10]}.x is not supported (3.0 or later)")
     mechanism = data[12:32].rstrip(b"\0")
-    if mechanism != b"NULL":
-        raise ZmtpError(f"security mechanism {mechanism.decode(errors='replace')!r} where this port has NULL "
-                        "(CURVE is off)")
+    if mechanism != expected:
+        state = "on" if expected == b"CURVE" else "off"
+        raise ZmtpError(f"security mechanism {mechanism.decode(errors='replace')!r} where this port has "
+                        f"{expected.decode()} (CURVE is {state})")
 
 
 def frame_head(size: int, more: bool) -> bytes:
@@ -133,18 +157,24 @@ def message(frames: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
 
 
 class Reader:
-    """One connection's incoming bytes, as the peer's greeting, its READY, then messages, PINGs and the rest.
+    """One connection's incoming bytes: the peer's greeting, its handshake, then messages, PINGs and the rest.
 
-    :meth:`feed` returns what the bytes completed: ``b"greeting"`` once, a :class:`Ready` once, then lists of
-    frames (messages) and :class:`Ping`. It raises :class:`ZmtpError` on anything else: a bad greeting, a
-    message before READY, a frame longer than ``max_frame`` (checked from its head, before its bytes arrive),
-    an unknown command, or a message of more than ``max_parts`` frames."""
+    :meth:`feed` returns what the bytes completed: ``b"greeting"`` once, with CURVE a :class:`Reply` (the
+    WELCOME to send), a :class:`Ready` once, then lists of frames (messages) and :class:`Ping`. It raises
+    :class:`ZmtpError` (or :class:`protocol.curvezmq.CurveError`) on anything else: a bad greeting, a message
+    before the handshake's end, a frame longer than ``max_frame`` (checked from its head, before its bytes
+    arrive), an unknown command, a box that does not open, or a message of more than ``max_parts`` frames."""
 
-    def __init__(self, max_frame: int, max_parts: int = 64) -> None:
+    def __init__(
+        self, max_frame: int, max_parts: int = 64, curve: curvezmq.CurveServer | None = None
+    ) -> None:
         self.max_frame = max_frame
         self.max_parts = max_parts
+        self.curve = curve
+        self._mechanism = b"CURVE" if curve is not None else b"NULL"
         self._buffer = bytearray()
         self._greeted = False
+        self._welcomed = False  # CURVE: WELCOME sent, INITIATE expected
         self._ready = False
         self._parts: list[bytes] = []
 
@@ -158,13 +188,12 @@ class Reader:
                 if buffer[:1] not in (b"", SIGNATURE_HEAD):
                     raise ZmtpError("not a ZeroMQ peer (no ZMTP signature)")
                 return out
-            check_greeting(bytes(buffer[:GREETING_SIZE]))
+            check_greeting(bytes(buffer[:GREETING_SIZE]), self._mechanism)
             self._greeted = True
             out.append(b"greeting")
             position = GREETING_SIZE
         size_of = _SIZE.unpack_from
         end_of_data = len(buffer)
-        parts = self._parts
         while position + 2 <= end_of_data:
             flags = buffer[position]
             if flags & LONG:
@@ -184,19 +213,27 @@ class Reader:
             position = end
             if flags & COMMAND:
                 event = self._command(body)
-                if event is not None:
-                    out.append(event)
             elif not self._ready:
-                raise ZmtpError("a message before the handshake's READY")
+                raise ZmtpError("a message before the handshake's end")
+            elif self.curve is not None:
+                inner, body = self.curve.unseal(body)
+                event = self._command(body) if inner & curvezmq.COMMAND else self._frame(body, inner & MORE)
             else:
-                parts.append(body)
-                if not flags & MORE:
-                    out.append(parts)
-                    parts = self._parts = []
-                elif len(parts) >= self.max_parts:
-                    raise ZmtpError(f"a message of more than {self.max_parts} frames")
+                event = self._frame(body, flags & MORE)
+            if event is not None:
+                out.append(event)
         del buffer[:position]
         return out
+
+    def _frame(self, body: bytes, more: int) -> list[bytes] | None:
+        parts = self._parts
+        parts.append(body)
+        if not more:
+            self._parts = []
+            return parts
+        if len(parts) >= self.max_parts:
+            raise ZmtpError(f"a message of more than {self.max_parts} frames")
+        return None
 
     def _command(self, body: bytes) -> object | None:
         if not body or len(body) < 1 + body[0]:
@@ -208,15 +245,11 @@ class Reader:
                 reason = rest[1:1 + rest[0]].decode(errors="replace") if rest else ""
                 raise ZmtpError(f"the peer refused the handshake: {reason}" if reason
                                 else "the peer refused the handshake")
+            if self.curve is not None:
+                return self._curve_handshake(body)
             if name != b"READY":
                 raise ZmtpError(f"{name.decode(errors='replace')} before READY")
-            found = parse_properties(rest)
-            socket_type = found.get(b"socket-type", b"")
-            if socket_type not in ROUTER_PEERS:
-                raise ZmtpError(f"a {socket_type.decode(errors='replace') or 'peer without a socket type'} "
-                                "cannot talk to a ROUTER")
-            self._ready = True
-            return Ready(socket_type, found.get(b"identity", b""))
+            return self._peer_ready(rest, None)
         if name == b"PING":
             # Two octets of TTL, then the context to echo (at most 16 octets).
             return Ping(rest[2:2 + _PING_CONTEXT])
@@ -225,3 +258,54 @@ class Reader:
         if name == b"ERROR":
             raise ZmtpError("the peer sent ERROR")
         raise ZmtpError(f"unknown command {name.decode(errors='replace')!r}")
+
+    def _curve_handshake(self, body: bytes) -> object:
+        assert self.curve is not None
+        if not self._welcomed:
+            self._welcomed = True
+            return Reply(command_frame(self.curve.welcome(body)))
+        initiated = self.curve.initiate(body)
+        return self._peer_ready(initiated.metadata, initiated.client_key)
+
+    def _peer_ready(self, metadata: bytes, client_key: bytes | None) -> Ready:
+        found = parse_properties(metadata)
+        socket_type = found.get(b"socket-type", b"")
+        if socket_type not in ROUTER_PEERS:
+            raise ZmtpError(f"a {socket_type.decode(errors='replace') or 'peer without a socket type'} "
+                            "cannot talk to a ROUTER")
+        self._ready = True
+        return Ready(socket_type, found.get(b"identity", b""), client_key)
+
+
+class Writer:
+    """What we send one connection, framed (and boxed, with CURVE)."""
+
+    def __init__(self, curve: curvezmq.CurveServer | None = None) -> None:
+        self.curve = curve
+
+    def greeting(self) -> bytes:
+        return greeting(b"CURVE" if self.curve is not None else b"NULL")
+
+    def ready(self) -> bytes:
+        """Our READY (after the peer's: with CURVE, only once its key is admitted)."""
+        if self.curve is None:
+            return READY_ROUTER
+        return command_frame(self.curve.ready(ROUTER_METADATA))
+
+    def message(self, frames: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+        if self.curve is None:
+            return message(frames)
+        return _framed(self.curve.seal(frames))
+
+    def pong(self, context: bytes) -> list[bytes | memoryview]:
+        if self.curve is None:
+            return [pong(context)]
+        return _framed(self.curve.seal([b"\x04PONG" + context], command=True))
+
+
+def _framed(boxes: list[bytes]) -> list[bytes | memoryview]:
+    pieces: list[bytes | memoryview] = []
+    for box in boxes:
+        pieces.append(frame_head(len(box), False))
+        pieces.append(box)
+    return pieces
