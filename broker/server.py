@@ -276,7 +276,8 @@ def _native_door(config: BrokerConfig, backlog: int, allowed: auth.AllowList | N
         assert pair.secret is not None  # broker_pair refuses a certificate without one
         curve_keys = (z85.decode(pair.public), z85.decode(pair.secret))
     admit = None if allowed is None else functools.partial(allowed.callback, auth.ZAP_DOMAIN)
-    return ZmtpDoor(listener, max_frame=config.max_message_size, recv_hwm=config.recv_hwm,
+    return ZmtpDoor(listener, max_frame=config.max_message_size, send_hwm=config.send_hwm,
+                    recv_hwm=config.recv_hwm,
                     handshake_timeout=config.handshake_timeout, curve_keys=curve_keys, admit=admit)
 
 

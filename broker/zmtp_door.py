@@ -15,8 +15,9 @@ router, and what each connection has yet to write. It gives the router what libz
 
 * ROUTER_MANDATORY: a send to an identity with no connection raises ``EHOSTUNREACH``;
 * ROUTER_HANDOVER: a connection presenting an identity already in use takes it over (the old one closes);
-* the high-water marks: a connection with :data:`SEND_BUFFER` bytes unsent makes a send raise
-  ``zmq.Again`` (the router keeps the reply and retries, as for a full libzmq pipe), and with ``recv_hwm``
+* the high-water marks: a connection with ``send_hwm`` messages or :data:`SEND_BUFFER` bytes unsent makes a
+  send raise ``zmq.Again`` (the router keeps the reply and retries, as for a full libzmq pipe), and with
+  ``recv_hwm``
   messages waiting for the router, connections stop being read until it has taken them;
 * MAXMSGSIZE: a frame longer than ``max_message_size`` closes its connection;
 * the handshake timeout: a connection that has not finished its greeting and READY in time is closed;
@@ -48,9 +49,13 @@ from protocol import ProtocolError, curvezmq, zmtp
 
 log = logging.getLogger(__name__)
 
-#: Unsent bytes a connection may hold before sends to it wait (libzmq's ``sndhwm`` counts frame sets; a
-#: transport counts bytes). 16 MiB: a few full records replies, or 100,000 deliveries of 100 bytes.
+#: Unsent bytes a connection may hold before sends to it wait, besides ``send_hwm`` messages (libzmq's
+#: ``sndhwm`` counts frame sets only, each up to ``max_message_size``). 16 MiB: a few full records replies, or
+#: 100,000 deliveries of 100 bytes.
 SEND_BUFFER = 16 << 20
+
+#: The status a ZAP handler's refusal carries (RFC 27), which libzmq clients report in their monitor.
+ZAP_DENIED = "400"
 
 _GENERATED = struct.Struct(">BI")  # libzmq's shape for identities it makes up: a zero octet, then 4 octets
 
@@ -68,6 +73,10 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.identity: bytes | None = None  # set by the peer's READY
         self.full = False  # the transport asked us to stop writing (SEND_BUFFER reached)
+        # The messages not yet (wholly) handed to the kernel, as where each ends in the bytes written since
+        # the transport's buffer was last seen empty: how many there are is the send high-water mark's count.
+        self.unsent: deque[int] = deque()
+        self.written = 0
         self.paused = False  # not read while the inbox is full
         self._deadline: asyncio.TimerHandle | None = None
 
@@ -121,7 +130,9 @@ class _Connection(asyncio.Protocol):
                     return
                 if event.client_key is not None:
                     if not door.admits(event.client_key):
-                        self.refuse("this client's key is not admitted", "auth")
+                        # "400", as a ZAP handler's refusal reaches a libzmq client: its monitor reports a
+                        # failed authentication with that status.
+                        self.refuse("its CURVE key is not admitted", "auth", ZAP_DENIED)
                         return
                     self.write([self.writer.ready()])
                 if self._deadline is not None:
@@ -136,14 +147,41 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.writelines(pieces)
 
-    def refuse(self, reason: str, kind: str) -> None:
-        """Close the connection for ``reason``; ``kind`` is the handshake counter's (``protocol``, ``other``)
-        while the handshake has not finished."""
+    def send(self, pieces: Sequence[bytes | memoryview]) -> None:
+        """Write one message, keeping count of it while any of it waits in the transport's buffer."""
+        transport = self.transport
+        if transport is None:
+            return
+        transport.writelines(pieces)
+        waiting = transport.get_write_buffer_size()
+        if not waiting:  # the usual case: the kernel took it all
+            if self.unsent:
+                self.unsent.clear()
+            return
+        if self.unsent:
+            self.written += sum(map(len, pieces))
+        else:
+            self.written = waiting  # counted from where the unsent bytes begin
+        self.unsent.append(self.written)
+
+    def backlog(self) -> int:
+        """How many messages wait in the transport's buffer."""
+        unsent = self.unsent
+        if unsent and self.transport is not None:
+            sent = self.written - self.transport.get_write_buffer_size()
+            while unsent and unsent[0] <= sent:
+                unsent.popleft()
+        return len(unsent)
+
+    def refuse(self, reason: str, kind: str, told: str | None = None) -> None:
+        """Close the connection for ``reason``; while the handshake has not finished, count it under
+        ``kind`` (``protocol``, ``auth``, ``other``) and send the peer a ZMTP ERROR saying ``told`` (by
+        default the reason)."""
         log.debug("mc0 door: closing a connection from %s: %s", self.peer_name(), reason)
         if self.transport is not None:
             if self.identity is None:
                 self.door.counters[f"refused_{kind}"] += 1
-                self.transport.write(zmtp.error(reason))
+                self.transport.write(zmtp.error(told or reason))
             self.transport.close()
 
     def peer_name(self) -> str:
@@ -174,7 +212,7 @@ class ZmtpDoor:
     name = "mc0"
 
     def __init__(
-        self, listener: Listener, *, max_frame: int, recv_hwm: int, handshake_timeout: float,
+        self, listener: Listener, *, max_frame: int, send_hwm: int, recv_hwm: int, handshake_timeout: float,
         curve_keys: tuple[bytes, bytes] | None = None, admit: Callable[[bytes], bool] | None = None,
     ) -> None:
         """``curve_keys``: the broker's public and secret key (32 bytes each) to serve CURVE, None for NULL;
@@ -183,6 +221,7 @@ class ZmtpDoor:
         self.curve_keys = curve_keys
         self.admit = admit
         self.max_frame = max_frame
+        self.send_hwm = send_hwm
         self.recv_hwm = recv_hwm
         self.handshake_timeout = handshake_timeout
         self.inbox: deque[list[bytes]] = deque()
@@ -231,9 +270,9 @@ class ZmtpDoor:
         connection = self.peers.get(identity)
         if connection is None:
             raise zmq.ZMQError(errno.EHOSTUNREACH)
-        if connection.full:
+        if connection.full or (connection.unsent and connection.backlog() >= self.send_hwm):
             raise zmq.Again()
-        connection.write(connection.writer.message(frames))
+        connection.send(connection.writer.message(frames))
 
     # ------------------------------------------------------------------------------------- connections
 

@@ -119,6 +119,20 @@ class BrokerThread:
 BrokerFactory = Callable[..., Broker]
 
 
+#: Set (to ``zeromq`` or ``native``), the mc0 engine of every broker ``start_broker`` makes unless a test
+#: names one: ``MC0_TEST_ENGINE=native pytest tests/integration`` runs those tests against the native
+#: engine, and :func:`each_engine` runs a test against both.
+ENGINE_VARIABLE = "MC0_TEST_ENGINE"
+
+
+@pytest.fixture(params=["zeromq", "native"])
+def each_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Use in ``pytestmark = pytest.mark.usefixtures("each_engine")``: every test of the module runs once with
+    libzmq's ROUTER and once with the native engine serving the mc0 port."""
+    monkeypatch.setenv(ENGINE_VARIABLE, request.param)
+    return str(request.param)
+
+
 @pytest.fixture
 def start_broker(tmp_path: Path) -> Iterator[BrokerFactory]:
     """A factory starting brokers on ``tcp://127.0.0.1:*``; all are stopped at teardown.
@@ -148,8 +162,8 @@ def start_broker(tmp_path: Path) -> Iterator[BrokerFactory]:
         http: str = GATEWAY_LOOPBACK,
         **overrides: Any,
     ) -> Broker:
-        if not curve and "mc0_engine" not in overrides and os.environ.get("MC0_TEST_ENGINE"):
-            overrides["mc0_engine"] = os.environ["MC0_TEST_ENGINE"]  # the suite run against another engine
+        if "mc0_engine" not in overrides and os.environ.get(ENGINE_VARIABLE):
+            overrides["mc0_engine"] = os.environ[ENGINE_VARIABLE]  # tests run against either engine
         config = BrokerConfig(
             bind=bind,
             sexp=sexp,

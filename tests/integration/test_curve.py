@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from broker.server import Broker
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("each_engine")]
 
 #: How long a refused client listens to be sure no reply comes (a handshake takes milliseconds on loopback).
 REFUSAL_WAIT = 1.0

@@ -31,6 +31,10 @@ QUIET_AFTER = 0.15
 ROUND_ROBIN = (TopicRule("jobs.*", TopicSpec(delivery=Delivery.ROUND_ROBIN)),)
 
 
+#: A subscriber that holds little: ten messages in its pipe, 16 KiB in its kernel buffer (the sending side's
+#: buffer still grows to the kernel's limit: 4 MiB here).
+SMALL_RECEIVER = {zmq.RCVHWM: 10, zmq.RCVBUF: 16_384}
+
 def connected(dealer: DealerFactory, broker: Broker, **options: Any) -> Peer:
     peer = dealer(broker.endpoint)
     peer.connect(**options)
@@ -335,22 +339,23 @@ def test_round_robin_topic_does_not_deliver_to_other_topics(
     consumer.expect_silence()
 
 
+@pytest.mark.usefixtures("each_engine")
 def test_slow_subscriber_gets_everything_soon_after_it_reads_again(
     start_broker: BrokerFactory, dealer: DealerFactory
 ) -> None:
     """Small pipes fill up while the subscriber does not read; the broker keeps what did not fit and writes
     it as soon as there is room again, not one pipe-full per heartbeat tick."""
     broker = start_broker(send_hwm=10, heartbeat_tick=1.0)
-    subscriber = dealer(broker.endpoint, options={zmq.RCVHWM: 10})
+    subscriber = dealer(broker.endpoint, options=SMALL_RECEIVER)
     subscriber.sub("slow")
     publisher = connected(dealer, broker)
     count = 2000
-    for n in range(count):
-        publisher.put("slow", b"%d" % n)
+    for n in range(count):  # 10 MB: more than the kernel's socket buffers hold (the send side's: 4 MiB)
+        publisher.put("slow", b"%d." % n + bytes(5_000))
     publisher.ok("NOOP")  # every PUT has been handled
     assert publisher.stats()["doors"]["mc0"]["blocked"] >= 1, "the pipe was meant to fill up"
     started = time.monotonic()
-    got = [int(subscriber.recv(timeout=1.0).body or b"-1") for _ in range(count)]
+    got = [int((subscriber.recv(timeout=1.0).body or b"-1.").split(b".")[0]) for _ in range(count)]
     assert got == list(range(count))
     assert time.monotonic() - started < 3.0
     subscriber.expect_silence()
@@ -661,17 +666,18 @@ def test_vanished_round_robin_consumer_loses_no_message(
     assert stats["topics"]["jobs.q"]["messages_out"] == 4
 
 
+@pytest.mark.usefixtures("each_engine")
 def test_reply_to_a_client_with_a_full_pipe_waits_instead_of_vanishing(
     start_broker: BrokerFactory, dealer: DealerFactory
 ) -> None:
     """A command with an ID always gets its answer: an OK that meets a full pipe is held, in order, and sent
     once the client reads again."""
     broker = start_broker(send_hwm=10, heartbeat_tick=1.0)
-    subscriber = dealer(broker.endpoint, options={zmq.RCVHWM: 10})
+    subscriber = dealer(broker.endpoint, options=SMALL_RECEIVER)
     subscriber.sub("full")
     publisher = connected(dealer, broker)
-    for n in range(3000):  # 3 MB: more than the pipe and the kernel's socket buffers hold
-        publisher.put("full", b"%d" % n + b"." * 1000)
+    for n in range(3000):  # 12 MB: more than the pipe and the kernel's socket buffers hold
+        publisher.put("full", b"%d" % n + b"." * 4000)
     publisher.ok("NOOP")  # every PUT has been handled, so the subscriber's pipe is full now
     assert publisher.stats()["doors"]["mc0"]["blocked"] >= 1, "the pipe was meant to fill up"
     subscriber.send("NOOP", "ID", "after-the-flood")
