@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-seconds", type=float, default=3.0, help="length of the paced latency run")
     parser.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"),
                         help="mc0's event loop (default: the broker's own default, auto)")
-    parser.add_argument("--mc0-engine", choices=("zeromq", "native"),
-                        help="what serves mc0's port (default: the broker's own default, zeromq)")
+    parser.add_argument("--mc0-engine", choices=("auto", "native", "zeromq"),
+                        help="what serves mc0's port (default: the broker's own default, auto: native)")
     args = parser.parse_args(argv)
     choose_event_loop(args.event_loop)
     choose_engine(args.mc0_engine)

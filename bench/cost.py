@@ -226,8 +226,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pipelined", type=int, default=50_000, help="messages per 100-in-flight run")
     parser.add_argument("--batches", type=int, default=1_000, help="Lumberjack batches per run")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
-    parser.add_argument("--mc0-engine", choices=("zeromq", "native"),
-                        help="what serves mc0's port (default: the broker's own default, zeromq)")
+    parser.add_argument("--mc0-engine", choices=("auto", "native", "zeromq"),
+                        help="what serves mc0's port (default: the broker's own default, auto: native)")
     args = parser.parse_args(argv)
     choose_engine(args.mc0_engine)
     cases = [

@@ -12,7 +12,7 @@ from typing import Any
 #: The event loop of every benchmark broker a run starts (``--event-loop`` of the benchmarks that offer it):
 #: passed to the spawned broker processes through their environment.
 EVENT_LOOP_VARIABLE = "MC0_BENCH_EVENT_LOOP"
-#: The same for what serves their mc0 port (``--mc0-engine``: zeromq or native).
+#: The same for what serves their mc0 port (``--mc0-engine``: auto, native or zeromq).
 ENGINE_VARIABLE = "MC0_BENCH_ENGINE"
 
 
@@ -23,7 +23,7 @@ def choose_event_loop(choice: str | None) -> None:
 
 
 def choose_engine(choice: str | None) -> None:
-    """Make the broker processes this run starts serve mc0 with ``choice`` (zeromq, native)."""
+    """Make the broker processes this run starts serve mc0 with ``choice`` (auto, native, zeromq)."""
     if choice:
         os.environ[ENGINE_VARIABLE] = choice
 
@@ -42,7 +42,7 @@ def serve_broker(port: int, ready: Any, *, data_dir: str | None = None, **settin
     logging.basicConfig(level=logging.ERROR)
     settings["data_dir"] = Path(data_dir or Path(tempfile.gettempdir()) / f"mc0-bench-{os.getpid()}")
     settings.setdefault("event_loop", os.environ.get(EVENT_LOOP_VARIABLE, "auto"))
-    settings.setdefault("mc0_engine", os.environ.get(ENGINE_VARIABLE, "zeromq"))
+    settings.setdefault("mc0_engine", os.environ.get(ENGINE_VARIABLE, "auto"))
     config = BrokerConfig(**{"bind": f"tcp://127.0.0.1:{port}", "curve": False, "sexp": "off", "msgq": "off",
                              "rstreams": "off", "lumberjack": "off", "http": "off", **settings})
     server.run(config, lambda _broker: ready.set())

@@ -71,7 +71,7 @@ class BrokerConfig:
     lumberjack_tls_key: str = ""
     lumberjack_tls_client_ca: str = ""  # PEM CA bundle: clients must present a certificate it signed
     event_loop: str = "auto"  # auto (uvloop where installed) | uvloop | asyncio
-    mc0_engine: str = "zeromq"  # what serves the mc0 port: zeromq (libzmq's ROUTER) | native (CURVE off only)
+    mc0_engine: str = "auto"  # the mc0 port: auto | native (the broker's own ZMTP) | zeromq (libzmq's)
     # HOST:PORT of the monitoring endpoint (metrics, health, JSON, dashboard), or "off". None: DEFAULT_HTTP,
     # and only if that port is free (several brokers on one machine still start with their defaults).
     http: str | None = None
@@ -174,9 +174,9 @@ _NON_NEGATIVE = frozenset({"max_open_files", "descriptor_reserve"})
 #: The event loops a broker runs on (``event_loop``): auto takes uvloop where it is installed.
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
-#: What serves the mc0 port (``mc0_engine``): libzmq's ROUTER, or the broker's own ZMTP engine
-#: (broker/zmtp_door.py), which has no CURVE.
-MC0_ENGINES = ("zeromq", "native")
+#: What serves the mc0 port (``mc0_engine``): the broker's own ZMTP engine (broker/zmtp_door.py) where it can
+#: (auto: a single broker on a TCP address it listens on itself), or libzmq's ROUTER.
+MC0_ENGINES = ("auto", "native", "zeromq")
 
 #: The level names the standard ``logging`` module knows (it refuses any other string).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -260,16 +260,24 @@ def _bind_router(socket: zmq.asyncio.Socket, endpoint: str) -> Listener | None:
     return listener
 
 
-def _native_door(config: BrokerConfig, backlog: int, allowed: auth.AllowList | None) -> ZmtpDoor:
-    """The mc0 port served by the broker's own ZMTP engine, on a listening socket of its own; with CURVE, the
-    broker's key pair and ``allowed`` (None: any client key)."""
+def _native_listener(config: BrokerConfig, backlog: int) -> Listener | None:
+    """The mc0 port's listening socket when the native engine serves it: ``mc0_engine`` native, or auto on a
+    single broker binding a TCP address the broker can listen on itself; None when libzmq's ROUTER does."""
+    if config.mc0_engine == "zeromq" or config.clustered or not config.bind.startswith("tcp://"):
+        return None  # (check_engine has refused native with a cluster or another transport)
     try:
         listener = open_listener(config.bind, backlog)
     except OSError as error:
         raise OSError(error.errno, f"bind {config.bind}: {error.strerror}") from None
-    if listener is None:
+    if listener is None and config.mc0_engine == "native":
         raise ConfigError(f"mc0_engine 'native' cannot listen on {config.bind} itself (an interface or host "
                           "name only libzmq resolves): give an IP address, or use mc0_engine 'zeromq'")
+    return listener
+
+
+def _native_door(config: BrokerConfig, listener: Listener, allowed: auth.AllowList | None) -> ZmtpDoor:
+    """The mc0 port served by the broker's own ZMTP engine on ``listener``; with CURVE, the broker's key pair
+    and ``allowed`` (None: any client key)."""
     curve_keys = None
     if config.curve:
         pair = keys.broker_pair(config.keys_dir)
@@ -363,7 +371,8 @@ async def _serve(
     context = zmq.asyncio.Context()
     socket = _router_socket(context, config)
     authenticator = None
-    native = config.mc0_engine == "native"
+    listener = _native_listener(config, socket.getsockopt(zmq.BACKLOG))
+    native = listener is not None
     # libzmq's socket monitor counts the mc0 port's connections and handshakes; the native engine its own.
     handshakes = auth.HandshakeWatch(socket) if not native else None
     watch: descriptors.DescriptorWatch | None = None
@@ -378,8 +387,8 @@ async def _serve(
         elif not config.allow_any_client:
             allowed = auth.AllowList(Path(config.keys_dir) / keys.ALLOWED)
         wire: ZmtpDoor | None = None
-        if native:
-            wire = _native_door(config, socket.getsockopt(zmq.BACKLOG), allowed)
+        if listener is not None:
+            wire = _native_door(config, listener, allowed)
             endpoint = wire.endpoint
             door = wire
         else:
@@ -481,6 +490,8 @@ async def _serve(
             socket.close(linger=0)
             if door is not None:
                 door.close()
+            elif listener is not None:  # the start failed before the native engine took it
+                listener.close()
             context.term()
 
 

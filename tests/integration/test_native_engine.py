@@ -5,6 +5,7 @@ against both engines."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 import time
@@ -15,7 +16,10 @@ import pytest
 import zmq
 from conftest import RawStream
 
+from broker import server
+from broker.auth import HandshakeWatch
 from broker.config import BrokerConfig, ConfigError, check_engine, load
+from broker.zmtp_door import ZmtpDoor
 from connector import Client
 
 pytestmark = pytest.mark.timeout(60)
@@ -161,5 +165,20 @@ def test_native_needs_no_cluster_and_tcp(tmp_path: Path) -> None:
     check_engine(BrokerConfig(mc0_engine="native", curve=True))
     path = tmp_path / "mc0.toml"
     path.write_text('[broker]\nmc0_engine = "libzmq"\n')
-    with pytest.raises(ConfigError, match="mc0_engine: 'libzmq' is not one of zeromq, native"):
+    with pytest.raises(ConfigError, match="mc0_engine: 'libzmq' is not one of auto, native, zeromq"):
         load(path)
+
+
+def test_auto_serves_with_the_native_engine_where_it_can(  # type: ignore[no-untyped-def]
+    start_broker, monkeypatch, tmp_path: Path
+) -> None:
+    assert isinstance(start_broker(mc0_engine="auto").handshakes, ZmtpDoor)
+    # An address only libzmq resolves (no listening socket of the broker's own): libzmq's ROUTER serves it.
+    monkeypatch.setattr(server, "open_listener", lambda endpoint, backlog: None)
+    fallback = start_broker(mc0_engine="auto")
+    assert isinstance(fallback.handshakes, HandshakeWatch)
+    works(fallback.endpoint)
+    config = BrokerConfig(bind="tcp://127.0.0.1:*", curve=False, mc0_engine="native", data_dir=tmp_path / "d",
+                          sexp="off", msgq="off", rstreams="off", lumberjack="off", http="off")
+    with pytest.raises(ConfigError, match=r"cannot listen on tcp://127\.0\.0\.1:\* itself"):
+        asyncio.run(server.serve(config))
