@@ -109,13 +109,24 @@ def secure(
     pair = keys.broker_pair(keys_dir)
     authenticator = AsyncioAuthenticator(context, log=logging.getLogger("mc0.zap"))
     authenticator.start()
-    members = frozenset({pair.public}) if cluster else frozenset()
-    _configure(authenticator, keys_dir, allow_any_client, members)
+    _configure(authenticator, keys_dir, allow_any_client, _members(keys_dir, cluster))
     socket.curve_server = True
     socket.curve_publickey = pair.public
     socket.curve_secretkey = pair.secret
     socket.zap_domain = ZAP_DOMAIN.encode()
     return authenticator
+
+
+def _members(keys_dir: Path, cluster: bool) -> frozenset[bytes]:
+    """The keys admitted whatever the allow-list says: in a cluster, the brokers' own (the other members
+    present it: they share the key pair)."""
+    return frozenset({keys.broker_pair(keys_dir).public}) if cluster else frozenset()
+
+
+def allow_list(keys_dir: Path, cluster: bool = False) -> AllowList:
+    """The allow-list of ``keys_dir``, admitting a cluster's members too (the native engine asks it without
+    ZAP)."""
+    return AllowList(Path(keys_dir) / keys.ALLOWED, members=_members(keys_dir, cluster))
 
 
 def _configure(authenticator: AsyncioAuthenticator, keys_dir: Path, allow_any_client: bool,

@@ -175,7 +175,7 @@ _NON_NEGATIVE = frozenset({"max_open_files", "descriptor_reserve"})
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 #: What serves the mc0 port (``mc0_engine``): the broker's own ZMTP engine (broker/zmtp_door.py) where it can
-#: (auto: a single broker on a TCP address it listens on itself), or libzmq's ROUTER.
+#: (auto: a TCP address the broker listens on itself), or libzmq's ROUTER.
 MC0_ENGINES = ("auto", "native", "zeromq")
 
 #: The level names the standard ``logging`` module knows (it refuses any other string).
@@ -221,8 +221,6 @@ def check_engine(config: BrokerConfig) -> None:
         raise ConfigError(f"mc0_engine {config.mc0_engine!r} is not one of {', '.join(MC0_ENGINES)}")
     if config.mc0_engine != "native":
         return
-    if config.clustered:
-        raise ConfigError("mc0_engine 'native' does not serve a cluster yet: use mc0_engine 'zeromq'")
     if not config.bind.startswith("tcp://"):
         raise ConfigError(f"mc0_engine 'native' listens on TCP only, not {config.bind}: use mc0_engine "
                           "'zeromq'")

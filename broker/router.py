@@ -48,7 +48,7 @@ from broker.engine import EngineError, Message, RangeRead
 from broker.hub import Hub
 from broker.sessions import Session, Sessions, heartbeat_tick
 from broker.waiting import DEFAULT_LIMIT, Wait, Waits
-from broker.zmtp_door import ZmtpDoor
+from broker.zmtp_door import PeerMetadata, ZmtpDoor
 from connector.zsock import Again, readable, recv_routed, send_to
 from protocol import ProtocolError, mc0
 from protocol.bodies import entry_topics
@@ -101,7 +101,7 @@ class ClusterGate(Protocol):
         """The leader's mc0 endpoint when this broker does not lead (the OK to CONNECT names it), or None."""
         ...
 
-    def replica_fetch(self, event: mc0.Fetch, peer: zmq.Frame | None) -> bool:
+    def replica_fetch(self, event: mc0.Fetch, peer: zmq.Frame | PeerMetadata | None) -> bool:
         """A cluster member's FETCH (``peer``: its message's identity frame, whose metadata says who sent it):
         record what it acknowledges; whether that brought more messages onto a majority. EngineError to refuse
         it."""
@@ -171,7 +171,7 @@ class RouterShell:
         # (mc0_engine = "native", broker/zmtp_door.py), which answers the same three calls.
         self.wire = wire
         self._readable: Callable[[], bool]
-        self._receive: Callable[[], tuple[list[bytes], zmq.Frame | None]]
+        self._receive: Callable[[], tuple[list[bytes], zmq.Frame | PeerMetadata | None]]
         self._transmit: Callable[[bytes, list[bytes]], None]
         if wire is None:
             self._readable = functools.partial(readable, self.raw)
@@ -197,7 +197,8 @@ class RouterShell:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._turn_scheduled = False
         self._sent = False  # sent on the socket since the descriptor was last re-armed (see _recheck)
-        self.peer: zmq.Frame | None = None  # the identity frame of the command being handled (who sent it)
+        # Who sent the command being handled: libzmq's identity frame, or the native engine's metadata.
+        self.peer: zmq.Frame | PeerMetadata | None = None
         self.receive_exhausted = False  # the last receive() stopped at its budget, not at an empty socket
         self.end_turn = False  # a command asks for the flush before anything more is read
         self._heartbeat_timer: asyncio.TimerHandle | None = None

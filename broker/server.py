@@ -262,9 +262,9 @@ def _bind_router(socket: zmq.asyncio.Socket, endpoint: str) -> Listener | None:
 
 def _native_listener(config: BrokerConfig, backlog: int) -> Listener | None:
     """The mc0 port's listening socket when the native engine serves it: ``mc0_engine`` native, or auto on a
-    single broker binding a TCP address the broker can listen on itself; None when libzmq's ROUTER does."""
-    if config.mc0_engine == "zeromq" or config.clustered or not config.bind.startswith("tcp://"):
-        return None  # (check_engine has refused native with a cluster or another transport)
+    TCP address the broker can listen on itself; None when libzmq's ROUTER does."""
+    if config.mc0_engine == "zeromq" or not config.bind.startswith("tcp://"):
+        return None  # (check_engine has refused native with another transport)
     try:
         listener = open_listener(config.bind, backlog)
     except OSError as error:
@@ -385,7 +385,7 @@ async def _serve(
             authenticator = auth.secure(context, socket, config.keys_dir, config.allow_any_client,
                                         cluster=config.clustered)
         elif not config.allow_any_client:
-            allowed = auth.AllowList(Path(config.keys_dir) / keys.ALLOWED)
+            allowed = auth.allow_list(config.keys_dir, cluster=config.clustered)
         wire: ZmtpDoor | None = None
         if listener is not None:
             wire = _native_door(config, listener, allowed)

@@ -60,6 +60,25 @@ ZAP_DENIED = "400"
 _GENERATED = struct.Struct(">BI")  # libzmq's shape for identities it makes up: a zero octet, then 4 octets
 
 
+class PeerMetadata:
+    """What the router may ask of the connection a command came on, as it asks a libzmq frame's metadata:
+    ``get("User-Id")``, the client's CURVE key in Z85 (what a ZAP handler names the user); empty without
+    CURVE."""
+
+    __slots__ = ("user_id",)
+
+    def __init__(self, user_id: str) -> None:
+        self.user_id = user_id
+
+    def get(self, name: str) -> str:
+        if name != "User-Id":
+            raise KeyError(name)
+        return self.user_id
+
+
+_NO_METADATA = PeerMetadata("")
+
+
 class _Connection(asyncio.Protocol):
     """One peer: its bytes in through a :class:`protocol.zmtp.Reader`, its messages into the door's inbox."""
 
@@ -72,6 +91,7 @@ class _Connection(asyncio.Protocol):
         self.writer = zmtp.Writer(curve)
         self.transport: asyncio.Transport | None = None
         self.identity: bytes | None = None  # set by the peer's READY
+        self.metadata = _NO_METADATA
         self.full = False  # the transport asked us to stop writing (SEND_BUFFER reached)
         # The messages not yet (wholly) handed to the kernel, as where each ends in the bytes written since
         # the transport's buffer was last seen empty: how many there are is the send high-water mark's count.
@@ -114,7 +134,7 @@ class _Connection(asyncio.Protocol):
         for event in events:
             if type(event) is list:
                 event.insert(0, self.identity)
-                door.inbox.append(event)
+                door.inbox.append((event, self.metadata))
                 arrived = True
             elif type(event) is zmtp.Ping:
                 self.write(self.writer.pong(event.context))
@@ -129,6 +149,7 @@ class _Connection(asyncio.Protocol):
                                 "protocol")
                     return
                 if event.client_key is not None:
+                    self.metadata = PeerMetadata(z85.encode(event.client_key).decode("ascii"))
                     if not door.admits(event.client_key):
                         # "400", as a ZAP handler's refusal reaches a libzmq client: its monitor reports a
                         # failed authentication with that status.
@@ -224,7 +245,7 @@ class ZmtpDoor:
         self.send_hwm = send_hwm
         self.recv_hwm = recv_hwm
         self.handshake_timeout = handshake_timeout
-        self.inbox: deque[list[bytes]] = deque()
+        self.inbox: deque[tuple[list[bytes], PeerMetadata]] = deque()
         self.peers: dict[bytes, _Connection] = {}
         self.connections: set[_Connection] = set()
         # The counters libzmq's socket monitor gives for its ROUTER (broker.auth.HandshakeWatch): connections
@@ -257,14 +278,14 @@ class ZmtpDoor:
     def readable(self) -> bool:
         return bool(self.inbox)
 
-    def receive(self) -> tuple[list[bytes], None]:
-        """The oldest message, the sender's identity in front (no frame metadata: that is CURVE's)."""
-        frames = self.inbox.popleft()
+    def receive(self) -> tuple[list[bytes], PeerMetadata]:
+        """The oldest message, the sender's identity in front, and its connection's metadata."""
+        frames, metadata = self.inbox.popleft()
         if self._paused and len(self.inbox) <= self.recv_hwm // 2:
             for connection in self._paused:
                 connection.resume()
             self._paused.clear()
-        return frames, None
+        return frames, metadata
 
     def send(self, identity: bytes, frames: Sequence[bytes | memoryview]) -> None:
         connection = self.peers.get(identity)

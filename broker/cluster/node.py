@@ -55,6 +55,7 @@ from broker.engine import Engine, EngineError, Topic
 from broker.store import LogIdentity
 from broker.store.files import FileStore, spec_from_json, spec_to_json
 from broker.topics import Sync
+from broker.zmtp_door import PeerMetadata
 from connector import keys
 from protocol import ProtocolError, mc0
 
@@ -526,7 +527,7 @@ class Cluster:
         if name_hex not in self.state.topics and self.raft is not None:
             self.raft.submit(("topic", name_hex, spec_to_json(topic.spec)))
 
-    def replica_fetch(self, event: mc0.Fetch, peer: zmq.Frame | None) -> bool:
+    def replica_fetch(self, event: mc0.Fetch, peer: zmq.Frame | PeerMetadata | None) -> bool:
         epoch = event.epoch or 0
         node = (event.replica or b"").decode("utf-8", "replace")
         # What a replica says moves the majority and fences epochs: only the other members may say it, and
