@@ -44,8 +44,10 @@ ROUTER_PEERS = frozenset({b"DEALER", b"REQ", b"ROUTER"})
 
 _SIZE = struct.Struct(">Q")
 _PROPERTY_SIZE = struct.Struct(">I")
-#: A command's longest name and a PING's longest context (RFC 37).
+#: A PING's longest context (RFC 37).
 _PING_CONTEXT = 16
+#: Frames in one message at most: a SUB names one topic a frame, so this is far above what a client sends.
+MAX_PARTS = 65_536
 
 
 class ZmtpError(ProtocolError):
@@ -163,10 +165,12 @@ class Reader:
     WELCOME to send), a :class:`Ready` once, then lists of frames (messages) and :class:`Ping`. It raises
     :class:`ZmtpError` (or :class:`protocol.curvezmq.CurveError`) on anything else: a bad greeting, a message
     before the handshake's end, a frame longer than ``max_frame`` (checked from its head, before its bytes
-    arrive), an unknown command, a box that does not open, or a message of more than ``max_parts`` frames."""
+    arrive), an unknown command, a box that does not open, or a message of more than ``max_parts`` frames
+    or more than twice ``max_frame`` bytes in all (libzmq bounds each frame only; a SUB names a topic a
+    frame)."""
 
     def __init__(
-        self, max_frame: int, max_parts: int = 64, curve: curvezmq.CurveServer | None = None
+        self, max_frame: int, max_parts: int = MAX_PARTS, curve: curvezmq.CurveServer | None = None
     ) -> None:
         self.max_frame = max_frame
         self.max_parts = max_parts
@@ -177,6 +181,7 @@ class Reader:
         self._welcomed = False  # CURVE: WELCOME sent, INITIATE expected
         self._ready = False
         self._parts: list[bytes] = []
+        self._held = 0  # bytes in ``_parts``
 
     def feed(self, data: bytes) -> list[object]:
         buffer = self._buffer
@@ -230,9 +235,13 @@ class Reader:
         parts.append(body)
         if not more:
             self._parts = []
+            self._held = 0
             return parts
+        self._held += len(body)
         if len(parts) >= self.max_parts:
             raise ZmtpError(f"a message of more than {self.max_parts} frames")
+        if self._held > 2 * self.max_frame:
+            raise ZmtpError(f"a message of more than {2 * self.max_frame} bytes")
         return None
 
     def _command(self, body: bytes) -> object | None:

@@ -123,6 +123,17 @@ def test_too_many_frames_in_one_message_are_refused() -> None:
         reader.feed(wire([b"a"] * 5))
 
 
+def test_a_message_may_have_many_small_frames_but_not_unbounded_bytes() -> None:
+    reader = zmtp.Reader(max_frame=100_000)
+    handshaken(reader)
+    topics = [b"SUB", b""] + [b"topic.%d" % index for index in range(5_000)]
+    assert reader.feed(wire(topics)) == [topics]
+    reader = zmtp.Reader(max_frame=1000)
+    handshaken(reader)
+    with pytest.raises(zmtp.ZmtpError, match="a message of more than 2000 bytes"):
+        reader.feed(wire([b"x" * 1000] * 4))
+
+
 def test_unknown_commands_are_refused() -> None:
     reader = zmtp.Reader(max_frame=100)
     handshaken(reader)
