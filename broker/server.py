@@ -371,14 +371,16 @@ async def _serve(
     context = zmq.asyncio.Context()
     socket = _router_socket(context, config)
     authenticator = None
-    listener = _native_listener(config, socket.getsockopt(zmq.BACKLOG))
-    native = listener is not None
-    # libzmq's socket monitor counts the mc0 port's connections and handshakes; the native engine its own.
-    handshakes = auth.HandshakeWatch(socket) if not native else None
+    listener: Listener | None = None
+    handshakes: auth.HandshakeWatch | None = None
     watch: descriptors.DescriptorWatch | None = None
     door: _RouterDoor | ZmtpDoor | None = None
     allowed: auth.AllowList | None = None  # the native engine's CURVE allow-list (libzmq's: ZAP's)
     try:
+        listener = _native_listener(config, socket.getsockopt(zmq.BACKLOG))
+        native = listener is not None
+        # libzmq's socket monitor counts the mc0 port's connections and handshakes; the native engine its own.
+        handshakes = auth.HandshakeWatch(socket) if not native else None
         if not config.curve:
             log.warning("CURVE is OFF: traffic on %s is plaintext and any client is admitted", config.bind)
         elif not native:

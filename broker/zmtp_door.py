@@ -99,6 +99,7 @@ class _Connection(asyncio.Protocol):
         self.written = 0
         self.paused = False  # not read while the inbox is full
         self._deadline: asyncio.TimerHandle | None = None
+        self._refused = False  # closed by refuse() (counted there)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
@@ -114,6 +115,10 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
+        if self.identity is None and not self._refused:
+            # The peer hung up in its handshake (a plaintext client reading our CURVE greeting, say): what
+            # libzmq's monitor reports as a handshake failed without detail.
+            self.door.counters["refused_other"] += 1
         self.door.counters["closed"] += 1
         self.door.detach(self)
 
@@ -196,13 +201,17 @@ class _Connection(asyncio.Protocol):
 
     def refuse(self, reason: str, kind: str, told: str | None = None) -> None:
         """Close the connection for ``reason``; while the handshake has not finished, count it under
-        ``kind`` (``protocol``, ``auth``, ``other``) and send the peer a ZMTP ERROR saying ``told`` (by
-        default the reason)."""
+        ``kind`` (``protocol``, ``auth``, ``other``) and, if ``told`` is given, send the peer a ZMTP ERROR
+        saying it first. As libzmq's server, only a refused key is told (a ZAP status): a libzmq client
+        reports a handshake that breaks off as failed, which the connector reads to say what is wrong, and
+        an ERROR without a status would leave it nothing to report."""
         log.debug("mc0 door: closing a connection from %s: %s", self.peer_name(), reason)
-        if self.transport is not None:
+        if self.transport is not None and not self._refused:
+            self._refused = True
             if self.identity is None:
                 self.door.counters[f"refused_{kind}"] += 1
-                self.transport.write(zmtp.error(told or reason))
+                if told is not None:
+                    self.transport.write(zmtp.error(told))
             self.transport.close()
 
     def peer_name(self) -> str:
