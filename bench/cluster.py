@@ -315,12 +315,15 @@ class Report:
         return self.rates[f"cluster {in_flight}"] / self.rates[f"single {in_flight}"]
 
 
-def run(*, confirms: int, pipelined: int, trials: int, repeat: int, base: Path | None = None) -> Report:
+def run(*, confirms: int, pipelined: int, trials: int, repeat: int, base: Path | None = None,
+        engine: str | None = None) -> Report:
+    """``engine``: the brokers' ``mc0_engine`` (None: their default)."""
     report = Report()
     runs: dict[str, list[float]] = {}
+    settings = f'mc0_engine = "{engine}"\n' if engine else ""
     with tempfile.TemporaryDirectory(prefix="mc0-bench-cluster-", dir=base) as scratch:
-        single = make_cluster(Path(scratch) / "single", size=1, clustered=False)
-        cluster = make_cluster(Path(scratch) / "cluster")
+        single = make_cluster(Path(scratch) / "single", size=1, clustered=False, settings=settings)
+        cluster = make_cluster(Path(scratch) / "cluster", settings=settings)
         try:
             for group in (single, cluster):
                 for member in group.members:
@@ -355,10 +358,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--trials", type=int, default=20,
                         help="leader kills for the failover figures, and as many stops for the handover ones")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
+    parser.add_argument("--mc0-engine", choices=("auto", "native", "zeromq"),
+                        help="what serves every broker's mc0 port (default: the brokers' own default, auto)")
     args = parser.parse_args(argv)
     print(f"python {platform.python_version()}, pyzmq {zmq.pyzmq_version()}, {BODY_SIZE}-byte messages into "
           f"a strong topic, 3 brokers on one machine ({os.cpu_count()} cores), median of {args.repeat}")
-    report = run(confirms=args.confirms, pipelined=args.pipelined, trials=args.trials, repeat=args.repeat)
+    report = run(confirms=args.confirms, pipelined=args.pipelined, trials=args.trials, repeat=args.repeat,
+                 engine=args.mc0_engine)
     for label, rate in report.rates.items():
         print(f"{'confirmed, ' + label.replace(' ', ', ', 1) + ' in flight':<40}{rate:>12,.0f} msg/s")
     if report.failovers:
