@@ -47,7 +47,7 @@ from broker.auth import refused_by_reason
 from broker.listener import Listener
 from protocol import ProtocolError, curvezmq, zmtp
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("mc0.router")
 
 #: Unsent bytes a connection may hold before sends to it wait, besides ``send_hwm`` messages (libzmq's
 #: ``sndhwm`` counts frame sets only, each up to ``max_message_size``). 16 MiB: a few full records replies, or
