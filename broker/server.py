@@ -275,9 +275,11 @@ def _native_listener(config: BrokerConfig, backlog: int) -> Listener | None:
     return listener
 
 
-def _native_door(config: BrokerConfig, listener: Listener, allowed: auth.AllowList | None) -> ZmtpDoor:
-    """The mc0 port served by the broker's own ZMTP engine on ``listener``; with CURVE, the broker's key pair
-    and ``allowed`` (None: any client key)."""
+def _native_door(
+    config: BrokerConfig, listener: Listener, allowed: auth.AllowList | None, budget: InputBudget
+) -> ZmtpDoor:
+    """The mc0 port served by the broker's own ZMTP engine on ``listener``, its unfinished input counted in
+    ``budget``; with CURVE, the broker's key pair and ``allowed`` (None: any client key)."""
     curve_keys = None
     if config.curve:
         pair = keys.broker_pair(config.keys_dir)
@@ -286,7 +288,8 @@ def _native_door(config: BrokerConfig, listener: Listener, allowed: auth.AllowLi
     admit = None if allowed is None else functools.partial(allowed.callback, auth.ZAP_DOMAIN)
     return ZmtpDoor(listener, max_frame=config.max_message_size, send_hwm=config.send_hwm,
                     recv_hwm=config.recv_hwm,
-                    handshake_timeout=config.handshake_timeout, curve_keys=curve_keys, admit=admit)
+                    handshake_timeout=config.handshake_timeout, curve_keys=curve_keys, admit=admit,
+                    budget=budget)
 
 
 def _lumberjack_tls(config: BrokerConfig) -> ssl.SSLContext | None:
@@ -390,7 +393,7 @@ async def _serve(
             allowed = auth.allow_list(config.keys_dir, cluster=config.clustered)
         wire: ZmtpDoor | None = None
         if listener is not None:
-            wire = _native_door(config, listener, allowed)
+            wire = _native_door(config, listener, allowed, budget)
             endpoint = wire.endpoint
             door = wire
         else:

@@ -21,6 +21,9 @@ router, and what each connection has yet to write. It gives the router what libz
   messages waiting for the router, connections stop being read until it has taken them;
 * MAXMSGSIZE: a frame longer than ``max_message_size`` closes its connection;
 * the handshake timeout: a connection that has not finished its greeting and READY in time is closed;
+* besides, what a connection holds of a frame or message not yet complete counts toward the TCP doors'
+  ``input_budget`` (:class:`broker.gateways.tcp.InputBudget`): past it, the connection holding the most is
+  closed, as theirs are (libzmq bounds each connection by ``max_message_size`` only);
 * the ZAP handler's decision, with CURVE: a client whose long-term key the allow-list does not hold
   (:class:`broker.auth.AllowList`, logged as there) is sent an ERROR and closed.
 
@@ -44,6 +47,7 @@ import zmq
 from zmq.utils import z85
 
 from broker.auth import refused_by_reason
+from broker.gateways.tcp import InputBudget
 from broker.listener import Listener
 from protocol import ProtocolError, curvezmq, zmtp
 
@@ -100,6 +104,8 @@ class _Connection(asyncio.Protocol):
         self.paused = False  # not read while the inbox is full
         self._deadline: asyncio.TimerHandle | None = None
         self._refused = False  # closed by refuse() (counted there)
+        self.gateway = door  # what the input budget counts a refusal on (``counters["over_budget"]``)
+        self._budgeted = 0  # what the input budget was last told this connection holds
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
@@ -115,6 +121,8 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
+        if self.door.budget is not None:
+            self.door.budget.forget(self)
         if self.identity is None and not self._refused:
             # The peer hung up in its handshake (a plaintext client reading our CURVE greeting, say): what
             # libzmq's monitor reports as a handshake failed without detail.
@@ -135,6 +143,12 @@ class _Connection(asyncio.Protocol):
             self.refuse(str(error), "protocol")
             return
         door = self.door
+        held = self.reader.buffered
+        if held != self._budgeted and door.budget is not None:
+            self._budgeted = held
+            door.budget.update(self, held)  # may refuse this connection, or another
+            if self._refused:
+                return
         arrived = False
         for event in events:
             if type(event) is list:
@@ -199,7 +213,7 @@ class _Connection(asyncio.Protocol):
                 unsent.popleft()
         return len(unsent)
 
-    def refuse(self, reason: str, kind: str, told: str | None = None) -> None:
+    def refuse(self, reason: str, kind: str = "other", told: str | None = None) -> None:
         """Close the connection for ``reason``; while the handshake has not finished, count it under
         ``kind`` (``protocol``, ``auth``, ``other``) and, if ``told`` is given, send the peer a ZMTP ERROR
         saying it first. As libzmq's server, only a refused key is told (a ZAP status): a libzmq client
@@ -244,9 +258,12 @@ class ZmtpDoor:
     def __init__(
         self, listener: Listener, *, max_frame: int, send_hwm: int, recv_hwm: int, handshake_timeout: float,
         curve_keys: tuple[bytes, bytes] | None = None, admit: Callable[[bytes], bool] | None = None,
+        budget: InputBudget | None = None,
     ) -> None:
         """``curve_keys``: the broker's public and secret key (32 bytes each) to serve CURVE, None for NULL;
-        ``admit``: asked with each CURVE client's public key (Z85), None to admit any."""
+        ``admit``: asked with each CURVE client's public key (Z85), None to admit any; ``budget``: the input
+        budget the TCP doors share."""
+        self.budget = budget
         self.listener = listener
         self.curve_keys = curve_keys
         self.admit = admit
@@ -259,8 +276,9 @@ class ZmtpDoor:
         self.connections: set[_Connection] = set()
         # The counters libzmq's socket monitor gives for its ROUTER (broker.auth.HandshakeWatch): connections
         # accepted and closed, handshakes finished, and refused by reason (NULL has no authentication).
+        # And, as the TCP doors count it, connections closed for the input budget.
         self.counters = dict.fromkeys(("accepted", "closed", "handshakes", "refused_auth", "refused_protocol",
-                                       "refused_other"), 0)
+                                       "refused_other", "over_budget"), 0)
         self.wake: Callable[[], None] = lambda: None  # the router's: schedule a turn
         self._server: asyncio.AbstractServer | None = None
         self._paused: set[_Connection] = set()

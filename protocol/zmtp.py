@@ -183,6 +183,12 @@ class Reader:
         self._parts: list[bytes] = []
         self._held = 0  # bytes in ``_parts``
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held for what is not complete yet: a frame cut short and the frames of an unfinished
+        message."""
+        return len(self._buffer) + self._held
+
     def feed(self, data: bytes) -> list[object]:
         buffer = self._buffer
         buffer += data

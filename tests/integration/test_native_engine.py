@@ -26,6 +26,8 @@ from protocol import zmtp
 pytestmark = pytest.mark.timeout(60)
 
 PEER_GREETING = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x01" + b"NULL".ljust(20, b"\0") + b"\x00" + bytes(31)
+# A DEALER's READY command, written out byte by byte (not with the codec under test).
+DEALER_READY = b"\x04\x1c" + b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
 
 
 def address(endpoint: str) -> tuple[str, int]:
@@ -112,10 +114,21 @@ def test_a_connection_that_never_shakes_hands_is_closed(start_broker) -> None:  
 def test_a_frame_over_max_message_size_closes_the_connection(start_broker) -> None:  # type: ignore[no-untyped-def]
     broker = start_broker(mc0_engine="native", max_message_size=1_000)
     stream = RawStream(address(broker.endpoint))
-    ready = b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
-    stream.sock.sendall(PEER_GREETING + bytes((4, len(ready))) + ready + b"\x02" + struct.pack(">Q", 5_000))
+    stream.sock.sendall(PEER_GREETING + DEALER_READY + b"\x02" + struct.pack(">Q", 5_000))
     assert stream.closed_within(5)
     stream.close()
+    works(broker.endpoint)
+
+
+def test_unfinished_input_counts_toward_the_doors_input_budget(start_broker) -> None:  # type: ignore[no-untyped-def]
+    broker = start_broker(mc0_engine="native", input_budget=100_000)
+    stream = RawStream(address(broker.endpoint))
+    # A frame of 1 MB announced (under max_message_size) and 150 KB of it sent: more than the budget holds.
+    announced = b"\x02" + struct.pack(">Q", 1_000_000)
+    stream.sock.sendall(PEER_GREETING + DEALER_READY + announced + bytes(150_000))
+    assert stream.closed_within(5)
+    stream.close()
+    assert broker.handshakes.counters["over_budget"] == 1
     works(broker.endpoint)
 
 
