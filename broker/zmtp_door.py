@@ -1,6 +1,6 @@
 """The mc0 port without libzmq: a ROUTER on the event loop's own TCP transports, speaking ZMTP 3 (NULL, or
 CURVE with the broker's key pair and allow-list) to the clients' libzmq DEALERs (:mod:`protocol.zmtp`,
-:mod:`protocol.curvezmq`). Chosen with ``mc0_engine = "native"`` (docs/configuration.md).
+:mod:`protocol.curvezmq`). It serves the port by default (``mc0_engine``, docs/configuration.md).
 
 Why it exists: libzmq reads and writes in an I/O thread of its own, so every command crosses two threads
 each way (a mailbox write to wake the other side, a read to drain it) and every send or readiness check
@@ -17,18 +17,19 @@ router, and what each connection has yet to write. It gives the router what libz
 * ROUTER_HANDOVER: a connection presenting an identity already in use takes it over (the old one closes);
 * the high-water marks: a connection with ``send_hwm`` messages or :data:`SEND_BUFFER` bytes unsent makes a
   send raise ``zmq.Again`` (the router keeps the reply and retries, as for a full libzmq pipe), and with
-  ``recv_hwm``
-  messages waiting for the router, connections stop being read until it has taken them;
+  ``recv_hwm`` messages waiting for the router, connections stop being read until it has taken them;
 * MAXMSGSIZE: a frame longer than ``max_message_size`` closes its connection;
 * the handshake timeout: a connection that has not finished its greeting and READY in time is closed;
-* besides, what a connection holds of a frame or message not yet complete counts toward the TCP doors'
-  ``input_budget`` (:class:`broker.gateways.tcp.InputBudget`): past it, the connection holding the most is
-  closed, as theirs are (libzmq bounds each connection by ``max_message_size`` only);
 * the ZAP handler's decision, with CURVE: a client whose long-term key the allow-list does not hold
-  (:class:`broker.auth.AllowList`, logged as there) is sent an ERROR and closed.
+  (:class:`broker.auth.AllowList`, logged as there) is sent an ERROR with ZAP's status 400 and closed;
+* the socket monitor's counters (:class:`broker.auth.HandshakeWatch`'s names).
 
-A peer that breaks the protocol is closed (with a ZMTP ERROR first where it is still in its handshake);
-the broker carries on.
+Beyond libzmq, what a connection holds of a frame or message not yet complete counts toward the TCP doors'
+``input_budget`` (:class:`broker.gateways.tcp.InputBudget`): past it, the connection holding the most is
+closed, as theirs are (libzmq bounds each connection by ``max_message_size`` only).
+
+A peer that breaks the protocol is closed, without an ERROR (as libzmq's server: see :meth:`refuse`); the
+broker carries on.
 """
 
 from __future__ import annotations
