@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.process import broker_process
+from bench.process import ENGINE_VARIABLE, broker_process, choose_engine
 from bench.throughput import free_port
 
 TOPIC = "bench.spark"
@@ -58,7 +58,8 @@ def serve(port: int, data_dir: str, ready: Any) -> None:
     logging.basicConfig(level=logging.ERROR)
     rules = (TopicRule("*", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.ASYNC)),)
     config = BrokerConfig(bind=f"tcp://127.0.0.1:{port}", curve=False, topics=rules, data_dir=Path(data_dir),
-                          sexp="off", msgq="off", rstreams="off", lumberjack="off", http="off")
+                          sexp="off", msgq="off", rstreams="off", lumberjack="off", http="off",
+                          mc0_engine=os.environ.get(ENGINE_VARIABLE, "auto"))
     profile = os.environ.get("MC0_BENCH_BROKER_PROFILE")
     if not profile:
         server.run(config, lambda _broker: ready.set())
@@ -145,7 +146,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--profile", type=Path, help="also profile one read and one write into this folder")
+    parser.add_argument("--mc0-engine", choices=("auto", "native", "zeromq"),
+                        help="what serves the broker's mc0 port (default: the broker's own default, auto)")
     args = parser.parse_args(argv)
+    choose_engine(args.mc0_engine)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     root = str(Path(__file__).resolve().parents[1])
