@@ -126,7 +126,11 @@ def _members(keys_dir: Path, cluster: bool) -> frozenset[bytes]:
 def allow_list(keys_dir: Path, cluster: bool = False) -> AllowList:
     """The allow-list of ``keys_dir``, admitting a cluster's members too (the native engine asks it without
     ZAP)."""
-    return AllowList(Path(keys_dir) / keys.ALLOWED, members=_members(keys_dir, cluster))
+    return _allowed(keys_dir, _members(keys_dir, cluster))
+
+
+def _allowed(keys_dir: Path, members: frozenset[bytes]) -> AllowList:
+    return AllowList(Path(keys_dir) / keys.ALLOWED, members=members)
 
 
 def _configure(authenticator: AsyncioAuthenticator, keys_dir: Path, allow_any_client: bool,
@@ -138,8 +142,8 @@ def _configure(authenticator: AsyncioAuthenticator, keys_dir: Path, allow_any_cl
     if isinstance(provider, AllowList):
         provider.reload()
         return
-    authenticator.configure_curve_callback(
-        domain=ZAP_DOMAIN, credentials_provider=AllowList(Path(keys_dir) / keys.ALLOWED, members=members))
+    authenticator.configure_curve_callback(domain=ZAP_DOMAIN,
+                                           credentials_provider=_allowed(keys_dir, members))
 
 
 def reload(authenticator: AsyncioAuthenticator, keys_dir: Path, allow_any_client: bool) -> None:

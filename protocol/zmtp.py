@@ -203,6 +203,16 @@ class Reader:
             self._greeted = True
             out.append(b"greeting")
             position = GREETING_SIZE
+        # A frame's bytes are copied once, out of a view (a bytearray slice would copy them twice); the view
+        # is released before the buffer shrinks.
+        with memoryview(buffer) as view:
+            position = self._frames(view, position, out)
+        del buffer[:position]
+        return out
+
+    def _frames(self, buffer: memoryview, position: int, out: list[object]) -> int:
+        """The complete frames of ``buffer`` from ``position``, into ``out``; where the first incomplete one
+        starts."""
         size_of = _SIZE.unpack_from
         end_of_data = len(buffer)
         while position + 2 <= end_of_data:
@@ -233,8 +243,7 @@ class Reader:
                 event = self._frame(body, flags & MORE)
             if event is not None:
                 out.append(event)
-        del buffer[:position]
-        return out
+        return position
 
     def _frame(self, body: bytes, more: int) -> list[bytes] | None:
         parts = self._parts
