@@ -1,6 +1,7 @@
-"""CurveZMQ (RFC 26), the server's side: the CURVE handshake and the boxes every frame travels in after it, as
-libzmq's clients speak them. Used by the broker's own ZMTP engine (:mod:`protocol.zmtp`,
-:mod:`broker.zmtp_door`) when CURVE is on.
+"""CurveZMQ (RFC 26), both sides: the CURVE handshake and the boxes every frame travels in after it, as
+libzmq speaks them. Used by the broker's own ZMTP engine (:mod:`protocol.zmtp`, :mod:`broker.zmtp_door`: the
+server) and by its links to the other brokers of a cluster (:mod:`broker.zmtp_dealer`: the client) when CURVE
+is on.
 
 The handshake, after the greetings (mechanism ``CURVE``):
 
@@ -57,22 +58,19 @@ def _open(box: bytes, nonce: bytes, public: bytes, secret: bytes, what: str) -> 
         raise CurveError(f"the {what} box does not open (a wrong server key?)") from None
 
 
-class CurveServer:
-    """One connection's CurveZMQ state on the server's side: :meth:`welcome` answers HELLO, :meth:`initiate`
-    checks INITIATE, :meth:`ready` builds READY, then :meth:`seal` and :meth:`unseal` carry the frames."""
+class _Boxes:
+    """What both sides share after the handshake: the nonces (ours count up from 1, the peer's may never go
+    back) and the MESSAGE boxes, each side's under its own nonce prefix."""
 
-    def __init__(self, public: bytes, secret: bytes, random: Callable[[int], bytes]) -> None:
-        if len(public) != KEY_SIZE or len(secret) != KEY_SIZE:
-            raise ValueError("CURVE keys are 32 bytes")
-        self.public = public
-        self.secret = secret
-        self.random = random
+    #: The nonce prefixes of the MESSAGEs this side sends and receives.
+    SEND_PREFIX = b""
+    RECEIVE_PREFIX = b""
+
+    def __init__(self) -> None:
         self._short_public, self._short_secret = bindings.crypto_box_keypair()
-        self._client_short = b""
-        self._cookie_key = b""
-        self._shared = b""  # crypto_box_beforenm(C', s'): every box after the handshake
-        self._next_nonce = 1  # ours, for READY and MESSAGEs
-        self._peer_nonce = 0  # the last the client used
+        self._shared = b""  # crypto_box_beforenm of the two short-term keys: every box after the handshake
+        self._next_nonce = 1  # ours, for the handshake's commands and the MESSAGEs
+        self._peer_nonce = 0  # the last the peer used
 
     def _peer(self, nonce: bytes) -> None:
         (value,) = _NONCE.unpack(nonce)
@@ -84,6 +82,49 @@ class CurveServer:
         value = self._next_nonce
         self._next_nonce += 1
         return _NONCE.pack(value)
+
+    def seal(self, frames: Sequence[bytes | memoryview], command: bool = False) -> list[bytes]:
+        """Each frame as the body of a MESSAGE (the ZMTP frames to send, one per frame)."""
+        sealed = []
+        last = len(frames) - 1
+        shared = self._shared
+        prefix = self.SEND_PREFIX
+        for index, frame in enumerate(frames):
+            nonce = self._nonce()
+            flags = (MORE if index < last else 0) | (COMMAND if command else 0)
+            sealed.append(b"\x07MESSAGE" + nonce + bindings.crypto_box_afternm(
+                bytes((flags,)) + bytes(frame), prefix + nonce, shared))
+        return sealed
+
+    def unseal(self, message: bytes) -> tuple[int, bytes]:
+        """A MESSAGE from the peer: its flags (MORE, COMMAND) and its frame."""
+        if message[:8] != b"\x07MESSAGE" or len(message) < 8 + 8 + 16 + 1:
+            raise CurveError("a malformed CURVE MESSAGE")
+        nonce = message[8:16]
+        self._peer(nonce)
+        try:
+            plain = bindings.crypto_box_open_afternm(message[16:], self.RECEIVE_PREFIX + nonce, self._shared)
+        except CryptoError:
+            raise CurveError("a CURVE MESSAGE box does not open") from None
+        return plain[0], plain[1:]
+
+
+class CurveServer(_Boxes):
+    """One connection's CurveZMQ state on the server's side: :meth:`welcome` answers HELLO, :meth:`initiate`
+    checks INITIATE, :meth:`ready` builds READY, then :meth:`seal` and :meth:`unseal` carry the frames."""
+
+    SEND_PREFIX = b"CurveZMQMESSAGES"
+    RECEIVE_PREFIX = b"CurveZMQMESSAGEC"
+
+    def __init__(self, public: bytes, secret: bytes, random: Callable[[int], bytes]) -> None:
+        if len(public) != KEY_SIZE or len(secret) != KEY_SIZE:
+            raise ValueError("CURVE keys are 32 bytes")
+        super().__init__()
+        self.public = public
+        self.secret = secret
+        self.random = random
+        self._client_short = b""
+        self._cookie_key = b""
 
     def welcome(self, hello: bytes) -> bytes:
         """The WELCOME command's body for the client's HELLO (``hello``: the command, name included)."""
@@ -136,26 +177,59 @@ class CurveServer:
         return b"\x05READY" + nonce + bindings.crypto_box_afternm(metadata, b"CurveZMQREADY---" + nonce,
                                                                    self._shared)
 
-    def seal(self, frames: Sequence[bytes | memoryview], command: bool = False) -> list[bytes]:
-        """Each frame as the body of a MESSAGE (the ZMTP frames to send, one per frame)."""
-        sealed = []
-        last = len(frames) - 1
-        shared = self._shared
-        for index, frame in enumerate(frames):
-            nonce = self._nonce()
-            flags = (MORE if index < last else 0) | (COMMAND if command else 0)
-            sealed.append(b"\x07MESSAGE" + nonce + bindings.crypto_box_afternm(
-                bytes((flags,)) + bytes(frame), b"CurveZMQMESSAGES" + nonce, shared))
-        return sealed
 
-    def unseal(self, message: bytes) -> tuple[int, bytes]:
-        """A MESSAGE from the client: its flags (MORE, COMMAND) and its frame."""
-        if message[:8] != b"\x07MESSAGE" or len(message) < 8 + 8 + 16 + 1:
-            raise CurveError("a malformed CURVE MESSAGE")
-        nonce = message[8:16]
+class CurveClient(_Boxes):
+    """One connection's CurveZMQ state on the client's side, as libzmq's ``curve_client`` builds it:
+    :meth:`hello` starts, :meth:`initiate` answers the server's WELCOME (with this side's metadata),
+    :meth:`ready` opens the server's READY (its metadata), then :meth:`seal` and :meth:`unseal` carry the
+    frames. ``server_key`` is the server's long-term public key, which the client must know beforehand."""
+
+    SEND_PREFIX = b"CurveZMQMESSAGEC"
+    RECEIVE_PREFIX = b"CurveZMQMESSAGES"
+
+    def __init__(self, server_key: bytes, public: bytes, secret: bytes, random: Callable[[int], bytes],
+                 metadata: bytes) -> None:
+        if len(server_key) != KEY_SIZE or len(public) != KEY_SIZE or len(secret) != KEY_SIZE:
+            raise ValueError("CURVE keys are 32 bytes")
+        super().__init__()
+        self.server_key = server_key
+        self.public = public
+        self.secret = secret
+        self.random = random
+        self.metadata = metadata
+
+    def hello(self) -> bytes:
+        """The HELLO command's body: our short-term key, and a box of zeros to the server's key (proof that
+        we know it)."""
+        nonce = self._nonce()
+        box = bindings.crypto_box(bytes(64), b"CurveZMQHELLO---" + nonce, self.server_key, self._short_secret)
+        return b"\x05HELLO\x01\x00" + bytes(72) + self._short_public + nonce + box
+
+    def initiate(self, welcome: bytes) -> bytes:
+        """The INITIATE command's body for the server's WELCOME: its cookie back, our long-term key, the
+        vouch binding it to our short-term key, and our metadata."""
+        if welcome[:8] != b"\x07WELCOME" or len(welcome) != 8 + 16 + 16 + 128:
+            raise CurveError("a malformed CURVE WELCOME (or another command where WELCOME belongs)")
+        plain = _open(welcome[24:], b"WELCOME-" + welcome[8:24], self.server_key, self._short_secret,
+                      "WELCOME")
+        server_short, cookie = plain[:32], plain[32:]
+        vouch_nonce = self.random(16)
+        vouch = bindings.crypto_box(self._short_public + self.server_key, b"VOUCH---" + vouch_nonce,
+                                    server_short, self.secret)
+        nonce = self._nonce()
+        box = bindings.crypto_box(self.public + vouch_nonce + vouch + self.metadata,
+                                  b"CurveZMQINITIATE" + nonce, server_short, self._short_secret)
+        self._shared = bindings.crypto_box_beforenm(server_short, self._short_secret)
+        return b"\x08INITIATE" + cookie + nonce + box
+
+    def ready(self, ready: bytes) -> bytes:
+        """The server's metadata, out of its READY command."""
+        if ready[:6] != b"\x05READY" or len(ready) < 6 + 8 + 16 or not self._shared:
+            raise CurveError("a malformed CURVE READY (or another command where READY belongs)")
+        nonce = ready[6:14]
         self._peer(nonce)
         try:
-            plain = bindings.crypto_box_open_afternm(message[16:], b"CurveZMQMESSAGEC" + nonce, self._shared)
+            return bindings.crypto_box_open_afternm(  # type: ignore[no-any-return]
+                ready[14:], b"CurveZMQREADY---" + nonce, self._shared)
         except CryptoError:
-            raise CurveError("a CURVE MESSAGE box does not open") from None
-        return plain[0], plain[1:]
+            raise CurveError("the CURVE READY box does not open") from None

@@ -1,5 +1,6 @@
 """ZMTP 3, the wire under ZeroMQ's TCP sockets (RFC 23 and 37), with the NULL and CURVE mechanisms: what the
-broker's own ROUTER engine (:mod:`broker.zmtp_door`) speaks to the clients' libzmq DEALERs.
+broker's own ROUTER engine (:mod:`broker.zmtp_door`) speaks to the clients' libzmq DEALERs, and what a
+broker's DEALER link to another broker of its cluster (:mod:`broker.zmtp_dealer`) speaks to that broker.
 
 A connection starts with a 64-byte greeting each way (signature, version, mechanism, as-server), then each
 side sends a READY command carrying its properties (``Socket-Type``, and a DEALER's optional ``Identity``).
@@ -27,10 +28,10 @@ SIGNATURE_TAIL = b"\x7f"
 GREETING_SIZE = 64
 
 
-def greeting(mechanism: bytes) -> bytes:
-    """Our greeting: ZMTP 3.0 (a 3.1 peer speaks 3.0 to a 3.0 peer), ``mechanism``, as-server set."""
-    return (SIGNATURE_HEAD + bytes(8) + SIGNATURE_TAIL + b"\x03\x00" + mechanism.ljust(20, b"\0") + b"\x01"
-            + bytes(31))
+def greeting(mechanism: bytes, as_server: bool = True) -> bytes:
+    """Our greeting: ZMTP 3.0 (a 3.1 peer speaks 3.0 to a 3.0 peer), ``mechanism``, as-server."""
+    return (SIGNATURE_HEAD + bytes(8) + SIGNATURE_TAIL + b"\x03\x00" + mechanism.ljust(20, b"\0")
+            + (b"\x01" if as_server else b"\x00") + bytes(31))
 
 
 GREETING = greeting(b"NULL")
@@ -39,8 +40,12 @@ MORE = 0x01
 LONG = 0x02
 COMMAND = 0x04
 
-#: The socket types a ROUTER talks to (RFC 28: a ROUTER accepts DEALER, REQ and ROUTER peers).
-ROUTER_PEERS = frozenset({b"DEALER", b"REQ", b"ROUTER"})
+#: The socket types each of ours talks to (RFC 28: a ROUTER accepts DEALER, REQ and ROUTER peers; a DEALER
+#: ROUTER, DEALER and REP ones).
+PEERS = {
+    b"ROUTER": frozenset({b"DEALER", b"REQ", b"ROUTER"}),
+    b"DEALER": frozenset({b"ROUTER", b"DEALER", b"REP"}),
+}
 
 _SIZE = struct.Struct(">Q")
 _PROPERTY_SIZE = struct.Struct(">I")
@@ -116,6 +121,7 @@ def parse_properties(data: bytes) -> dict[bytes, bytes]:
 
 ROUTER_METADATA = properties({b"Socket-Type": b"ROUTER"})
 READY_ROUTER = command(b"READY", ROUTER_METADATA)
+DEALER_METADATA = properties({b"Socket-Type": b"DEALER"})
 
 
 def error(reason: str) -> bytes:
@@ -162,7 +168,9 @@ class Reader:
     """One connection's incoming bytes: the peer's greeting, its handshake, then messages, PINGs and the rest.
 
     :meth:`feed` returns what the bytes completed: ``b"greeting"`` once, with CURVE a :class:`Reply` (the
-    WELCOME to send), a :class:`Ready` once, then lists of frames (messages) and :class:`Ping`. It raises
+    server's WELCOME, or the client's INITIATE, to send), a :class:`Ready` once, then lists of frames
+    (messages) and :class:`Ping`. ``socket_type`` is ours (``ROUTER``, or ``DEALER`` with a
+    :class:`~protocol.curvezmq.CurveClient`); the peer's must be one it talks to. It raises
     :class:`ZmtpError` (or :class:`protocol.curvezmq.CurveError`) on anything else: a bad greeting, a message
     before the handshake's end, a frame longer than ``max_frame`` (checked from its head, before its bytes
     arrive), an unknown command, a box that does not open, or a message of more than ``max_parts`` frames
@@ -170,15 +178,18 @@ class Reader:
     frame)."""
 
     def __init__(
-        self, max_frame: int, max_parts: int = MAX_PARTS, curve: curvezmq.CurveServer | None = None
+        self, max_frame: int, max_parts: int = MAX_PARTS,
+        curve: curvezmq.CurveServer | curvezmq.CurveClient | None = None, socket_type: bytes = b"ROUTER",
     ) -> None:
         self.max_frame = max_frame
         self.max_parts = max_parts
         self.curve = curve
+        self.socket_type = socket_type
+        self.peers = PEERS[socket_type]
         self._mechanism = b"CURVE" if curve is not None else b"NULL"
         self._buffer = bytearray()
         self._greeted = False
-        self._welcomed = False  # CURVE: WELCOME sent, INITIATE expected
+        self._welcomed = False  # CURVE: WELCOME sent (INITIATE expected), or INITIATE sent (READY expected)
         self._ready = False
         self._parts: list[bytes] = []
         self._held = 0  # bytes in ``_parts``
@@ -284,37 +295,55 @@ class Reader:
         raise ZmtpError(f"unknown command {name.decode(errors='replace')!r}")
 
     def _curve_handshake(self, body: bytes) -> object:
-        assert self.curve is not None
+        curve = self.curve
+        if type(curve) is curvezmq.CurveClient:
+            if not self._welcomed:
+                self._welcomed = True
+                return Reply(command_frame(curve.initiate(body)))
+            return self._peer_ready(curve.ready(body), None)
+        assert type(curve) is curvezmq.CurveServer
         if not self._welcomed:
             self._welcomed = True
-            return Reply(command_frame(self.curve.welcome(body)))
-        initiated = self.curve.initiate(body)
+            return Reply(command_frame(curve.welcome(body)))
+        initiated = curve.initiate(body)
         return self._peer_ready(initiated.metadata, initiated.client_key)
 
     def _peer_ready(self, metadata: bytes, client_key: bytes | None) -> Ready:
         found = parse_properties(metadata)
         socket_type = found.get(b"socket-type", b"")
-        if socket_type not in ROUTER_PEERS:
+        if socket_type not in self.peers:
             raise ZmtpError(f"a {socket_type.decode(errors='replace') or 'peer without a socket type'} "
-                            "cannot talk to a ROUTER")
+                            f"cannot talk to a {self.socket_type.decode()}")
         self._ready = True
         return Ready(socket_type, found.get(b"identity", b""), client_key)
 
 
 class Writer:
-    """What we send one connection, framed (and boxed, with CURVE)."""
+    """What we send one connection, framed (and boxed, with CURVE): as a ROUTER (the broker's port, with a
+    :class:`~protocol.curvezmq.CurveServer`) or as a DEALER (a link to another broker, with a
+    :class:`~protocol.curvezmq.CurveClient`)."""
 
-    def __init__(self, curve: curvezmq.CurveServer | None = None) -> None:
+    def __init__(self, curve: curvezmq.CurveServer | curvezmq.CurveClient | None = None,
+                 socket_type: bytes = b"ROUTER") -> None:
         self.curve = curve
+        self.metadata = properties({b"Socket-Type": socket_type})
+        self.server = socket_type == b"ROUTER"
 
     def greeting(self) -> bytes:
-        return greeting(b"CURVE" if self.curve is not None else b"NULL")
+        return greeting(b"CURVE" if self.curve is not None else b"NULL", self.server)
 
     def ready(self) -> bytes:
-        """Our READY (after the peer's: with CURVE, only once its key is admitted)."""
+        """Our READY: with NULL, sent once the greetings crossed; a CURVE server's, once the client's key is
+        admitted. (A CURVE client's metadata travels in its INITIATE.)"""
         if self.curve is None:
-            return READY_ROUTER
-        return command_frame(self.curve.ready(ROUTER_METADATA))
+            return command(b"READY", self.metadata)
+        assert type(self.curve) is curvezmq.CurveServer
+        return command_frame(self.curve.ready(self.metadata))
+
+    def hello(self) -> bytes:
+        """A CURVE client's first command, once the greetings crossed."""
+        assert type(self.curve) is curvezmq.CurveClient
+        return command_frame(self.curve.hello())
 
     def message(self, frames: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
         if self.curve is None:

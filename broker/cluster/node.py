@@ -39,7 +39,7 @@ from typing import Any
 import msgpack
 import zmq.asyncio
 
-from broker.cluster.link import Link, LinkError
+from broker.cluster.link import Link, LinkError, open_link
 from broker.cluster.raft import RaftNode, Role
 from broker.cluster.replicator import WAIT_MS, Replicator, record_producers, restart_behind
 from broker.cluster.state import (
@@ -280,8 +280,7 @@ class Cluster:
         if current is not None and current.epoch == self.state.epoch and current.link.endpoint == endpoint:
             return
         self._stop_copying()
-        keys_dir = Path(self.config.keys_dir) if self.config.curve else None
-        self.replicator = Replicator(self.engine, Link(self.context, endpoint, keys_dir), node=self.node,
+        self.replicator = Replicator(self.engine, self._link(endpoint), node=self.node,
                                      epoch=self.state.epoch, flush=self.flush, fail=self.fail,
                                      set_identity=self.store.set_identity,
                                      fenced=lambda: self.fence)
@@ -291,6 +290,12 @@ class Cluster:
             if topic.log is not None:
                 self.replicator.follow(topic.name)
         log.info("following %s (%s), epoch %d", self.state.leader, endpoint, self.state.epoch)
+
+    def _link(self, endpoint: str) -> Link:
+        """An mc0 link to another member (its advertised ``endpoint``), with the broker's keys when CURVE is
+        on, on the wire ``mc0_engine`` chooses."""
+        keys_dir = Path(self.config.keys_dir) if self.config.curve else None
+        return open_link(self.context, endpoint, keys_dir, self.config.mc0_engine)
 
     def _stop_copying(self) -> None:
         if self.replicator is not None:
@@ -625,9 +630,8 @@ class Cluster:
         for name in names:
             self._ensure_topic(name, self.state.topics.get(name.hex(), {}))
         names = {name for name in names if (topic := self.engine.topics.get(name)) and topic.log is not None}
-        keys_dir = Path(self.config.keys_dir) if self.config.curve else None
         peers = {node: endpoint for node, endpoint in self.state.endpoints.items() if node != self.node}
-        links = {node: Link(self.context, endpoint, keys_dir) for node, endpoint in peers.items()}
+        links = {node: self._link(endpoint) for node, endpoint in peers.items()}
         try:
             ends = await self._ask(links, names, epoch)
             answered = 1 + sum(1 for node in links if ends.get(node) is not None)

@@ -170,3 +170,81 @@ def test_a_null_client_on_a_curve_port_is_told_why() -> None:
     reader = zmtp.Reader(max_frame=100, curve=curvezmq.CurveServer(public, secret, random=os.urandom))
     with pytest.raises(zmtp.ZmtpError, match="'NULL' where this port has CURVE"):
         reader.feed(zmtp.greeting(b"NULL"))
+
+
+# ------------------------------------------------------------------------------------ the client's side
+
+
+def client_for(server_public: bytes) -> curvezmq.CurveClient:
+    public, secret = bindings.crypto_box_keypair()
+    return curvezmq.CurveClient(server_public, public, secret, os.urandom, zmtp.DEALER_METADATA)
+
+
+def wire(server: curvezmq.CurveServer, client: curvezmq.CurveClient) -> tuple[zmtp.Reader, zmtp.Reader]:
+    """Both sides' readers after a whole handshake through the readers and writers, as the two engines run
+    it: the client's greeting and HELLO, the server's WELCOME, the client's INITIATE, the server's READY."""
+    server_reader = zmtp.Reader(max_frame=1 << 20, curve=server)
+    client_reader = zmtp.Reader(max_frame=1 << 20, curve=client, socket_type=b"DEALER")
+    server_writer = zmtp.Writer(server)
+    client_writer = zmtp.Writer(client, socket_type=b"DEALER")
+    assert client_reader.feed(server_writer.greeting()) == [b"greeting"]
+    events = server_reader.feed(client_writer.greeting() + client_writer.hello())
+    assert events[0] == b"greeting"
+    (initiate,) = client_reader.feed(events[1].data)  # the WELCOME
+    assert isinstance(initiate, zmtp.Reply)
+    (ready,) = server_reader.feed(initiate.data)
+    assert ready == zmtp.Ready(b"DEALER", b"", client.public)
+    assert client_reader.feed(server_writer.ready()) == [zmtp.Ready(b"ROUTER", b"", None)]
+    return server_reader, client_reader
+
+
+def test_our_client_and_our_server_shake_hands_and_carry_frames_both_ways() -> None:
+    public, secret = bindings.crypto_box_keypair()
+    server = curvezmq.CurveServer(public, secret, random=os.urandom)
+    client = client_for(public)
+    server_reader, client_reader = wire(server, client)
+    to_server = b"".join(zmtp.Writer(client, socket_type=b"DEALER").message([b"FETCH", b"x" * 70_000]))
+    assert server_reader.feed(to_server) == [[b"FETCH", b"x" * 70_000]]
+    to_client = b"".join(bytes(piece) for piece in zmtp.Writer(server).message([b"OK", b"ID", b"7"]))
+    assert client_reader.feed(to_client) == [[b"OK", b"ID", b"7"]]
+
+
+def test_the_client_refuses_a_welcome_from_another_server_key() -> None:
+    public, _ = bindings.crypto_box_keypair()
+    impostor_public, impostor_secret = bindings.crypto_box_keypair()
+    client = client_for(public)  # pinned to the real server's key
+    impostor = curvezmq.CurveServer(impostor_public, impostor_secret, random=os.urandom)
+    hello = client.hello()
+    with pytest.raises(curvezmq.CurveError, match="HELLO box does not open"):
+        impostor.welcome(hello)  # the impostor cannot even read the HELLO
+    # Nor can a WELCOME made with the impostor's key pass for the real server's.
+    forged = b"\x07WELCOME" + bytes(16) + bindings.crypto_box(bytes(128), b"WELCOME-" + bytes(16),
+                                                              client._short_public, impostor_secret)
+    with pytest.raises(curvezmq.CurveError, match="WELCOME box does not open"):
+        client.initiate(forged)
+
+
+def test_the_client_refuses_malformed_and_replayed_commands_from_the_server() -> None:
+    public, secret = bindings.crypto_box_keypair()
+    server = curvezmq.CurveServer(public, secret, random=os.urandom)
+    client = client_for(public)
+    with pytest.raises(curvezmq.CurveError, match="malformed CURVE WELCOME"):
+        client.initiate(b"\x05READY" + bytes(40))
+    server.initiate(client.initiate(server.welcome(client.hello())))
+    ready = server.ready(zmtp.ROUTER_METADATA)
+    tampered = ready[:-1] + bytes((ready[-1] ^ 1,))
+    with pytest.raises(curvezmq.CurveError, match="READY box does not open"):
+        client.ready(tampered)
+    assert client.ready(server.ready(zmtp.ROUTER_METADATA)) == zmtp.ROUTER_METADATA
+    (message,) = server.seal([b"once"])
+    assert client.unseal(message) == (0, b"once")
+    with pytest.raises(curvezmq.CurveError, match="nonce went back"):
+        client.unseal(message)
+
+
+def test_a_dealer_reader_refuses_a_peer_it_cannot_talk_to() -> None:
+    reader = zmtp.Reader(max_frame=100, socket_type=b"DEALER")
+    reader.feed(zmtp.greeting(b"NULL"))
+    with pytest.raises(zmtp.ZmtpError, match="a PUB cannot talk to a DEALER"):
+        reader.feed(zmtp.command(b"READY", zmtp.properties({b"Socket-Type": b"PUB"})))
+    assert zmtp.Writer(socket_type=b"DEALER").greeting()[32] == 0  # as-server clear: we are the client

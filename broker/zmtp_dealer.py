@@ -1,0 +1,232 @@
+"""A DEALER's side of ZMTP on the loop's TCP transports, without libzmq: what a broker's link to another
+broker of its cluster (:mod:`broker.cluster.link`) sends its requests through.
+
+It owns one connection to one TCP address at a time and keeps one, as a libzmq DEALER does: after a refused
+connect, a handshake that fails or a lost connection it tries again after ``RECONNECT`` seconds, doubling up
+to ``RECONNECT_MAX``. It speaks NULL, or CURVE as a client pinned to the server's key
+(:mod:`protocol.curvezmq`), and answers the other side's PINGs. What it does not do for its caller:
+
+* queue: :meth:`ZmtpDealer.send` says False while no connection has finished its handshake, and the caller
+  keeps what it wanted to send (the link keeps requests until their timeouts, and sends them on ``ready``);
+* stay silent about a lost connection: ``lost`` is called, since nothing sent on it will be answered (a libzmq
+  DEALER says nothing, and its caller waits out its timeouts).
+
+Why not libzmq: a follower sends a request and reads an answer for every message a strong topic takes.
+Through a libzmq socket each of those crosses to libzmq's I/O thread and back (two thread hand-offs, a dozen
+system calls); here it is one write and one read on the broker's own loop.
+
+Bounded: a frame over ``max_frame`` bytes closes the connection from its head, before its bytes arrive, and
+every message goes to ``received`` from the read that completed it (nothing is queued here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable, Sequence
+
+from protocol import ProtocolError, curvezmq, zmtp
+
+log = logging.getLogger("mc0.cluster")
+
+#: Seconds before the first attempt to connect again, and the most it doubles to (libzmq's DEALER in the link
+#: used 20 ms and 200 ms).
+RECONNECT = 0.02
+RECONNECT_MAX = 0.2
+#: Seconds a connection has to finish its handshake (libzmq's default, ZMQ_HANDSHAKE_IVL).
+HANDSHAKE_TIMEOUT = 30.0
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection's handshake and messages, reported to its :class:`ZmtpDealer`."""
+
+    def __init__(self, dealer: ZmtpDealer) -> None:
+        self.dealer = dealer
+        curve = None
+        if dealer.curve_keys is not None:
+            server_key, public, secret = dealer.curve_keys
+            curve = curvezmq.CurveClient(server_key, public, secret, os.urandom, zmtp.DEALER_METADATA)
+        self.reader = zmtp.Reader(dealer.max_frame, curve=curve, socket_type=b"DEALER")
+        self.writer = zmtp.Writer(curve, socket_type=b"DEALER")
+        self.transport: asyncio.Transport | None = None
+        self.ready = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment] - uvloop's transports do not subclass asyncio's
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.transport.write(self.writer.greeting())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.dealer._lost(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.reader.feed(data)
+        except ProtocolError as error:
+            self.dealer._refused(self, str(error))
+            return
+        transport = self.transport
+        if transport is None:
+            return
+        for event in events:
+            if type(event) is list:
+                self.dealer.received(event)
+            elif type(event) is zmtp.Ping:
+                transport.writelines(self.writer.pong(event.context))
+            elif type(event) is zmtp.Reply:
+                transport.write(event.data)  # CURVE: our INITIATE
+            elif event == b"greeting":
+                # NULL: both READYs cross; CURVE: HELLO, and the metadata travels in the INITIATE.
+                transport.write(self.writer.ready() if self.writer.curve is None else self.writer.hello())
+            elif type(event) is zmtp.Ready:
+                self.ready = True
+                self.dealer._ready(self)
+
+    def send(self, frames: Sequence[bytes | memoryview]) -> None:
+        if self.transport is not None:
+            self.transport.writelines(self.writer.message(frames))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class ZmtpDealer:
+    """One DEALER connection to ``host``:``port``, kept up until :meth:`close`.
+
+    ``received`` gets every message (its frames); ``ready`` is called when a connection has finished its
+    handshake (send what waited); ``lost`` when a connection that finished it is gone (what was sent on it
+    will not be answered). ``curve_keys``: the server's public key, ours and our secret key (32 bytes each)
+    for CURVE, None for NULL."""
+
+    def __init__(
+        self, host: str, port: int, *, received: Callable[[list[bytes]], None], ready: Callable[[], None],
+        lost: Callable[[], None], curve_keys: tuple[bytes, bytes, bytes] | None, max_frame: int,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.received = received
+        self.on_ready = ready
+        self.on_lost = lost
+        self.curve_keys = curve_keys
+        self.max_frame = max_frame
+        self.connection: _Connection | None = None  # the one that finished its handshake, if any
+        self._pending: _Connection | None = None  # connected, its handshake under way
+        self.closed = False
+        self._attempt: asyncio.Task[None] | None = None
+        self._retry: asyncio.TimerHandle | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._delay = RECONNECT
+        self._complained = False  # a failure is logged once, until a connection succeeds again
+
+    @property
+    def connected(self) -> bool:
+        return self.connection is not None
+
+    def start(self) -> None:
+        """Start connecting (on the running loop)."""
+        if not self.closed and self._attempt is None and self._retry is None:
+            self._attempt = asyncio.get_running_loop().create_task(self._connect())
+
+    def send(self, frames: Sequence[bytes | memoryview]) -> bool:
+        """Send one message on the connection; False (nothing sent) while there is none."""
+        connection = self.connection
+        if connection is None:
+            return False
+        connection.send(frames)
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+        for handle in (self._retry, self._deadline, self._attempt):
+            if handle is not None:
+                handle.cancel()
+        self._retry = self._deadline = self._attempt = None
+        for connection in (self.connection, self._pending):
+            if connection is not None:
+                connection.close()
+        self.connection = self._pending = None
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        connection = _Connection(self)
+        try:
+            await loop.create_connection(lambda: connection, self.host, self.port)
+        except OSError as error:
+            self._attempt = None
+            self._failed(f"cannot connect to {self.host}:{self.port}: {error.strerror or error}")
+            return
+        finally:
+            self._attempt = None
+        if self.closed:
+            connection.close()
+            return
+        if connection.transport is None or connection.ready:
+            return  # lost already (and the next attempt scheduled), or the handshake is over
+        self._pending = connection
+        self._deadline = loop.call_later(HANDSHAKE_TIMEOUT, self._too_slow, connection)
+
+    def _ready(self, connection: _Connection) -> None:
+        if self.closed:
+            connection.close()
+            return
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        self._pending = None
+        self.connection = connection
+        self._delay = RECONNECT
+        if self._complained:
+            self._complained = False
+            log.info("connected to %s:%d again", self.host, self.port)
+        self.on_ready()
+
+    def _lost(self, connection: _Connection) -> None:
+        if self._pending is connection:
+            self._pending = None
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+        if self.connection is connection:
+            self.connection = None
+            self.on_lost()
+        if not self.closed:
+            self._again()
+
+    def _refused(self, connection: _Connection, reason: str) -> None:
+        self._complain(logging.WARNING, f"{self.host}:{self.port} broke ZMTP: {reason}")
+        connection.close()  # connection_lost follows, and the next attempt with it
+
+    def _too_slow(self, connection: _Connection) -> None:
+        self._deadline = None
+        self._complain(logging.WARNING, f"{self.host}:{self.port} did not finish the ZMTP handshake within "
+                                        f"{HANDSHAKE_TIMEOUT:g} s")
+        connection.close()
+
+    def _failed(self, reason: str) -> None:
+        self._complain(logging.INFO, reason)
+        self._again()
+
+    def _complain(self, level: int, reason: str) -> None:
+        if not self._complained:
+            self._complained = True
+            log.log(level, "%s; trying again", reason)
+
+    def _again(self) -> None:
+        if (self.closed or self._retry is not None or self._attempt is not None or self._pending is not None
+                or self.connection is not None):
+            return
+        loop = asyncio.get_running_loop()
+        self._retry = loop.call_later(self._delay, self._retry_now)
+        self._delay = min(self._delay * 2, RECONNECT_MAX)
+
+    def _retry_now(self) -> None:
+        self._retry = None
+        with contextlib.suppress(RuntimeError):  # the loop is closing
+            self.start()
