@@ -245,6 +245,9 @@ class RouterShell:
             loop.add_reader(fd, self._turn)
         else:
             self.wire.wake = self._schedule_turn  # the connections call it when messages arrive
+            # A connection that was full has room again: write what waits for it now. (libzmq signals no
+            # such thing for a pipe: under it the hub's retry timer, 1 ms doubling to 100 ms, comes back.)
+            self.wire.writable = self.hub.schedule
             await self.wire.start()
         self._heartbeat_timer = loop.call_later(self.tick, self._heartbeat_turn)
         self.hub.after_flush.append(self._recheck)

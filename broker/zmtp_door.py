@@ -16,8 +16,10 @@ router, and what each connection has yet to write. It gives the router what libz
 * ROUTER_MANDATORY: a send to an identity with no connection raises ``EHOSTUNREACH``;
 * ROUTER_HANDOVER: a connection presenting an identity already in use takes it over (the old one closes);
 * the high-water marks: a connection with ``send_hwm`` messages or :data:`SEND_BUFFER` bytes unsent makes a
-  send raise ``zmq.Again`` (the router keeps the reply and retries, as for a full libzmq pipe), and with
-  ``recv_hwm`` messages waiting for the router, connections stop being read until it has taken them;
+  send raise ``zmq.Again`` (the router keeps the reply and retries, as for a full libzmq pipe; once the
+  transport has room again, :attr:`ZmtpDoor.writable` says so at once, where libzmq leaves the retry to the
+  hub's timer), and with ``recv_hwm`` messages waiting for the router, connections stop being read until it
+  has taken them;
 * MAXMSGSIZE: a frame longer than ``max_message_size`` closes its connection;
 * the handshake timeout: a connection that has not finished its greeting and READY in time is closed;
 * the ZAP handler's decision, with CURVE: a client whose long-term key the allow-list does not hold
@@ -136,6 +138,7 @@ class _Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.full = False
+        self.door.writable()  # what waited for room can go now, not at the hub's next retry
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -281,6 +284,7 @@ class ZmtpDoor:
         self.counters = dict.fromkeys(("accepted", "closed", "handshakes", "refused_auth", "refused_protocol",
                                        "refused_other", "over_budget"), 0)
         self.wake: Callable[[], None] = lambda: None  # the router's: schedule a turn
+        self.writable: Callable[[], None] = lambda: None  # the router's: a full connection has room again
         self._server: asyncio.AbstractServer | None = None
         self._paused: set[_Connection] = set()
         self._next_identity = 0x6B8B4567  # libzmq starts its counter at a random value too

@@ -195,3 +195,84 @@ def test_auto_serves_with_the_native_engine_where_it_can(  # type: ignore[no-unt
                           sexp="off", msgq="off", rstreams="off", lumberjack="off", http="off")
     with pytest.raises(ConfigError, match=r"cannot listen on tcp://127\.0\.0\.1:\* itself"):
         asyncio.run(server.serve(config))
+
+
+class HeldTransport:
+    """A transport that takes everything written (into ``written``) and reports its buffer as the test says:
+    as full as uvloop's is when it calls ``pause_writing``."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.buffered = 0
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def writelines(self, pieces: list[bytes]) -> None:
+        for piece in pieces:
+            self.written += piece
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    abort = close
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def test_a_full_connection_is_written_as_soon_as_it_has_room(tmp_path: Path) -> None:
+    """A delivery that met a full transport leaves when the transport says it has room again (its
+    ``resume_writing``), not when the hub's retry timer, backed off to 100 ms by then, comes back."""
+    from broker.zmtp_door import _Connection
+    from connector.core import WANTED_EXTENSIONS
+    from protocol import mc0
+
+    def wire(event: mc0.Event) -> bytes:
+        return b"".join(bytes(piece) for piece in zmtp.message(mc0.encode(event)))
+
+    async def scenario() -> None:
+        config = BrokerConfig(bind="tcp://127.0.0.1:0", curve=False, mc0_engine="native", data_dir=tmp_path,
+                              sexp="off", msgq="off", rstreams="off", lumberjack="off", http="off")
+        started: asyncio.Future[server.Broker] = asyncio.get_running_loop().create_future()
+        serving = asyncio.ensure_future(server.serve(config, started.set_result))
+        broker = await started
+        door = broker.router.wire
+        assert isinstance(door, ZmtpDoor)
+        subscriber, publisher = _Connection(door), _Connection(door)
+        hello = zmtp.greeting(b"NULL", as_server=False) + zmtp.command(b"READY", zmtp.DEALER_METADATA)
+        for connection in (subscriber, publisher):
+            connection.connection_made(HeldTransport())  # type: ignore[arg-type]
+            connection.data_received(hello)
+            connection.data_received(wire(mc0.Connect(mc0.PROTOCOL_VERSION, None, b"c", WANTED_EXTENSIONS)))
+        subscriber.data_received(wire(mc0.Sub([b"held"], b"s")))
+        await asyncio.sleep(0.05)
+        received = subscriber.transport.written  # type: ignore[union-attr]
+        subscriber.transport.buffered = 32 << 20  # type: ignore[union-attr]
+        subscriber.pause_writing()  # as uvloop does past the high-water mark
+        before = len(received)
+        publisher.data_received(wire(mc0.Put(b"held", b"the one message")))
+        await asyncio.sleep(0.4)  # retried on the timer all along: 1 ms, doubling to 100 ms
+        assert len(received) == before
+        assert broker.hub.retry >= 0.05
+        subscriber.transport.buffered = 0  # type: ignore[union-attr]
+        subscriber.resume_writing()
+        for _ in range(5):  # a few loop iterations, far less than the retry timer's 50-100 ms
+            await asyncio.sleep(0)
+        assert b"the one message" in received[before:]
+        broker.stop_event.set()
+        await asyncio.wait_for(serving, 10)
+
+    asyncio.run(scenario())
