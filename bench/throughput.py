@@ -7,9 +7,11 @@ Systems (each in its own process, on loopback):
 * ``py-forwarder``: a minimal pure-Python ROUTER forwarder, one message per wake-up
   (what a naive broker does).
 * ``mc0``: the broker with the connector's default settings (``connector.Client``).
-* ``mc0-async``: the same broker with the asyncio client (``connector.AsyncClient``) on both ends, in the
-  latency scenario: no thread between the caller and the socket, where ``Client`` hands each message to and
-  from its I/O thread.
+* ``mc0-async``: the same broker with the asyncio client (``connector.AsyncClient``) on both ends, through
+  libzmq (``wire="zeromq"``), in the latency scenario: no thread between the caller and the socket, where
+  ``Client`` hands each message to and from its I/O thread.
+* ``mc0-native``: the same on the asyncio client's default wire, which speaks ZMTP on its own loop
+  (``connector.native``): no libzmq I/O thread on either end either.
 
 Scenarios: 1 publisher → 1 subscriber, 1 → 4 fan-out (broadcast), 1 → 2 round-robin, and one-way latency at a
 paced 1,000 msg/s. Throughput counts deliveries per second at the subscribers, from the first delivery to
@@ -133,6 +135,7 @@ SERVERS: dict[str, Callable[[int, str, Any], None]] = {
     "py-forwarder": serve_py_forwarder,
     "mc0": serve_mc0,
     "mc0-async": serve_mc0,  # the same broker; AsyncClient on both ends (the latency scenario)
+    "mc0-native": serve_mc0,  # the same, AsyncClient on its default (native) wire on both ends
     "mc0-sexp": serve_mc0_sexp,  # an mc0 publisher, subscribers on the sexp door
     "mc0-msgq": serve_mc0_msgq,  # an mc0 publisher, subscribers on the msgq door
     "mc0-rstreams": serve_mc0_rstreams,  # an mc0 publisher, subscribers on the reactive-streams door
@@ -234,12 +237,16 @@ class RStreamsSubscriber:
         return element.data
 
 
-async def _async_subscriber(port: int, expected: int, ready: Any, results: Any) -> None:
+#: The asyncio systems and the wire their clients use.
+ASYNC_WIRES = {"mc0-async": "zeromq", "mc0-native": "auto"}
+
+
+async def _async_subscriber(port: int, expected: int, ready: Any, results: Any, wire: str) -> None:
     from connector import AsyncClient
 
     delays: list[int] = []
     first = last = 0.0
-    async with AsyncClient(f"tcp://127.0.0.1:{port}", curve=False) as client:
+    async with AsyncClient(f"tcp://127.0.0.1:{port}", curve=False, wire=wire) as client:
         await client.subscribe(TOPIC)
         ready.set()
         timeout = 30.0
@@ -254,10 +261,10 @@ async def _async_subscriber(port: int, expected: int, ready: Any, results: Any) 
     results.put({"count": len(delays), "seconds": last - first, "delays": delays})
 
 
-async def _async_publisher(port: int, count: int, rate: float, go: Any) -> None:
+async def _async_publisher(port: int, count: int, rate: float, go: Any, wire: str) -> None:
     from connector import AsyncClient
 
-    async with AsyncClient(f"tcp://127.0.0.1:{port}", curve=False) as client:
+    async with AsyncClient(f"tcp://127.0.0.1:{port}", curve=False, wire=wire) as client:
         await asyncio.to_thread(go.wait)
         start = time.monotonic()
         interval = 1.0 / rate
@@ -271,8 +278,8 @@ async def _async_publisher(port: int, count: int, rate: float, go: Any) -> None:
 
 def subscriber_process(system: str, mode: str, port: int, expected: int, latency: bool, ready: Any,
                        results: Any) -> None:
-    if system == "mc0-async":
-        asyncio.run(_async_subscriber(port, expected, ready, results))
+    if system in ASYNC_WIRES:
+        asyncio.run(_async_subscriber(port, expected, ready, results, ASYNC_WIRES[system]))
         return
     if system == "mc0":
         sub: Any = Mc0Subscriber(port)
@@ -307,8 +314,8 @@ def subscriber_process(system: str, mode: str, port: int, expected: int, latency
 
 
 def publisher_process(system: str, mode: str, port: int, count: int, rate: float, go: Any) -> None:
-    if system == "mc0-async":
-        asyncio.run(_async_publisher(port, count, rate, go))
+    if system in ASYNC_WIRES:
+        asyncio.run(_async_publisher(port, count, rate, go, ASYNC_WIRES[system]))
         return
     go.wait()
     interval = 1.0 / rate if rate else 0.0

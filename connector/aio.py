@@ -22,6 +22,8 @@ import zmq.asyncio
 
 from connector.base import (
     DEFAULT_ENDPOINT,
+    RECONNECT_FIRST_MS,
+    RECONNECT_MAX_MS,
     ClientBase,
     ClientOptions,
     Confirms,
@@ -53,9 +55,14 @@ from connector.core import (
     sub_event,
     to_bytes,
 )
-from connector.zsock import readable, send_frames
+from connector.native import NativeSocket, native_address
+from connector.zsock import readable, recv_frames, send_frames
 from protocol import mc0
 from protocol.bodies import TopicBodies
+
+#: What AsyncClient's ``wire`` may be, and what it is unless given.
+WIRES = ("auto", "native", "zeromq")
+DEFAULT_WIRE = "auto"
 
 #: Seconds between the reader task's looks at a connected socket when no heartbeat is due sooner: frames are
 #: taken by the descriptor's callback; this catches anything no edge announced.
@@ -92,11 +99,18 @@ class AsyncClient(ClientBase):
     ...     print((await client.receive(timeout=1)).text)
     """
 
-    def __init__(self, endpoint: str | Sequence[str] = DEFAULT_ENDPOINT,
+    def __init__(self, endpoint: str | Sequence[str] = DEFAULT_ENDPOINT, *, wire: str | None = None,
                  **options: Unpack[ClientOptions]) -> None:
-        """Nothing happens on the wire until :meth:`connect` (or ``async with``). Options: see
+        """Nothing happens on the wire until :meth:`connect` (or ``async with``). ``wire``: ``auto`` (the
+        default, :data:`DEFAULT_WIRE`) speaks ZMTP on this loop itself to a ``tcp://`` broker
+        (:mod:`connector.native`) and goes through libzmq for any other endpoint; ``native`` refuses
+        other endpoints; ``zeromq`` always goes through libzmq. Other options: see
         :class:`connector.base.ClientBase`."""
+        wire = DEFAULT_WIRE if wire is None else wire
+        if wire not in WIRES:
+            raise ValueError(f"wire must be one of {', '.join(WIRES)}, not {wire!r}")
         super().__init__(endpoint, **options)
+        self.wire = wire
         self._outbox: deque[Publish | QueuedConfirm] = deque()
         self._acks: dict[bytes, list[int]] = {}  # acked this loop turn, per topic: one ACK each at the flush
         # A command's reply goes to its future, or to the futures of the publishes it confirms.
@@ -111,6 +125,10 @@ class AsyncClient(ClientBase):
         self._monitor_owner: zmq.Socket | None = None  # the monitor socket itself, closed with the socket
         self._monitor_fd: int | None = None
         self._socket_fd: int | None = None  # the socket's own descriptor: its reader callback takes frames
+        # The socket's calls: connector.zsock's on a libzmq socket, NativeSocket's on the native wire.
+        self._readable: Any = readable
+        self._recv: Any = recv_frames
+        self._send_raw: Any = send_frames
         self._probe: asyncio.Task[None] | None = None  # asking the broker's mechanism, when libzmq cannot say
         self._arrived = asyncio.Event()
         self._room = asyncio.Event()
@@ -450,24 +468,14 @@ class AsyncClient(ClientBase):
                     self._resend.append(waiting if type(waiting) is Confirms else (waiting, event))
                     del self._waiting[command_id]
         self._fail_waiting("connection to the broker was lost")  # nothing answers on the old socket any more
-        socket, monitor = make_socket(self._context, self.endpoint, self._credentials)  # type: ignore[arg-type]
-        self._socket = socket  # type: ignore[assignment] - an asyncio socket, made by the asyncio context
-        self._raw = zmq.Socket.shadow(socket.underlying)
-        # Connection events are few: read them in a reader callback on the monitor's descriptor.
-        self._monitor = zmq.Socket.shadow(monitor.underlying)
-        self._monitor_owner = monitor
-        self._monitor_fd = self._monitor.getsockopt(zmq.FD)
-        loop = asyncio.get_running_loop()
-        loop.add_reader(self._monitor_fd, self._monitor_readable)
-        # The descriptor signals changes only once EVENTS has been asked: ask now, or the first events (all of
-        # them, for a broker that never answers) would never wake the reader.
-        loop.call_soon(self._monitor_readable)
-        # Frames are taken in the socket descriptor's callback, in the loop iteration that sees them (as the
-        # broker does): no poll future per wake-up. ZMQ_FD is edge-triggered: every read drains the socket or
-        # comes back for the rest (_read_pending), and a send that finds frames waiting schedules a read.
-        self._socket_fd = self._raw.getsockopt(zmq.FD)
-        loop.add_reader(self._socket_fd, self._read_pending)
-        self._schedule_read()
+        address = native_address(self.endpoint) if self.wire != "zeromq" else None
+        if address is None and self.wire == "native":
+            raise ConnectorError(f"wire 'native' cannot connect to {self.endpoint}: it takes tcp://HOST:PORT "
+                                 "only; use wire 'auto' or 'zeromq' for other endpoints")
+        if address is not None:
+            self._open_native(*address)
+        else:
+            self._open_zeromq()
         self._watch = self._new_watch()
         self._unsent.clear()
         self._events.clear()
@@ -486,6 +494,42 @@ class AsyncClient(ClientBase):
                     self._command(event, future)
         assert self._connecting is not None
         return self._connecting
+
+    def _open_zeromq(self) -> None:
+        """A libzmq DEALER, its monitor, and reader callbacks on both descriptors."""
+        socket, monitor = make_socket(self._context, self.endpoint, self._credentials)  # type: ignore[arg-type]
+        self._socket = socket  # type: ignore[assignment] - an asyncio socket, made by the asyncio context
+        self._raw = zmq.Socket.shadow(socket.underlying)
+        self._readable, self._recv, self._send_raw = readable, recv_frames, send_frames
+        # Connection events are few: read them in a reader callback on the monitor's descriptor.
+        self._monitor = zmq.Socket.shadow(monitor.underlying)
+        self._monitor_owner = monitor
+        self._monitor_fd = self._monitor.getsockopt(zmq.FD)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._monitor_fd, self._monitor_readable)
+        # The descriptor signals changes only once EVENTS has been asked: ask now, or the first events (all of
+        # them, for a broker that never answers) would never wake the reader.
+        loop.call_soon(self._monitor_readable)
+        # Frames are taken in the socket descriptor's callback, in the loop iteration that sees them (as the
+        # broker does): no poll future per wake-up. ZMQ_FD is edge-triggered: every read drains the socket or
+        # comes back for the rest (_read_pending), and a send that finds frames waiting schedules a read.
+        self._socket_fd = self._raw.getsockopt(zmq.FD)
+        loop.add_reader(self._socket_fd, self._read_pending)
+        self._schedule_read()
+
+    def _open_native(self, host: str, port: int) -> None:
+        """The native wire: messages are taken in the read that completes them, events reach the watch as
+        they happen."""
+        native = NativeSocket(host, port, self._credentials, arrived=self._read_pending,
+                              events=self._native_event, writable=self._schedule_flush,
+                              reconnect=RECONNECT_FIRST_MS / 1000, reconnect_max=RECONNECT_MAX_MS / 1000)
+        self._socket = self._raw = native  # type: ignore[assignment]
+        self._readable, self._recv, self._send_raw = (NativeSocket.readable, NativeSocket.recv_frames,
+                                                      NativeSocket.send_frames)
+
+    def _native_event(self, kind: int, value: int) -> None:
+        if not self._closed:
+            self._on_event(kind, value, time.monotonic())
 
     def _follow_move(self) -> None:
         """A move to another broker is due (a LEADER answer, or one that cannot be reached): connect there,
@@ -541,7 +585,9 @@ class AsyncClient(ClientBase):
         _stop_watching(self._monitor_fd)
         _stop_watching(self._socket_fd)
         self._monitor_fd = self._socket_fd = None
-        if self._socket is not None:
+        if type(self._socket) is NativeSocket:
+            self._socket.close()
+        elif self._socket is not None:
             close_socket(self._socket, self._monitor_owner)
         self._monitor = self._monitor_owner = None
 
@@ -613,14 +659,14 @@ class AsyncClient(ClientBase):
             return False
         assert self._raw is not None
         try:
-            send_frames(self._raw, frames)  # int flags, no per-frame enum (connector/zsock.py)
+            self._send_raw(self._raw, frames)  # int flags, no per-frame enum (connector/zsock.py)
         except zmq.Again:
             if not retry:
                 self._unsent.append(frames)
                 asyncio.get_running_loop().call_later(0.001, self._schedule_flush)
             return False
         self._core.sent(now)
-        if readable(self._raw):
+        if self._readable(self._raw):
             # The send processed the socket's pending events, possibly consuming the edge of the notification
             # the reader's poll waits for (ZMQ_FD is edge-triggered): read now, or frames wait for a timer.
             self._schedule_read()
@@ -642,14 +688,14 @@ class AsyncClient(ClientBase):
         if raw is None or self._closed or self._paused or self._failure is not None:
             return  # a paused reader polls on its own timer
         try:
-            self._read(raw, time.monotonic())
+            self._read(raw, time.monotonic(), self._readable, self._recv)
         except Exception as error:  # a loop callback's exception would only be logged by the loop
             self._reader_failed(error)
             return
         if self._moving:
             self._follow_move()
             return
-        if readable(raw):
+        if self._readable(raw):
             self._schedule_read()  # the read budget ran out: the rest on the next turn
 
     async def _read_loop(self) -> None:
@@ -671,7 +717,8 @@ class AsyncClient(ClientBase):
             if self._socket is not socket:
                 continue  # reconnected meanwhile (a move): look at the new socket
             if not paused:
-                self._read(raw, now)  # what a paused reader left, or anything an edge did not announce
+                # What a paused reader left, or anything an edge did not announce.
+                self._read(raw, now, self._readable, self._recv)
             if self._moving:
                 self._follow_move()
                 wait = self._move_due(time.monotonic())
@@ -684,7 +731,7 @@ class AsyncClient(ClientBase):
                 self._check_watch(now)
             if not self._watch.connected:
                 core.last_heard = now  # silence counts on a live connection only: ZeroMQ is reconnecting
-            alive = paused and readable(raw)
+            alive = paused and self._readable(raw)
             if core.broker_silent(now) and not alive:
                 self.reconnects += 1
                 if len(self.endpoints) > 1:

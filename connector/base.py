@@ -389,14 +389,17 @@ class ClientBase:
         """Messages received but not yet taken with receive()."""
         return len(self._inbox)
 
-    def _read(self, socket: zmq.Socket, now: float) -> int:
-        """Take up to ``READ_BUDGET`` frame sets without blocking; returns how many were read."""
+    def _read(self, socket: Any, now: float, ready: Callable[[Any], bool] = readable,
+              take: Callable[[Any], list[bytes]] = recv_frames) -> int:
+        """Take up to ``READ_BUDGET`` frame sets without blocking; returns how many were read. ``ready`` and
+        ``take`` are :mod:`connector.zsock`'s calls on a libzmq socket, or the native wire's
+        (:class:`connector.native.NativeSocket`)."""
         core = self._core
         got = False
         count = 0
-        while count < READ_BUDGET and readable(socket):  # asking is cheaper than a zmq.Again at the end
+        while count < READ_BUDGET and ready(socket):  # asking is cheaper than a zmq.Again at the end
             count += 1
-            messages, reply = core.receive(recv_frames(socket), now)
+            messages, reply = core.receive(take(socket), now)
             if messages:
                 self._inbox.extend(messages)
                 got = True

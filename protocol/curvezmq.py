@@ -1,7 +1,6 @@
 """CurveZMQ (RFC 26), both sides: the CURVE handshake and the boxes every frame travels in after it, as
 libzmq speaks them. Used by the broker's own ZMTP engine (:mod:`protocol.zmtp`, :mod:`broker.zmtp_door`: the
-server) and by its links to the other brokers of a cluster (:mod:`broker.zmtp_dealer`: the client) when CURVE
-is on.
+server) and by the native DEALER (:mod:`connector.zmtp_dealer`: the client) when CURVE is on.
 
 The handshake, after the greetings (mechanism ``CURVE``):
 

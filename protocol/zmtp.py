@@ -1,6 +1,6 @@
 """ZMTP 3, the wire under ZeroMQ's TCP sockets (RFC 23 and 37), with the NULL and CURVE mechanisms: what the
 broker's own ROUTER engine (:mod:`broker.zmtp_door`) speaks to the clients' libzmq DEALERs, and what a
-broker's DEALER link to another broker of its cluster (:mod:`broker.zmtp_dealer`) speaks to that broker.
+broker's DEALER link to another broker of its cluster (:mod:`connector.zmtp_dealer`) speaks to that broker.
 
 A connection starts with a 64-byte greeting each way (signature, version, mechanism, as-server), then each
 side sends a READY command carrying its properties (``Socket-Type``, and a DEALER's optional ``Identity``).
@@ -57,6 +57,19 @@ MAX_PARTS = 65_536
 
 class ZmtpError(ProtocolError):
     """The peer broke ZMTP: the connection is closed (with an ERROR command first where the RFC has one)."""
+
+
+class MechanismMismatch(ZmtpError):
+    """The peer's greeting names another security mechanism than ours (CURVE on one side only)."""
+
+
+class HandshakeRefused(ZmtpError):
+    """The peer sent ERROR during the handshake; ``reason`` is its text (a ZAP status such as ``400`` when a
+    server refused our CURVE key)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("the peer refused the handshake" + (f": {reason}" if reason else ""))
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +156,9 @@ def check_greeting(data: bytes, expected: bytes = b"NULL") -> None:
     mechanism = data[12:32].rstrip(b"\0")
     if mechanism != expected:
         state = "on" if expected == b"CURVE" else "off"
-        raise ZmtpError(f"security mechanism {mechanism.decode(errors='replace')!r} where this port has "
-                        f"{expected.decode()} (CURVE is {state})")
+        shown = mechanism.decode(errors="replace")
+        raise MechanismMismatch(f"security mechanism {shown!r} where this port has {expected.decode()} "
+                                f"(CURVE is {state})")
 
 
 def frame_head(size: int, more: bool) -> bytes:
@@ -277,9 +291,7 @@ class Reader:
         rest = body[1 + body[0]:]
         if not self._ready:
             if name == b"ERROR":
-                reason = rest[1:1 + rest[0]].decode(errors="replace") if rest else ""
-                raise ZmtpError(f"the peer refused the handshake: {reason}" if reason
-                                else "the peer refused the handshake")
+                raise HandshakeRefused(rest[1:1 + rest[0]].decode(errors="replace") if rest else "")
             if self.curve is not None:
                 return self._curve_handshake(body)
             if name != b"READY":

@@ -133,6 +133,16 @@ def each_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     return str(request.param)
 
 
+@pytest.fixture(params=["auto", "zeromq"])
+def each_wire(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Use in ``pytestmark = pytest.mark.usefixtures("each_wire")``: every test of the module runs once with
+    ``AsyncClient``'s native wire (its default, ``auto``, on tcp:// endpoints) and once through libzmq."""
+    import connector.aio
+
+    monkeypatch.setattr(connector.aio, "DEFAULT_WIRE", request.param)
+    return str(request.param)
+
+
 @pytest.fixture
 def start_broker(tmp_path: Path) -> Iterator[BrokerFactory]:
     """A factory starting brokers on ``tcp://127.0.0.1:*``; all are stopped at teardown.

@@ -6,7 +6,7 @@ subscriptions. With CURVE it presents the broker's own key pair, which every mem
 (docs/cluster.md) and admits.
 
 Two wires under one bookkeeping (:class:`Link`): :class:`NativeLink` speaks ZMTP itself on the loop's TCP
-transports (:mod:`broker.zmtp_dealer`), for a ``tcp://`` endpoint unless ``mc0_engine`` is ``zeromq``;
+transports (:mod:`connector.zmtp_dealer`), for a ``tcp://`` endpoint unless ``mc0_engine`` is ``zeromq``;
 :class:`ZmqLink` drives a libzmq DEALER (any endpoint libzmq takes). :func:`open_link` chooses.
 
 This module must not know about the engine or Raft.
@@ -17,16 +17,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 import zmq
 from zmq.utils import z85
 
-from broker.zmtp_dealer import ZmtpDealer
 from connector import addresses, keys
+from connector.zmtp_dealer import ZmtpDealer
 from connector.zsock import readable, recv_frames, send_frames
 from protocol import ProtocolError, mc0
+
+log = logging.getLogger("mc0.cluster")
 
 #: Seconds between attempts to send while the other broker is not connected yet (or its pipe is full).
 SEND_RETRY = 0.005
@@ -156,7 +159,7 @@ class Link:
 
 
 class NativeLink(Link):
-    """A link on the broker's own ZMTP DEALER (:mod:`broker.zmtp_dealer`): each request is one write on the
+    """A link on the broker's own ZMTP DEALER (:mod:`connector.zmtp_dealer`): each request is one write on the
     loop's transport and each answer one read, with no thread in between. A request asked while the
     connection is down waits for it (until its timeout); one sent on a connection that is lost fails at
     once, since nothing will answer it."""
@@ -170,7 +173,7 @@ class NativeLink(Link):
             public = z85.decode(pair.public)
             curve_keys = (public, public, z85.decode(pair.secret))  # every member has the one broker pair
         self._dealer = ZmtpDealer(host, port, received=self._answer, ready=self._connected, lost=self._lost,
-                                  curve_keys=curve_keys, max_frame=MAX_FRAME)
+                                  curve_keys=curve_keys, max_frame=MAX_FRAME, log=log)
         self._unsent: dict[bytes, mc0.Frames] = {}  # asked while no connection was up, in order
         self._sent: set[bytes] = set()  # went out on the current connection
 

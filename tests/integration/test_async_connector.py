@@ -3,7 +3,8 @@ from its docstring, SUB/UNSUB waiting for OK (and raising on ERROR), confirmed a
 flush, stats, receive timeouts, headers, close (DISCONNECT, idempotent, no use afterwards), a missing broker,
 CURVE, TTL heartbeats during idleness, and reconnecting to a broker restarted on the same port.
 
-Each test runs its own event loop with ``asyncio.run`` under an overall ``asyncio.timeout``.
+Each test runs its own event loop with ``asyncio.run`` under an overall ``asyncio.timeout``, once on the
+client's native wire (its default) and once through libzmq (``each_wire``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 from conftest import FREE_GATEWAY_PORTS, BrokerThread, free_endpoint, receive_all_async
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
     from broker.server import Broker
 
-pytestmark = pytest.mark.timeout(20)
+pytestmark = [pytest.mark.timeout(20), pytest.mark.usefixtures("each_wire")]
 
 ARRIVAL = 5.0
 T = TypeVar("T")
@@ -177,16 +178,21 @@ def test_the_first_publish_of_a_loop_turn_leaves_at_once_and_the_rest_together(
     """A paced publisher's message must not wait for the loop's next iteration; a turn's others still travel
     as one PUTS, and ``publish_async`` futures always wait for the turn's flush (one PUTS CONFIRM each)."""
     import connector.aio as aio
+    from connector.native import NativeSocket
 
     sent: list[list[bytes]] = []
-    real_send = aio.send_frames
 
-    def spy(socket: object, frames: list[bytes]) -> None:
-        if frames[1] in (b"PUT", b"PUTS"):
-            sent.append(list(frames))
-        real_send(socket, frames)  # type: ignore[arg-type]
+    def spying(real: Any) -> Any:
+        def spy(socket: object, frames: list[bytes]) -> None:
+            if frames[1] in (b"PUT", b"PUTS"):
+                sent.append(list(frames))
+            real(socket, frames)
 
-    monkeypatch.setattr(aio, "send_frames", spy)
+        return spy
+
+    # Whichever wire the client has: libzmq's send, or the native wire's.
+    monkeypatch.setattr(aio, "send_frames", spying(aio.send_frames))
+    monkeypatch.setattr(NativeSocket, "send_frames", spying(NativeSocket.send_frames))
 
     async def main() -> None:
         async with AsyncClient(broker.endpoint) as client:
@@ -537,3 +543,47 @@ def test_a_reader_that_dies_fails_callers_instead_of_leaving_them_waiting(
         assert unhandled == [], "the descriptor's callback handed the error to the client, not to the loop"
 
     run(main)
+
+
+# --------------------------------------------------------------------------------------------- the wire
+
+
+def test_the_wire_is_checked_and_native_takes_tcp_only(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="wire must be one of auto, native, zeromq, not 'libzmq'"):
+        AsyncClient("tcp://127.0.0.1:5", wire="libzmq")
+
+    async def main() -> None:
+        client = AsyncClient(f"ipc://{tmp_path}/mc0.sock", wire="native", curve=False, timeout=1.0)
+        with pytest.raises(ConnectorError, match=r"wire 'native' cannot connect to ipc://.* tcp://HOST:PORT"):
+            await client.connect()
+
+    run(main)
+
+
+def test_a_native_reader_stops_reading_past_its_queue_and_loses_nothing(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deliveries that the client does not take pile up in the native wire's queue only to RECV_HWM: past it
+    the connection stops being read (the kernel's buffers and the broker hold the rest), and it is read
+    again as they are taken, in order and complete."""
+    import connector.native
+
+    monkeypatch.setattr(connector.native, "RECV_HWM", 20)
+    paused: list[bool] = []
+
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint, curve=False, wire="native", max_inbox=10) as subscriber, \
+                AsyncClient(broker.endpoint, curve=False) as publisher:
+            await subscriber.subscribe("queue")
+            for index in range(200):  # confirmed one by one: each is delivered in a message of its own
+                await publisher.publish("queue", b"%d" % index, confirm=True)
+            await asyncio.sleep(0.3)  # everything has reached the subscriber, or waits because it stopped
+            native = subscriber._socket
+            assert isinstance(native, connector.native.NativeSocket)
+            paused.append(native.dealer.paused)
+            got = [int((await subscriber.receive(timeout=ARRIVAL)).body) for _ in range(200)]  # type: ignore[union-attr]
+            assert got == list(range(200))
+            paused.append(native.dealer.paused)
+
+    run(main)
+    assert paused == [True, False]

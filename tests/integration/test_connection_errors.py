@@ -1,9 +1,10 @@
 """What a person hears when a client cannot reach the broker, and how fast; what the broker logs about the
 keys it refuses; a key admitted on a running broker; and a subscriber that notices a broker restart at once.
 
-Every case runs a real broker (in-process, loopback, CURVE on where the case needs it) and both clients: the
-blocking ``Client`` and the asyncio ``AsyncClient``. The clients' timeout is 5 s; each error must come well
-before it, from what libzmq reports about the connection.
+Every case runs a real broker (in-process, loopback, CURVE on where the case needs it) and every client: the
+blocking ``Client`` and the asyncio ``AsyncClient`` on its native wire and through libzmq. The clients'
+timeout is 5 s; each error must come well before it, from what the connection's events say (libzmq's
+monitor, or the native wire's own).
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ def connect(kind: str, endpoint: str, credentials: Credentials | None) -> None:
         Client(endpoint, credentials=credentials, curve=credentials is not None, timeout=5.0).close()
     else:
         async def main() -> None:
+            wire = "zeromq" if kind == "async-zeromq" else "auto"  # the native wire, or through libzmq
             client = AsyncClient(endpoint, credentials=credentials, curve=credentials is not None,
-                                 timeout=5.0)
+                                 timeout=5.0, wire=wire)
             await client.connect()
             await client.close()
 
@@ -74,7 +76,7 @@ def stranger(keys_dir: Path, dash: bool = False) -> Credentials:
             return Credentials(key_files.broker_public(keys_dir), public, secret)
 
 
-@pytest.fixture(params=["sync", "async"])
+@pytest.fixture(params=["sync", "async", "async-zeromq"])
 def kind(request: pytest.FixtureRequest) -> str:
     return request.param
 

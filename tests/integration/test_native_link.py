@@ -1,4 +1,4 @@
-"""A cluster member's link to another broker on the broker's own ZMTP DEALER (broker/zmtp_dealer.py,
+"""A cluster member's link to another broker on the broker's own ZMTP DEALER (connector/zmtp_dealer.py,
 ``NativeLink``): answered by a broker under either engine, plaintext and CURVE (libzmq's ROUTER checks our
 client side of CurveZMQ), waiting for a broker that is not up yet, failing at once what a lost connection
 will never answer, and trying again after a peer that breaks ZMTP."""
