@@ -1,7 +1,7 @@
 """Smoke tests of ``python -m bench`` (throughput and paced latency against the proxy and the Python
-forwarder, the latency with the blocking and the asyncio client) and ``python -m bench cost`` with tiny
-counts: they still run against the current broker and clients, print every row with positive figures, and
-judge every target.
+forwarder, the latency with the blocking and the asyncio client on either wire) and ``python -m bench cost``
+with tiny counts: they still run against the current broker and clients, print every row with positive
+figures, and judge every target.
 
 They measure nothing (the counts are far too small for the ratios to mean anything).
 """
@@ -32,11 +32,12 @@ def test_the_main_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
         values = figures(rows[scenario].split("  ", 1)[1])
         assert len(values) == 5, rows[scenario]  # proxy, forwarder, mc0, and mc0's two ratios
         assert all(value > 0 for value in values), rows[scenario]
-    for scenario in ("latency @1000/s p50 us, async", "latency @1000/s p99 us, async"):
+    for scenario in ("latency @1000/s p50 us, async", "latency @1000/s p99 us, async",
+                     "latency @1000/s p50 us, native", "latency @1000/s p99 us, native"):
         values = figures(rows[scenario].split("  ", 1)[1])
-        assert len(values) == 3, rows[scenario]  # mc0 with AsyncClient, and its two ratios
+        assert len(values) == 3, rows[scenario]  # mc0 with AsyncClient (either wire), and its two ratios
         assert all(value > 0 for value in values), rows[scenario]
-    assert len(re.findall(r"^target .*: (met|NOT met)$", out, re.MULTILINE)) == 3
+    assert len(re.findall(r"^target .*: (met|NOT met)$", out, re.MULTILINE)) == 4
 
 
 @pytest.mark.timeout(300)
