@@ -1,6 +1,6 @@
 """ZMTP 3, the wire under ZeroMQ's TCP sockets (RFC 23 and 37), with the NULL and CURVE mechanisms: what the
-broker's own ROUTER engine (:mod:`broker.zmtp_door`) speaks to the clients' libzmq DEALERs, and what a
-broker's DEALER link to another broker of its cluster (:mod:`connector.zmtp_dealer`) speaks to that broker.
+broker's own ROUTER engine (:mod:`broker.zmtp_door`) speaks to the clients' libzmq DEALERs, and what the
+native DEALER (:mod:`connector.zmtp_dealer`: ``AsyncClient``'s wire, a cluster's links) speaks to a broker.
 
 A connection starts with a 64-byte greeting each way (signature, version, mechanism, as-server), then each
 side sends a READY command carrying its properties (``Socket-Type``, and a DEALER's optional ``Identity``).

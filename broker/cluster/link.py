@@ -25,6 +25,7 @@ import zmq
 from zmq.utils import z85
 
 from connector import addresses, keys
+from connector.native import native_address
 from connector.zmtp_dealer import ZmtpDealer
 from connector.zsock import readable, recv_frames, send_frames
 from protocol import ProtocolError, mc0
@@ -51,14 +52,9 @@ def open_link(context: zmq.Context, endpoint: str, keys_dir: Path | None, engine
     """A link to ``endpoint``: native where it is ``tcp://HOST:PORT`` and ``engine`` (the broker's
     ``mc0_engine``) is not ``zeromq``, libzmq's otherwise. ``keys_dir``: the broker's keys (CURVE), or
     None."""
-    if engine != "zeromq" and endpoint.startswith("tcp://"):
-        try:
-            host, port = addresses.host_port(endpoint, what="a cluster member's endpoint")
-        except addresses.AddressError:
-            pass  # a form only libzmq reads (an interface to connect from, say)
-        else:
-            if ";" not in host:
-                return NativeLink(endpoint, host, port, keys_dir)
+    address = native_address(endpoint) if engine != "zeromq" else None
+    if address is not None:
+        return NativeLink(endpoint, *address, keys_dir)
     return ZmqLink(context, endpoint, keys_dir)
 
 
