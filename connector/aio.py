@@ -659,7 +659,7 @@ class AsyncClient(ClientBase):
             return False
         assert self._raw is not None
         try:
-            self._send_raw(self._raw, frames)  # int flags, no per-frame enum (connector/zsock.py)
+            self._send_raw(self._raw, frames)  # zsock.send_frames (int flags, no enum) or the native wire's
         except zmq.Again:
             if not retry:
                 self._unsent.append(frames)

@@ -132,6 +132,7 @@ class _Connection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+            self.transport = None  # nothing more is written or read from it (connection_lost comes later)
 
 
 class ZmtpDealer:
@@ -174,10 +175,6 @@ class ZmtpDealer:
         self._deadline: asyncio.TimerHandle | None = None
         self._delay = reconnect
         self._complained = False  # a failure is logged once, until a connection succeeds again
-
-    @property
-    def connected(self) -> bool:
-        return self.connection is not None
 
     def start(self) -> None:
         """Start connecting (on the running loop)."""

@@ -168,9 +168,9 @@ class NativeLink(Link):
             assert pair.secret is not None  # broker_pair refuses a certificate without one
             public = z85.decode(pair.public)
             curve_keys = (public, public, z85.decode(pair.secret))  # every member has the one broker pair
-        self._dealer = ZmtpDealer(host, port, received=self._answer, ready=self._connected, lost=self._lost,
-                                  curve_keys=curve_keys, max_frame=MAX_FRAME, log=log)
-        self._unsent: dict[bytes, mc0.Frames] = {}  # asked while no connection was up, in order
+        self._dealer = ZmtpDealer(host, port, received=self._answer, ready=self._flush, lost=self._lost,
+                                  writable=self._flush, curve_keys=curve_keys, max_frame=MAX_FRAME, log=log)
+        self._unsent: dict[bytes, mc0.Frames] = {}  # asked while no connection was up, or it was full
         self._sent: set[bytes] = set()  # went out on the current connection
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -187,7 +187,8 @@ class NativeLink(Link):
         self._sent.discard(command_id)  # type: ignore[arg-type] - None is never in it
         return command_id
 
-    def _connected(self) -> None:
+    def _flush(self) -> None:
+        """A connection is up, or has room again: send what waited for it."""
         unsent, self._unsent = self._unsent, {}
         for command_id, frames in unsent.items():
             if command_id in self._waiting:  # not expired meanwhile

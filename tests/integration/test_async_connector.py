@@ -550,7 +550,7 @@ def test_a_reader_that_dies_fails_callers_instead_of_leaving_them_waiting(
 
 def test_the_wire_is_checked_and_native_takes_tcp_only(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="wire must be one of auto, native, zeromq, not 'libzmq'"):
-        AsyncClient("tcp://127.0.0.1:5", wire="libzmq")
+        AsyncClient(free_endpoint(), wire="libzmq")
 
     async def main() -> None:
         client = AsyncClient(f"ipc://{tmp_path}/mc0.sock", wire="native", curve=False, timeout=1.0)

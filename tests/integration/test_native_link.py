@@ -166,10 +166,11 @@ def test_a_peer_that_breaks_zmtp_is_dropped_and_tried_again() -> None:
 def test_open_link_takes_libzmq_where_the_native_link_cannot_go(tmp_path) -> None:  # type: ignore[no-untyped-def]
     context = zmq.Context()
     try:
-        links = [open_link(context, "tcp://127.0.0.1:5", None, "auto"),
-                 open_link(context, "tcp://127.0.0.1:5", None, "zeromq"),
+        endpoint = free_endpoint()  # nothing listens there: the libzmq links only try to connect
+        links = [open_link(context, endpoint, None, "auto"),
+                 open_link(context, endpoint, None, "zeromq"),
                  open_link(context, f"ipc://{tmp_path}/broker.sock", None, "native"),
-                 open_link(context, "tcp://lo;127.0.0.1:5", None, "auto")]
+                 open_link(context, endpoint.replace("tcp://", "tcp://lo;"), None, "auto")]
         assert [type(link) for link in links] == [NativeLink, ZmqLink, ZmqLink, ZmqLink]
         for link in links:
             link.close()
