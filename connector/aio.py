@@ -55,14 +55,10 @@ from connector.core import (
     sub_event,
     to_bytes,
 )
-from connector.native import NativeSocket, native_address
+from connector.native import NativeSocket, check_wire, wire_address
 from connector.zsock import readable, recv_frames, send_frames
 from protocol import mc0
 from protocol.bodies import TopicBodies
-
-#: What AsyncClient's ``wire`` may be, and what it is unless given.
-WIRES = ("auto", "native", "zeromq")
-DEFAULT_WIRE = "auto"
 
 #: Seconds between the reader task's looks at a connected socket when no heartbeat is due sooner: frames are
 #: taken by the descriptor's callback; this catches anything no edge announced.
@@ -102,13 +98,11 @@ class AsyncClient(ClientBase):
     def __init__(self, endpoint: str | Sequence[str] = DEFAULT_ENDPOINT, *, wire: str | None = None,
                  **options: Unpack[ClientOptions]) -> None:
         """Nothing happens on the wire until :meth:`connect` (or ``async with``). ``wire``: ``auto`` (the
-        default, :data:`DEFAULT_WIRE`) speaks ZMTP on this loop itself to a ``tcp://`` broker
+        default, :data:`connector.native.DEFAULT_WIRE`) speaks ZMTP on this loop itself to a ``tcp://`` broker
         (:mod:`connector.native`) and goes through libzmq for any other endpoint; ``native`` refuses
         other endpoints; ``zeromq`` always goes through libzmq. Other options: see
         :class:`connector.base.ClientBase`."""
-        wire = DEFAULT_WIRE if wire is None else wire
-        if wire not in WIRES:
-            raise ValueError(f"wire must be one of {', '.join(WIRES)}, not {wire!r}")
+        wire = check_wire(wire)
         super().__init__(endpoint, **options)
         self.wire = wire
         self._outbox: deque[Publish | QueuedConfirm] = deque()
@@ -468,10 +462,7 @@ class AsyncClient(ClientBase):
                     self._resend.append(waiting if type(waiting) is Confirms else (waiting, event))
                     del self._waiting[command_id]
         self._fail_waiting("connection to the broker was lost")  # nothing answers on the old socket any more
-        address = native_address(self.endpoint) if self.wire != "zeromq" else None
-        if address is None and self.wire == "native":
-            raise ConnectorError(f"wire 'native' cannot connect to {self.endpoint}: it takes tcp://HOST:PORT "
-                                 "only; use wire 'auto' or 'zeromq' for other endpoints")
+        address = wire_address(self.wire, self.endpoint)
         if address is not None:
             self._open_native(*address)
         else:

@@ -35,6 +35,8 @@ import zmq
 
 from connector.base import (
     DEFAULT_ENDPOINT,
+    RECONNECT_FIRST_MS,
+    RECONNECT_MAX_MS,
     ClientBase,
     ClientOptions,
     Confirms,
@@ -71,7 +73,9 @@ from connector.core import (
     sub_event,
     to_bytes,
 )
-from connector.zsock import POLLIN, POLLOUT, pending_events, readable, send_frames
+from connector.native import check_wire, wire_address
+from connector.native_blocking import BlockingNativeSocket
+from connector.zsock import POLLIN, POLLOUT, pending_events, readable, recv_frames, send_frames
 from protocol import mc0
 from protocol.bodies import TopicBodies
 
@@ -261,12 +265,17 @@ class Client(ClientBase):
     ...     print(client.receive(timeout=1).text)
     """
 
-    def __init__(self, endpoint: str | Sequence[str] = DEFAULT_ENDPOINT,
+    def __init__(self, endpoint: str | Sequence[str] = DEFAULT_ENDPOINT, *, wire: str | None = None,
                  **options: Unpack[ClientOptions]) -> None:
         """Connect and wait for the broker's OK. ``endpoint``: one broker, or a cluster's members (a list, or
-        addresses separated by commas): the client connects to the leader and follows it. Options: see
+        addresses separated by commas): the client connects to the leader and follows it. ``wire``: ``auto``
+        (the default, :data:`connector.native.DEFAULT_WIRE`) speaks ZMTP itself to a ``tcp://`` broker
+        (:mod:`connector.native_blocking`) and goes through libzmq for any other endpoint; ``native`` refuses
+        other endpoints; ``zeromq`` always goes through libzmq. Other options: see
         :class:`connector.base.ClientBase`."""
+        wire = check_wire(wire)
         super().__init__(endpoint, **options)
+        self.wire = wire
         self._outbox: deque[Publish | mc0.Ack | _Request | QueuedConfirm] = deque()
         self._in_flight = 0  # confirmed publishes queued or sent and not yet settled (guarded by _room)
         self._arrived = _Arrivals()
@@ -286,8 +295,15 @@ class Client(ClientBase):
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._context = zmq.Context()
-        self._socket: zmq.Socket | None = None
-        self._monitor: zmq.Socket | None = None  # the socket's connection events
+        self._socket: zmq.Socket | BlockingNativeSocket | None = None
+        self._monitor: zmq.Socket | None = None  # a libzmq socket's connection events
+        self._monitor_fd = self._socket_fd = -1  # their descriptors, which the I/O thread polls
+        # The socket's calls: connector.zsock's on a libzmq socket, BlockingNativeSocket's on the native wire;
+        # _stirred says, after a caller's send, that the I/O thread must look at the socket (see _send_now).
+        self._readable: Callable[[Any], bool] = readable
+        self._recv: Callable[[Any], list[bytes]] = recv_frames
+        self._send_raw: Callable[[Any, mc0.Frames], None] = send_frames
+        self._stirred: Callable[[Any], bool] = readable
         self._waiting: dict[bytes, _Waiting] = {}
         self._connected: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, name=f"mc0-client {endpoint}", daemon=True)
@@ -411,15 +427,16 @@ class Client(ClientBase):
                 command_id, frames, _ = next(self._core.pack_confirms([item]))
                 self._waiting[command_id] = _BulkConfirms([confirmation], self._release_confirms, [item])
             try:
-                send_frames(socket, frames)
+                self._send_raw(socket, frames)
             except zmq.Again:  # the pipe is full: the I/O thread sends it once there is room
                 if command_id is not None:
                     del self._waiting[command_id]
                 return False
             self._core.sent(now)
-            if readable(socket):
-                # The send took in the socket's pending events, and with them the signal on its descriptor
-                # that the I/O thread waits for: frames are waiting, so wake it to read them.
+            if self._stirred(socket):
+                # libzmq: the send took in the socket's pending events, and with them the signal on its
+                # descriptor that the I/O thread waits for: frames are waiting, so wake it to read them. The
+                # native wire: the kernel did not take the whole message, and the I/O thread waits for room.
                 self._wake()
             return True
         finally:
@@ -760,9 +777,7 @@ class Client(ClientBase):
                     item.fail("client stopped")
                 elif type(item) is QueuedConfirm:
                     Confirms([item.future], self._release_confirms).fail("client stopped")
-            if self._socket is not None:
-                close_socket(self._socket, self._monitor)
-                self._socket = None  # no caller may send on it now (_send_now)
+            self._close_socket()  # no caller may send on it now (_send_now)
             self._io_lock.release()
             with self._room:
                 self._room.notify_all()
@@ -770,8 +785,7 @@ class Client(ClientBase):
 
     def _open(self) -> None:
         """A new DEALER (new identity), CONNECT, and SUB for everything subscribed before."""
-        if self._socket is not None:
-            close_socket(self._socket, self._monitor)
+        self._close_socket()
         if self._sent_away:  # see BaseClient._sent_away: unanswered commands were not stored
             self._sent_away = False
             for command_id, request in list(self._waiting.items()):
@@ -781,7 +795,19 @@ class Client(ClientBase):
         for request in self._waiting.values():  # nothing answers on the old socket any more
             request.fail("connection to the broker was lost")
         self._waiting.clear()
-        self._socket, self._monitor = make_socket(self._context, self.endpoint, self._credentials)
+        address = wire_address(self.wire, self.endpoint)
+        if address is not None:
+            self._socket = BlockingNativeSocket(*address, self._credentials,
+                                                reconnect=RECONNECT_FIRST_MS / 1000,
+                                                reconnect_max=RECONNECT_MAX_MS / 1000)
+            self._readable, self._recv, self._send_raw, self._stirred = (
+                BlockingNativeSocket.readable, BlockingNativeSocket.recv_frames,
+                BlockingNativeSocket.send_frames, BlockingNativeSocket.needs_service)
+        else:
+            self._socket, self._monitor = make_socket(self._context, self.endpoint, self._credentials)
+            self._monitor_fd, self._socket_fd = self._monitor.get(zmq.FD), self._socket.get(zmq.FD)
+            self._readable, self._recv, self._send_raw, self._stirred = (readable, recv_frames, send_frames,
+                                                                         readable)
         self._watch = self._new_watch()
         self._unsent.clear()
         self._handshake(time.monotonic())
@@ -829,31 +855,41 @@ class Client(ClientBase):
         """The I/O thread's work, holding the I/O lock but while it waits in poll."""
         core = self._core
         lock = self._io_lock
-        polled: tuple[zmq.Socket, zmq.Socket, bool] | None = None
+        polled: tuple[tuple[int, int], ...] | None = None
         poller = select.poll()
         wake_r = self._wake_r
         while True:
-            socket, monitor = self._socket, self._monitor
+            socket = self._socket
             assert socket is not None
-            assert monitor is not None
             self._read_paused = self._paused_reading
-            interest = (0 if self._read_paused else POLLIN) | (POLLOUT if self._unsent else 0)
-            if polled != (socket, monitor, bool(interest)):  # a reconnect replaces both sockets
-                polled = (socket, monitor, bool(interest))
+            timer = core.next_timer(time.monotonic())
+            if type(socket) is BlockingNativeSocket:
+                fd = socket.fileno()
+                interest = socket.interest() if fd is not None else 0
+                watched: tuple[tuple[int, int], ...] = ((fd, interest),) if interest else ()
+                ready = bool(socket.events) or (not self._read_paused and socket.readable())
+                due = socket.next_timer(time.monotonic())
+                if due is not None:
+                    timer = due if timer is None else min(timer, due)
+            else:
+                interest = (0 if self._read_paused else POLLIN) | (POLLOUT if self._unsent else 0)
+                # A ZeroMQ socket's descriptor only signals that its events may have changed (POLLIN, whatever
+                # the interest), and asking for the events is what re-arms it: what is waiting already must be
+                # seen here, not waited for.
+                watched = ((self._monitor_fd, POLLIN),) + (((self._socket_fd, POLLIN),) if interest else ())
+                assert self._monitor is not None
+                ready = readable(self._monitor) or bool(interest and pending_events(socket) & interest)
+            if polled != watched:  # a reconnect replaces the sockets, and the interest changes
+                polled = watched
                 poller = select.poll()
                 poller.register(wake_r, select.POLLIN)
-                poller.register(monitor.get(zmq.FD), select.POLLIN)
-                if interest:
-                    poller.register(socket.get(zmq.FD), select.POLLIN)
-            timer = core.next_timer(time.monotonic())
+                for fd, mask in watched:
+                    poller.register(fd, mask)
             if not self._watch.connected:  # refused connects are judged on a timer, not only on events
                 timer = CHECK_EVERY if timer is None else min(timer, CHECK_EVERY)
             move = self._move_due(time.monotonic())
             if move is not None:
                 timer = move if timer is None else min(timer, move)
-            # A ZeroMQ socket's descriptor only signals that its events may have changed, and asking for the
-            # events is what re-arms it: what is waiting already must be seen here, not waited for.
-            ready = readable(monitor) or bool(interest and pending_events(socket) & interest)
             lock.release()  # callers may send now (_send_now): poll itself never calls into libzmq
             try:
                 events = poller.poll(0 if ready else -1 if timer is None else int(timer * 1000) + 1)
@@ -866,11 +902,19 @@ class Client(ClientBase):
             now = time.monotonic()
             if self._stopping:
                 return  # close() stopped waiting, or the constructor gave up
-            self._read_events(monitor, now)
+            if type(socket) is BlockingNativeSocket:
+                fd = socket.fileno()
+                socket.service(fd, sum(mask for polled_fd, mask in events if polled_fd == fd), now)
+                taken, socket.events = socket.events, []
+                for kind, value in taken:
+                    self._on_event(kind, value, now)
+            else:
+                assert self._monitor is not None
+                self._read_events(self._monitor, now)
             if not self._watch.connected:
                 self._check_watch(now)
             if not self._paused_reading:
-                self._read(socket, now)
+                self._read(socket, now, self._readable, self._recv)
             if self._move_due(time.monotonic()) == 0 and self._closing is None:
                 self._moving = False
                 self._open()  # another broker of the cluster (the leader, or the next one to try)
@@ -888,9 +932,17 @@ class Client(ClientBase):
                     self._move(None)
                 self._open()
 
-    def _data_waiting(self, socket: zmq.Socket) -> bool:
+    def _data_waiting(self, socket: Any) -> bool:
         # While reading is paused for a full inbox, unread data proves the broker is alive.
-        return self._paused_reading and bool(socket.get(zmq.EVENTS) & zmq.POLLIN)
+        return self._paused_reading and self._readable(socket)
+
+    def _close_socket(self) -> None:
+        socket, self._socket = self._socket, None
+        if type(socket) is BlockingNativeSocket:
+            socket.close()
+        elif socket is not None:
+            close_socket(socket, self._monitor)
+        self._monitor = None
 
     def _resolve(self, reply: mc0.Ok | mc0.Error) -> None:
         request = self._waiting.pop(reply.id, None)  # type: ignore[arg-type] - the caller checked the id
@@ -979,7 +1031,7 @@ class Client(ClientBase):
         socket = self._socket
         assert socket is not None
         try:
-            send_frames(socket, frames)  # int flags, no per-frame enum (connector/zsock.py)
+            self._send_raw(socket, frames)  # zsock's: int flags, no per-frame enum; or the native wire's
         except zmq.Again:
             if not retry:
                 self._unsent.append(frames)

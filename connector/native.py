@@ -30,6 +30,7 @@ import zmq
 from zmq.utils import z85
 
 from connector import addresses
+from connector.core import ConnectorError
 from connector.keys import Credentials
 from connector.zmtp_dealer import Events, ZmtpDealer
 
@@ -40,6 +41,31 @@ RECV_HWM = 100_000
 #: The largest frame taken from the broker (its ``max_message_size`` is 16 MiB by default; a FETCH reply
 #: holds at most 16 MiB of messages, or one larger message): a connection announcing more is closed.
 MAX_FRAME = 256 << 20
+
+
+#: What a client's ``wire`` may be, and what it is unless given: ``auto`` speaks ZMTP itself to a ``tcp://``
+#: broker and goes through libzmq for any other endpoint, ``native`` refuses other endpoints, ``zeromq``
+#: always goes through libzmq.
+WIRES = ("auto", "native", "zeromq")
+DEFAULT_WIRE = "auto"
+
+
+def check_wire(wire: str | None) -> str:
+    """``wire`` as a client keeps it (None: the default); ValueError for anything else."""
+    wire = DEFAULT_WIRE if wire is None else wire
+    if wire not in WIRES:
+        raise ValueError(f"wire must be one of {', '.join(WIRES)}, not {wire!r}")
+    return wire
+
+
+def wire_address(wire: str, endpoint: str) -> tuple[str, int] | None:
+    """Where a client on ``wire`` connects to ``endpoint`` natively (host and port), or None to go through
+    libzmq; ConnectorError when ``wire`` is ``native`` and ``endpoint`` is not ``tcp://HOST:PORT``."""
+    address = native_address(endpoint) if wire != "zeromq" else None
+    if address is None and wire == "native":
+        raise ConnectorError(f"wire 'native' cannot connect to {endpoint}: it takes tcp://HOST:PORT only; "
+                             "use wire 'auto' or 'zeromq' for other endpoints")
+    return address
 
 
 def native_address(endpoint: str) -> tuple[str, int] | None:
@@ -54,6 +80,15 @@ def native_address(endpoint: str) -> tuple[str, int] | None:
     return None if ";" in host else (host, port)
 
 
+def curve_keys(credentials: Credentials | None) -> tuple[bytes, bytes, bytes] | None:
+    """The broker's public key, ours and our secret key as the native wire's CURVE takes them (raw bytes);
+    None for NULL."""
+    if credentials is None:
+        return None
+    return (z85.decode(credentials.server_public), z85.decode(credentials.public),
+            z85.decode(credentials.secret))
+
+
 class NativeSocket:
     """One client connection's wire (see the module docstring). ``arrived`` is called after each read that
     brought messages, ``events`` with each connection event, ``writable`` when a full transport has room."""
@@ -62,14 +97,10 @@ class NativeSocket:
         self, host: str, port: int, credentials: Credentials | None, *, arrived: Callable[[], None],
         events: Events, writable: Callable[[], None], reconnect: float, reconnect_max: float,
     ) -> None:
-        curve_keys = None
-        if credentials is not None:
-            curve_keys = (z85.decode(credentials.server_public), z85.decode(credentials.public),
-                          z85.decode(credentials.secret))
         self._received: deque[list[bytes]] = deque()
         self._waiting: deque[Sequence[bytes | memoryview]] = deque()  # sent before the handshake was over
         self.dealer = ZmtpDealer(host, port, received=self._received.append, ready=self._ready,
-                                 lost=lambda: None, curve_keys=curve_keys, max_frame=MAX_FRAME,
+                                 lost=lambda: None, curve_keys=curve_keys(credentials), max_frame=MAX_FRAME,
                                  writable=self._writable, after_read=self._after_read, events=events,
                                  reconnect=reconnect, reconnect_max=reconnect_max)
         self._arrived = arrived

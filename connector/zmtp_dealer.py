@@ -49,7 +49,7 @@ SEND_BUFFER = 16 << 20
 Events = Callable[[int, int], None]
 
 
-def _failed_handshake(error: ProtocolError) -> tuple[int, int]:
+def failed_handshake(error: ProtocolError) -> tuple[int, int]:
     """The monitor event libzmq reports for a handshake that fails this way."""
     if isinstance(error, zmtp.HandshakeRefused) and error.reason.isdigit():
         return zmq.EVENT_HANDSHAKE_FAILED_AUTH, int(error.reason)  # a ZAP status: our key was refused
@@ -58,17 +58,36 @@ def _failed_handshake(error: ProtocolError) -> tuple[int, int]:
     return zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0
 
 
+def codecs(curve_keys: tuple[bytes, bytes, bytes] | None, max_frame: int) -> tuple[zmtp.Reader, zmtp.Writer]:
+    """The reader and writer of one DEALER connection: NULL, or CURVE as a client pinned to the server's key
+    (``curve_keys``: the server's public key, ours and our secret key)."""
+    curve = None
+    if curve_keys is not None:
+        server_key, public, secret = curve_keys
+        curve = curvezmq.CurveClient(server_key, public, secret, os.urandom, zmtp.DEALER_METADATA)
+    reader = zmtp.Reader(max_frame, curve=curve, socket_type=b"DEALER")
+    return reader, zmtp.Writer(curve, socket_type=b"DEALER")
+
+
+def answer(writer: zmtp.Writer, event: object) -> list[bytes | memoryview]:
+    """What a DEALER writes back for one of its reader's events other than a message and READY: the next step
+    of the handshake, or a PONG."""
+    if type(event) is zmtp.Ping:
+        return writer.pong(event.context)
+    if type(event) is zmtp.Reply:
+        return [event.data]  # CURVE: our INITIATE
+    if event == b"greeting":
+        # NULL: both READYs cross; CURVE: HELLO, and the metadata travels in the INITIATE.
+        return [writer.ready() if writer.curve is None else writer.hello()]
+    return []
+
+
 class _Connection(asyncio.Protocol):
     """One TCP connection's handshake and messages, reported to its :class:`ZmtpDealer`."""
 
     def __init__(self, dealer: ZmtpDealer) -> None:
         self.dealer = dealer
-        curve = None
-        if dealer.curve_keys is not None:
-            server_key, public, secret = dealer.curve_keys
-            curve = curvezmq.CurveClient(server_key, public, secret, os.urandom, zmtp.DEALER_METADATA)
-        self.reader = zmtp.Reader(dealer.max_frame, curve=curve, socket_type=b"DEALER")
-        self.writer = zmtp.Writer(curve, socket_type=b"DEALER")
+        self.reader, self.writer = codecs(dealer.curve_keys, dealer.max_frame)
         self.transport: asyncio.Transport | None = None
         self.ready = False
         self.full = False  # the transport asked us to stop writing
@@ -110,16 +129,11 @@ class _Connection(asyncio.Protocol):
             if type(event) is list:
                 dealer.received(event)
                 got = True
-            elif type(event) is zmtp.Ping:
-                transport.writelines(self.writer.pong(event.context))
-            elif type(event) is zmtp.Reply:
-                transport.write(event.data)  # CURVE: our INITIATE
-            elif event == b"greeting":
-                # NULL: both READYs cross; CURVE: HELLO, and the metadata travels in the INITIATE.
-                transport.write(self.writer.ready() if self.writer.curve is None else self.writer.hello())
             elif type(event) is zmtp.Ready:
                 self.ready = True
                 self.dealer._ready(self)
+            else:
+                transport.writelines(answer(self.writer, event))
             if self.transport is None:
                 return  # closed by what an event led to (the caller closed the dealer)
         if got:
@@ -277,7 +291,7 @@ class ZmtpDealer:
     def _refused(self, connection: _Connection, error: ProtocolError) -> None:
         connection.refused = True
         if not connection.ready:
-            self._event(*_failed_handshake(error))
+            self._event(*failed_handshake(error))
         self._complain(logging.WARNING, f"{self.host}:{self.port} broke ZMTP: {error}")
         connection.close()  # connection_lost follows, and the next attempt with it
 

@@ -136,10 +136,10 @@ def each_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 @pytest.fixture(params=["auto", "zeromq"])
 def each_wire(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Use in ``pytestmark = pytest.mark.usefixtures("each_wire")``: every test of the module runs once with
-    ``AsyncClient``'s native wire (its default, ``auto``, on tcp:// endpoints) and once through libzmq."""
-    import connector.aio
+    the clients' native wire (their default, ``auto``, on tcp:// endpoints) and once through libzmq."""
+    import connector.native
 
-    monkeypatch.setattr(connector.aio, "DEFAULT_WIRE", request.param)
+    monkeypatch.setattr(connector.native, "DEFAULT_WIRE", request.param)
     return str(request.param)
 
 

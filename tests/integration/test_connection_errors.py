@@ -39,11 +39,12 @@ PROMPT = 2.0
 
 def connect(kind: str, endpoint: str, credentials: Credentials | None) -> None:
     """Connect with a client of ``kind`` (timeout 5 s): the tests expect it to raise."""
-    if kind == "sync":
-        Client(endpoint, credentials=credentials, curve=credentials is not None, timeout=5.0).close()
+    wire = "zeromq" if kind.endswith("-zeromq") else "auto"  # the native wire, or through libzmq
+    if kind.startswith("sync"):
+        Client(endpoint, credentials=credentials, curve=credentials is not None, timeout=5.0,
+               wire=wire).close()
     else:
         async def main() -> None:
-            wire = "zeromq" if kind == "async-zeromq" else "auto"  # the native wire, or through libzmq
             client = AsyncClient(endpoint, credentials=credentials, curve=credentials is not None,
                                  timeout=5.0, wire=wire)
             await client.connect()
@@ -76,7 +77,7 @@ def stranger(keys_dir: Path, dash: bool = False) -> Credentials:
             return Credentials(key_files.broker_public(keys_dir), public, secret)
 
 
-@pytest.fixture(params=["sync", "async", "async-zeromq"])
+@pytest.fixture(params=["sync", "sync-zeromq", "async", "async-zeromq"])
 def kind(request: pytest.FixtureRequest) -> str:
     return request.param
 

@@ -3,7 +3,8 @@ in the package docstring, SUB/UNSUB waiting for OK (and raising on ERROR), confi
 publishing (complete, in order, with increasing ids), flush, stats, receive timeouts, headers, close
 (DISCONNECT, idempotent, no use afterwards, nothing queued lost), a missing broker, CURVE with a generated
 keys folder, publishing from several threads, a full inbox, TTL heartbeats during idleness, and reconnecting
-(with re-SUB) to a broker that was restarted on the same port.
+(with re-SUB) to a broker that was restarted on the same port. Every test runs on both wires: the client's own
+ZMTP (its default for tcp://) and libzmq's.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from connector import keys as key_files
 if TYPE_CHECKING:
     from conftest import BrokerFactory
 
-pytestmark = pytest.mark.timeout(20)
+pytestmark = [pytest.mark.timeout(20), pytest.mark.usefixtures("each_wire")]  # the native wire and libzmq
 
 #: How long a message that should arrive may take (generous for a loaded machine).
 
@@ -426,18 +427,19 @@ def test_publishing_from_several_threads(broker: Broker, client: Client) -> None
 
 
 class SendSpy:
-    """Which thread sent each PUT/PUTS frame set of the clients in this process."""
+    """Which thread sent each PUT/PUTS frame set of ``publisher``, on whichever wire it has (libzmq's send or
+    the native wire's: the socket call it was opened with)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, publisher: Client) -> None:
         self.sent: list[tuple[str, list[bytes]]] = []
-        real = client_module.send_frames
+        real = publisher._send_raw
 
-        def spy(socket: zmq.Socket, frames: list[bytes]) -> None:
+        def spy(socket: object, frames: list[bytes]) -> None:
             real(socket, frames)
             if frames[1] in (b"PUT", b"PUTS"):
                 self.sent.append((threading.current_thread().name, list(frames)))
 
-        monkeypatch.setattr(client_module, "send_frames", spy)
+        monkeypatch.setattr(publisher, "_send_raw", spy)
 
     def threads(self) -> list[str]:
         return ["caller" if name == threading.current_thread().name else "io" for name, _ in self.sent]
@@ -447,7 +449,7 @@ def test_a_publish_that_comes_alone_is_sent_by_its_caller_and_a_burst_by_the_io_
     client: Client, other: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     client.subscribe("alone")
-    spy = SendSpy(monkeypatch)
+    spy = SendSpy(monkeypatch, other)
     for n in range(5):
         time.sleep(client_module.DIRECT_GAP * 2)
         other.publish("alone", f"paced {n}")
@@ -474,7 +476,7 @@ def test_a_publish_never_overtakes_one_queued_before_it(
     """A publish queued for the I/O thread (its lock was busy) and not sent yet: a later one that comes alone
     must wait behind it, not leave from the caller's thread ahead of it."""
     client.subscribe("order")
-    spy = SendSpy(monkeypatch)
+    spy = SendSpy(monkeypatch, other)
     real_wake = other._wake
     with monkeypatch.context() as held:
         held.setattr(other, "_wake", lambda: None)  # the I/O thread is not told: "first" stays queued
