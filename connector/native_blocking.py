@@ -36,14 +36,13 @@ import zmq
 
 from connector.keys import Credentials
 from connector.native import MAX_FRAME, RECV_HWM, SEND_HWM, curve_keys
-from connector.zmtp_dealer import HANDSHAKE_TIMEOUT, SEND_BUFFER, answer, codecs, failed_handshake
+from connector.zmtp_dealer import HANDSHAKE_TIMEOUT, READ_SIZE, SEND_BUFFER, answer, codecs, failed_handshake
 from protocol import ProtocolError, zmtp
 
 POLLIN = 0x001
 POLLOUT = 0x004
-#: Bytes asked of the kernel per read, and the most read in one service of the socket (then the client
-#: handles what came, and the next poll says at once that more is waiting).
-READ_SIZE = 256 << 10
+#: The most read in one service of the socket (then the client handles what came, and the next poll says at
+#: once that more is waiting); each read asks the kernel for up to READ_SIZE bytes.
 READ_MAX = 4 << 20
 #: Buffers one ``sendmsg`` takes at most.
 IOV_MAX = min(os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024, 1024)
@@ -78,9 +77,7 @@ class BlockingNativeSocket:
         self._out_bytes = 0
         self._waiting: deque[Sequence[_Piece]] = deque()  # sent before the handshake was over
         self._received: deque[list[bytes]] = deque()
-        # Read into: socket.recv(READ_SIZE) allocates READ_SIZE bytes for every read, past malloc's threshold
-        # for mapping fresh pages, then shrinks them: about 25 us a read of one small message, measured.
-        self._into = bytearray(READ_SIZE)
+        self._into = bytearray(READ_SIZE)  # read into (see READ_SIZE): recv() would allocate every time
         self._connect(time.monotonic())
 
     # The calls of connector.zsock, as methods (the client calls BlockingNativeSocket.readable(socket)).

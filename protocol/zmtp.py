@@ -214,7 +214,7 @@ class Reader:
         message."""
         return len(self._buffer) + self._held
 
-    def feed(self, data: bytes) -> list[object]:
+    def feed(self, data: bytes | memoryview) -> list[object]:
         buffer = self._buffer
         buffer += data
         out: list[object] = []
