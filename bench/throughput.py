@@ -6,7 +6,8 @@ Systems (each in its own process, on loopback):
   PULL/PUSH for round-robin. The C speed reference.
 * ``py-forwarder``: a minimal pure-Python ROUTER forwarder, one message per wake-up
   (what a naive broker does).
-* ``mc0``: the broker with the connector's default settings (``connector.Client``).
+* ``mc0``: the broker with the connector's default settings (``connector.Client``, on its native wire:
+  ``connector.native_blocking``).
 * ``mc0-async``: the same broker with the asyncio client (``connector.AsyncClient``) on both ends, through
   libzmq (``wire="zeromq"``), in the latency scenario: no thread between the caller and the socket, where
   ``Client`` hands each message to and from its I/O thread.

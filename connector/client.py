@@ -13,6 +13,11 @@ on the machines we measure. ZeroMQ allows a socket to move between threads throu
 which the lock is; the I/O thread waits on the socket's descriptor with an OS ``poll``, never inside libzmq,
 so no ZeroMQ call ever runs on two threads at once.
 
+The socket is the client's own ZMTP on a TCP socket for a ``tcp://`` broker
+(:mod:`connector.native_blocking`, ``wire="auto"``, the default): a caller's send is then one ``sendmsg``
+and a delivery one read on the I/O thread, with no libzmq I/O thread on either way. ``wire="zeromq"`` (and
+any endpoint only libzmq reads) keeps a libzmq DEALER. The same lock guards both.
+
 Thread-safety: every public method of :class:`Client` may be called from any thread. Messages are returned to
 whichever thread calls :meth:`Client.receive` first.
 """
