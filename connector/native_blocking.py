@@ -164,7 +164,10 @@ class BlockingNativeSocket:
 
     def _connect(self, now: float) -> None:
         try:
-            found = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            # IPv6 for an IPv6 address, IPv4 for anything else, as libzmq's client does (without ZMQ_IPV6):
+            # a name whose first address is ::1 would otherwise be refused by a broker bound to IPv4 alone.
+            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            found = socket.getaddrinfo(self.host, self.port, family, socket.SOCK_STREAM)
             family, kind, proto, _, address = found[0]
             sock = socket.socket(family, kind, proto)
         except OSError:

@@ -1,6 +1,7 @@
 """The blocking client's native wire (connector/native_blocking.py) against libzmq's own ROUTER: the handshake
 with NULL and CURVE, messages both ways, what waits for the handshake, a peer that stops reading, a received
-queue that stops the reading, and the connection events libzmq's monitor would report."""
+queue that stops the reading, and the connection events libzmq's monitor would report; then the Client on it:
+its wire chosen and checked, and a subscriber that does not take its deliveries."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import select
 import socket
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import zmq
+from conftest import free_endpoint, receive_all
 
-from connector import native_blocking
+from broker.server import Broker
+from connector import Client, ConnectorError, native_blocking
 from connector.keys import Credentials
 from connector.native_blocking import BlockingNativeSocket
 from protocol import zmtp
@@ -228,3 +232,47 @@ def test_a_lost_connection_is_reported_and_made_again(router: tuple[zmq.Socket, 
         wire.close()
     finally:
         again.close(0)
+
+
+# ------------------------------------------------------------------------------ the Client on its native wire
+
+
+def test_the_clients_wire_is_checked_and_native_takes_tcp_only(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="wire must be one of auto, native, zeromq, not 'libzmq'"):
+        Client(free_endpoint(), wire="libzmq")
+    with pytest.raises(ConnectorError, match=r"wire 'native' cannot connect to ipc://.* tcp://HOST:PORT"):
+        Client(f"ipc://{tmp_path}/mc0.sock", wire="native", curve=False, timeout=1.0)
+
+
+def test_the_client_is_native_by_default_and_zeromq_on_request(broker: Broker) -> None:
+    with Client(broker.endpoint, curve=False) as native, \
+            Client(broker.endpoint, curve=False, wire="zeromq") as through_libzmq:
+        assert type(native._socket) is BlockingNativeSocket
+        assert isinstance(through_libzmq._socket, zmq.Socket)
+        native.subscribe("both")
+        through_libzmq.publish("both", "from libzmq")
+        native.publish("both", "from the native wire", confirm=True)
+        assert [m.text for m in receive_all(native, 2)] == ["from libzmq", "from the native wire"]
+
+
+def test_a_native_client_stops_reading_past_its_queue_and_loses_nothing(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deliveries the caller does not take fill the client's inbox, then the wire's queue up to RECV_HWM: past
+    it the connection is not read (the kernel's buffers and the broker hold the rest); it is read again as
+    they are taken, in order and complete."""
+    monkeypatch.setattr(native_blocking, "RECV_HWM", 20)
+    with Client(broker.endpoint, curve=False, max_inbox=10) as subscriber, \
+            Client(broker.endpoint, curve=False) as publisher:
+        subscriber.subscribe("queue")
+        for index in range(200):  # confirmed one by one: each is delivered in a message of its own
+            publisher.publish("queue", b"%d" % index, confirm=True)
+        time.sleep(0.3)  # everything has reached the subscriber, or waits because it stopped reading
+        wire = subscriber._socket
+        assert type(wire) is BlockingNativeSocket
+        with subscriber._io_lock:
+            held = len(wire._received)
+            assert held >= 20, "the wire's queue did not fill"
+            assert not wire.interest() & native_blocking.POLLIN, "still reading past the wire's queue"
+        got = [int(m.body) for m in receive_all(subscriber, 200)]
+        assert got == list(range(200))
