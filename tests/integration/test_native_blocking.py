@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import select
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -250,7 +251,7 @@ def test_the_client_is_native_by_default_and_zeromq_on_request(broker: Broker) -
         assert type(native._socket) is BlockingNativeSocket
         assert isinstance(through_libzmq._socket, zmq.Socket)
         native.subscribe("both")
-        through_libzmq.publish("both", "from libzmq")
+        through_libzmq.publish("both", "from libzmq", confirm=True)  # stored before the next one is sent
         native.publish("both", "from the native wire", confirm=True)
         assert [m.text for m in receive_all(native, 2)] == ["from libzmq", "from the native wire"]
 
@@ -276,3 +277,36 @@ def test_a_native_client_stops_reading_past_its_queue_and_loses_nothing(
             assert not wire.interest() & native_blocking.POLLIN, "still reading past the wire's queue"
         got = [int(m.body) for m in receive_all(subscriber, 200)]
         assert got == list(range(200))
+
+
+def test_a_caller_waiting_in_receive_reads_the_socket_itself(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paced deliveries reach a caller waiting in receive() through its own read of the socket (no hand-off
+    from the I/O thread), in order; a confirmation's callback still runs on the I/O thread meanwhile."""
+    outcomes: list[bool] = []
+    real = Client._read_directly
+
+    def spy(self: Client, remaining: float | None) -> bool:
+        outcome = real(self, remaining)
+        outcomes.append(outcome)
+        return outcome
+
+    monkeypatch.setattr(Client, "_read_directly", spy)
+    with Client(broker.endpoint, curve=False) as subscriber, \
+            Client(broker.endpoint, curve=False) as publisher:
+        subscriber.subscribe("paced")
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.extend(m.text for m in receive_all(subscriber, 20)))
+        reader.start()
+        for index in range(20):
+            time.sleep(0.005)
+            publisher.publish("paced", f"{index}")
+        callback_threads: list[str] = []
+        confirmation = subscriber.publish_async("confirmed", "x")
+        confirmation.add_done_callback(lambda _: callback_threads.append(threading.current_thread().name))
+        confirmation.result(5)
+        reader.join(10)
+        assert got == [f"{index}" for index in range(20)]
+        assert outcomes.count(True) >= 10, f"the caller read for itself {outcomes.count(True)} times of 20"
+        assert callback_threads in ([], [subscriber._thread.name])  # [] if settled before it was added
