@@ -723,7 +723,7 @@ class Client(ClientBase):
             fd = socket.fileno()
             waits = [DIRECT_WAIT, socket.next_timer(now), self._core.next_timer(now), remaining]
             wait = min(w for w in waits if w is not None)
-            if fd is None or not socket.interest() & POLLIN or wait <= 0:
+            if fd is None or not socket.interest() & select.POLLIN or wait <= 0:
                 return False
             poller = select.poll()
             poller.register(fd, select.POLLIN)
@@ -732,10 +732,7 @@ class Client(ClientBase):
             if not events or any(polled == self._wake_r for polled, _ in events):
                 return False  # nothing came, or the I/O thread has work: it takes over
             now = time.monotonic()
-            socket.service(fd, sum(mask for polled, mask in events if polled == fd), now)
-            taken, socket.events = socket.events, []
-            for kind, value in taken:
-                self._on_event(kind, value, now)
+            self._serve_native(socket, events, now)
             return self._read(socket, now, self._readable, self._recv) > 0
         finally:
             lock.release()
@@ -932,7 +929,8 @@ class Client(ClientBase):
                 # A ZeroMQ socket's descriptor only signals that its events may have changed (POLLIN, whatever
                 # the interest), and asking for the events is what re-arms it: what is waiting already must be
                 # seen here, not waited for.
-                watched = ((self._monitor_fd, POLLIN),) + (((self._socket_fd, POLLIN),) if interest else ())
+                watched = ((self._monitor_fd, select.POLLIN),) + (
+                    ((self._socket_fd, select.POLLIN),) if interest else ())
                 assert self._monitor is not None
                 ready = readable(self._monitor) or bool(interest and pending_events(socket) & interest)
             if polled != watched:  # a reconnect replaces the sockets, and the interest changes
@@ -959,11 +957,7 @@ class Client(ClientBase):
             if self._stopping:
                 return  # close() stopped waiting, or the constructor gave up
             if type(socket) is BlockingNativeSocket:
-                fd = socket.fileno()
-                socket.service(fd, sum(mask for polled_fd, mask in events if polled_fd == fd), now)
-                taken, socket.events = socket.events, []
-                for kind, value in taken:
-                    self._on_event(kind, value, now)
+                self._serve_native(socket, events, now)
             else:
                 assert self._monitor is not None
                 self._read_events(self._monitor, now)
@@ -987,6 +981,15 @@ class Client(ClientBase):
                 if len(self.endpoints) > 1:
                     self._move(None)
                 self._open()
+
+    def _serve_native(self, socket: BlockingNativeSocket, events: list[tuple[int, int]], now: float) -> None:
+        """Let the native wire act on what ``poll`` reported (``events``) and on its timers, then act on the
+        connection events that came of it."""
+        fd = socket.fileno()
+        socket.service(fd, sum(mask for polled, mask in events if polled == fd), now)
+        taken, socket.events = socket.events, []
+        for kind, value in taken:
+            self._on_event(kind, value, now)
 
     def _data_waiting(self, socket: Any) -> bool:
         # While reading is paused for a full inbox, unread data proves the broker is alive.

@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from itertools import islice
+from select import POLLIN, POLLOUT
 
 import zmq
 
@@ -39,8 +40,6 @@ from connector.native import MAX_FRAME, RECV_HWM, SEND_HWM, curve_keys
 from connector.zmtp_dealer import HANDSHAKE_TIMEOUT, READ_SIZE, SEND_BUFFER, answer, codecs, failed_handshake
 from protocol import ProtocolError, zmtp
 
-POLLIN = 0x001
-POLLOUT = 0x004
 #: The most read in one service of the socket (then the client handles what came, and the next poll says at
 #: once that more is waiting); each read asks the kernel for up to READ_SIZE bytes.
 READ_MAX = 4 << 20
