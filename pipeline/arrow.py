@@ -23,8 +23,7 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 
-from pipeline import crcs
-from protocol import records
+from protocol import crcs, records
 
 #: The reserved header that carries a Kafka-style message key (docs/pipeline.md, "key").
 KEY_HEADER = b"KEY"
@@ -53,28 +52,6 @@ def _big_endian(buffer: np.ndarray, positions: np.ndarray, width: int) -> np.nda
     uint64: one gather of their bytes, read as integers of that width."""
     gathered = buffer[positions[:, None] + np.arange(width)]  # one row of ``width`` bytes per integer
     return gathered.view(f">u{width}").ravel().astype(np.uint64)
-
-
-def _uniform_positions(
-    payload: bytes, buffer: np.ndarray, start_id: int, count: int, check_crc: bool
-) -> np.ndarray | None:
-    """Where the records start if they are all the size of the first (the common case: fixed-size values),
-    checked in bulk (every length and id where it must be, CRCs all at once: :mod:`pipeline.crcs`); None if
-    they are not, or the payload is anything else (the walk then finds and reports it)."""
-    if count == 0 or len(payload) < 16:
-        return None
-    stride = 16 + int.from_bytes(payload[:4], "big")
-    if stride * count != len(payload):
-        return None
-    heads = np.lib.stride_tricks.as_strided(buffer, shape=(count, 16), strides=(stride, 1))
-    lengths = heads[:, 0:4].copy().view(">u4").ravel()
-    ids = heads[:, 8:16].copy().view(">u8").ravel()
-    if not ((lengths == stride - 16).all() and (ids == np.arange(start_id, start_id + count,
-                                                                  dtype=np.uint64)).all()):
-        return None
-    if check_crc:
-        crcs.check_uniform(buffer, payload, stride, count, heads[:, 4:8].copy().view(">u4").ravel())
-    return np.arange(count, dtype=np.int64) * stride
 
 
 def _bodies(
@@ -116,7 +93,7 @@ def to_batch(
     records ``start_id`` .. ``start_id + count - 1`` of ``payload``, cut at ``stop_id`` (exclusive) when
     given; a column not asked for is not built."""
     buffer = np.frombuffer(payload, dtype=np.uint8)
-    positions = _uniform_positions(payload, buffer, start_id, count, check_crc)
+    positions = crcs.uniform_positions(payload, buffer, start_id, count, check_crc)
     if positions is None:  # records of several sizes: walk them one by one
         positions = np.frombuffer(records.walk(payload, start_id, count, check_crc=check_crc), dtype=np.int64)
     if stop_id is not None and start_id + count > stop_id:

@@ -50,3 +50,42 @@ def encode_plain(
     crcs = [crc32(view[begin + _ID_AND_PAYLOAD : end]) for begin, end in zip(begins, finishes, strict=True)]
     out[places[:, 4:8]] = np.array(crcs, dtype=">u4").view(np.uint8).reshape(count, 4)
     return view, begins, finishes
+
+
+#: msgpack's unsigned integer markers and the bytes that follow each (a positive fixint is its own value).
+_UINT_BYTES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+_BIN_HEADS = {0xC4: 1, 0xC5: 2, 0xC6: 4}
+
+
+def plain_run(buffer: np.ndarray, stride: int, count: int) -> bool:
+    """Whether ``count`` records of ``stride`` bytes each, back to back in ``buffer`` (uint8; lengths, ids
+    and CRCs already checked), all hold a plain payload laid out as the first one's: ``[unsigned timestamp,
+    {}, bin body]`` with the timestamp's marker and the body's head and length the same in every record. Such
+    payloads are well-formed msgpack of the store's shape by construction, whatever their timestamps; False
+    for anything else (headers, another layout), which the caller then decodes record by record.
+
+    Why: a cluster follower checks every record it copies, and decoding each payload with msgpack was half of
+    its 1.8-2.5 us a record."""
+    if count == 0 or stride < RECORD_HEAD_SIZE + 4:
+        return False
+    payload = RECORD_HEAD_SIZE
+    marker = int(buffer[payload + 1])
+    width = _UINT_BYTES.get(marker, 0 if marker < 0x80 else -1)
+    if width < 0 or buffer[payload] != _TRIPLE[0]:
+        return False
+    head_at = payload + 2 + width  # the empty map, then the body's bin head
+    if head_at + 2 > stride or buffer[head_at] != _EMPTY_MAP[0]:
+        return False
+    length_bytes = _BIN_HEADS.get(int(buffer[head_at + 1]), 0)
+    body_at = head_at + 2 + length_bytes
+    if not length_bytes or body_at > stride:
+        return False
+    if int.from_bytes(buffer[head_at + 2 : body_at].tobytes(), "big") != stride - body_at:
+        return False
+    rows = buffer[: stride * count].reshape(count, stride)
+    if width == 0:
+        same_marker = bool((rows[:, payload + 1] < 0x80).all())
+    else:
+        same_marker = bool((rows[:, payload + 1] == marker).all())
+    return (same_marker and bool((rows[:, payload] == _TRIPLE[0]).all())
+            and bool((rows[:, head_at:body_at] == rows[0, head_at:body_at]).all()))

@@ -14,7 +14,7 @@ import pytest
 from broker.engine import Message
 from broker.store import LogIdentity, StoreError
 from broker.store.files import FileStore, read_topic_meta
-from broker.store.log import SegmentLog
+from broker.store.log import COPY_BULK_MIN, SegmentLog
 from broker.topics import Persistence, Sync, TopicSpec
 
 TOPIC = b"t"
@@ -60,6 +60,106 @@ def test_records_that_are_not_what_they_claim_append_nothing(tmp_path: Path, dam
     assert log.next_id == 1
     with pytest.raises(StoreError, match="expects 1"):
         log.append_records(record(2, b"two"), 2, 1)
+
+
+@pytest.fixture
+def bulk_checks(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """What each bulk check of a run said (True: checked and placed at once; False: left to the loop)."""
+    said: list[bool] = []
+    check = SegmentLog._append_run
+
+    def spied(log: SegmentLog, records: bytes, start_id: int, count: int) -> bool:
+        said.append(check(log, records, start_id, count))
+        return said[-1]
+
+    monkeypatch.setattr(SegmentLog, "_append_run", spied)
+    return said
+
+
+def run_of(count: int, first: int = 1) -> bytes:
+    """``count`` records of one size and layout, as a leader's plain publishes are stored: what a follower
+    checks at once (the ids and timestamps differ, the sizes do not)."""
+    return b"".join(record(n, b"%06d" % n + b"x" * 94, 1_700_000_000_000 + 7 * n)
+                    for n in range(first, first + count))
+
+
+@pytest.mark.parametrize("count", [COPY_BULK_MIN, 300])
+def test_a_run_of_one_size_is_stored_as_records_one_at_a_time_are(tmp_path: Path, count: int,
+                                                                   bulk_checks: list[bool]) -> None:
+    data = run_of(count)
+    size = len(data) // count
+    for folder in ("at_once", "one_by_one"):
+        (tmp_path / folder).mkdir()
+    at_once = SegmentLog(TOPIC, tmp_path / "at_once", SPEC)
+    at_once.append_records(data, 1, count)  # checked in bulk
+    one_by_one = SegmentLog(TOPIC, tmp_path / "one_by_one", SPEC)
+    for index in range(count):  # each below COPY_BULK_MIN: checked one by one
+        one_by_one.append_records(data[index * size : (index + 1) * size], index + 1, 1)
+    assert bulk_checks == [True]
+    for log in (at_once, one_by_one):
+        log.commit()
+        assert log.next_id == count + 1
+    assert at_once.segment_count > 1  # the run crossed segments of 1 KiB
+    # The same files byte for byte (segments and their sparse indexes), each segment's newest timestamp the
+    # one of its last record, and the same answers to a search by time.
+    names = sorted(path.name for path in (tmp_path / "at_once").iterdir())
+    assert names == sorted(path.name for path in (tmp_path / "one_by_one").iterdir())
+    for name in names:
+        assert (tmp_path / "at_once" / name).read_bytes() == (tmp_path / "one_by_one" / name).read_bytes()
+    assert ([segment.last_timestamp for segment in at_once._segments]
+            == [segment.last_timestamp for segment in one_by_one._segments])
+    for moment in (0, 1_700_000_000_000 + 7 * (count // 2) - 3, 1_700_000_000_000 + 7 * count + 1):
+        assert at_once.find_time(moment) == one_by_one.find_time(moment)
+    at_once.close()
+    again = SegmentLog(TOPIC, tmp_path / "at_once", SPEC)
+    assert bodies(again) == [(n, b"%06d" % n + b"x" * 94) for n in range(1, count + 1)]
+
+
+def test_records_of_one_size_and_another_layout_are_appended_one_by_one(tmp_path: Path,
+                                                                          bulk_checks: list[bool]) -> None:
+    # Same size, another layout: a timestamp in four bytes instead of eight, the body four bytes longer.
+    count = COPY_BULK_MIN + 8
+    odd = record(5, b"y" * 104, 4_000_000_000)
+    data = run_of(4) + odd + run_of(count - 5, first=6)
+    assert len(odd) == len(data) // count
+    log = SegmentLog(TOPIC, tmp_path, SPEC)
+    log.append_records(data, 1, count)
+    log.commit()
+    assert bulk_checks == [False]
+    assert bodies(log)[4] == (5, b"y" * 104)
+    assert log.next_id == count + 1
+
+
+def payload_record(message_id: int, payload: bytes) -> bytes:
+    return struct.pack(">IIQ", len(payload), zlib.crc32(message_id.to_bytes(8, "big") + payload),
+                       message_id) + payload
+
+
+@pytest.mark.parametrize(("damage", "why"), [
+    (lambda data, size: data[: 9 * size + 30] + bytes([data[9 * size + 30] ^ 4]) + data[9 * size + 31 :],
+     "record 10 fails its CRC"),
+    (lambda data, size: data[: 9 * size] + record(11, b"%06d" % 10 + b"x" * 94, 1_700_000_000_070)
+     + data[10 * size :], "has id 11, expected 10"),
+    # Well-formed msgpack of the record's size, but a text body where the store keeps bytes.
+    (lambda data, size: data[: 9 * size]
+     + payload_record(10, msgpack.packb([1_700_000_000_070, {}, "z" * 100], use_bin_type=True))
+     + data[10 * size :], "record 10: payload fields have the wrong types"),
+])
+def test_a_bad_record_in_a_run_appends_nothing_and_is_named(tmp_path: Path, damage, why: str,
+                                                            bulk_checks: list[bool]) -> None:
+    count = COPY_BULK_MIN + 8
+    data = run_of(count)
+    size = len(data) // count
+    broken = damage(data, size)
+    assert len(broken) == len(data)
+    log = SegmentLog(TOPIC, tmp_path, SPEC)
+    with pytest.raises(StoreError, match=why):
+        log.append_records(broken, 1, count)
+    assert log.next_id == 1
+    log.append_records(data, 1, count)  # and the good run goes in whole afterwards
+    log.commit()
+    assert log.next_id == count + 1
+    assert bulk_checks == [False, True]
 
 
 def test_truncate_cuts_durably_across_segments(tmp_path: Path) -> None:

@@ -11,8 +11,11 @@ only if their errors cancel, which a 32-bit CRC leaves to chance about once in 4
 consumers make, one CRC per record batch. When the sums differ, the records are checked one by one, so the
 error still names the record.
 
+:func:`uniform_positions` checks the rest of such a run in bulk too (every length and id where it must be).
+
 Why: the Spark source checked each record with a Python loop, about 0.7 us a record, two thirds of what
-reading a record cost the executor (bench/spark.py's profile); this costs about 0.1 us.
+reading a record cost the executor (bench/spark.py's profile); this costs about 0.1 us. A cluster follower
+checks every record it copies the same way (``broker.store.log``).
 
 This module knows CRC-32 and numpy, nothing about Spark or the broker.
 """
@@ -28,6 +31,10 @@ from protocol.checksum import crc32
 
 #: Bytes of a record head before what its CRC covers (payload length and the CRC itself).
 _UNCOVERED = 8
+#: From how many records the CRCs are folded (:func:`combine`): below it, one ``crc32`` call per record costs
+#: less than the fold's numpy steps (about 0.2 us a record against 28 us for 16 records, 66 for 100; 93 for
+#: 1,000 where the loop takes 176).
+FOLD_FROM = 384
 _BIT_VALUES = np.uint32(1) << np.arange(32, dtype=np.uint32)
 
 
@@ -91,10 +98,37 @@ def check_uniform(buffer: np.ndarray, payload: bytes, stride: int, count: int, s
     of ``payload``), whose stored CRCs are ``stored``; ProtocolError naming the first bad record."""
     if count == 0:
         return
+    starts, ends = range(0, count * stride, stride), range(stride, (count + 1) * stride, stride)
+    if count < FOLD_FROM:
+        records.check_crcs(payload, starts, ends, stored.tolist())
+        return
     length = stride - _UNCOVERED
-    covered = np.lib.stride_tricks.as_strided(buffer[_UNCOVERED:], shape=(count, length), strides=(stride, 1))
+    covered = buffer[: stride * count].reshape(count, stride)[:, _UNCOVERED:]
     if crc32(covered.tobytes()) == combine(stored.astype(np.uint32), length):
         return
     # One by one: the error names the first bad record (each record's own CRC has the last word).
-    records.check_crcs(payload, range(0, count * stride, stride), range(stride, (count + 1) * stride, stride),
-                       stored.tolist())
+    records.check_crcs(payload, starts, ends, stored.tolist())
+
+
+def uniform_positions(payload: bytes, buffer: np.ndarray, start_id: int, count: int,
+                      check_crc: bool = True) -> np.ndarray | None:
+    """Where the ``count`` records of ``payload`` (ids ``start_id`` on; ``buffer`` a uint8 view of it) start,
+    if they are all the size of the first (the common case: fixed-size bodies), checked in bulk: every length
+    and id where it must be, and the CRCs all at once (:func:`check_uniform`, ProtocolError naming a bad one)
+    unless ``check_crc`` is false. None if they are not all one size, or the payload is anything else: the
+    caller then walks them one by one (:func:`protocol.records.walk`), which finds and names what is wrong."""
+    if count == 0 or len(payload) < records.RECORD_HEAD_SIZE:
+        return None
+    stride = records.RECORD_HEAD_SIZE + int.from_bytes(payload[:4], "big")
+    if stride * count != len(payload):
+        return None
+    head_size = records.RECORD_HEAD_SIZE
+    heads = buffer[: stride * count].reshape(count, stride)[:, :head_size]  # a view: one row per record
+    lengths = heads[:, 0:4].copy().view(">u4").ravel()
+    ids = heads[:, 8:16].copy().view(">u8").ravel()
+    if not ((lengths == stride - head_size).all()
+            and (ids == np.arange(start_id, start_id + count, dtype=np.uint64)).all()):
+        return None
+    if check_crc:
+        check_uniform(buffer, payload, stride, count, heads[:, 4:8].copy().view(">u4").ravel())
+    return np.arange(count, dtype=np.int64) * stride

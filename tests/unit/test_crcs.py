@@ -1,4 +1,4 @@
-"""The CRCs of many records checked at once (``pipeline.crcs``): the combined CRC equals zlib's over the
+"""The CRCs of many records checked at once (``protocol.crcs``): the combined CRC equals zlib's over the
 records back to back, every single flipped bit is caught and the error names its record, and the same error
 in two records does not cancel out."""
 
@@ -11,7 +11,7 @@ import zlib
 import numpy as np
 import pytest
 
-from pipeline import crcs
+from protocol import crcs
 from protocol.errors import ProtocolError
 
 
@@ -40,8 +40,13 @@ def check(payload: bytearray, stride: int, count: int, stored: np.ndarray) -> No
     crcs.check_uniform(np.frombuffer(bytes(payload), dtype=np.uint8), bytes(payload), stride, count, stored)
 
 
-def test_good_records_pass_and_any_flipped_bit_is_named() -> None:
-    count, body = 50, 20
+#: Below FOLD_FROM each record's CRC is computed; from it on they are folded: both ways are checked.
+COUNTS = [50, crcs.FOLD_FROM + 16]
+
+
+@pytest.mark.parametrize("count", COUNTS)
+def test_good_records_pass_and_any_flipped_bit_is_named(count: int) -> None:
+    body = 20
     stride = 16 + body
     payload, stored = records_of_one_size(count, body)
     check(payload, stride, count, stored)
@@ -57,8 +62,9 @@ def test_good_records_pass_and_any_flipped_bit_is_named() -> None:
             check(broken, stride, count, stored)
 
 
-def test_the_same_error_in_two_records_is_caught() -> None:
-    count, body = 64, 10
+@pytest.mark.parametrize("count", COUNTS)
+def test_the_same_error_in_two_records_is_caught(count: int) -> None:
+    body = 10
     stride = 16 + body
     payload, stored = records_of_one_size(count, body)
     broken = bytearray(payload)
