@@ -117,12 +117,12 @@ def uniform_positions(payload: bytes, buffer: np.ndarray, start_id: int, count: 
     and id where it must be, and the CRCs all at once (:func:`check_uniform`, ProtocolError naming a bad one)
     unless ``check_crc`` is false. None if they are not all one size, or the payload is anything else: the
     caller then walks them one by one (:func:`protocol.records.walk`), which finds and names what is wrong."""
-    if count == 0 or len(payload) < records.RECORD_HEAD_SIZE:
+    head_size = records.RECORD_HEAD_SIZE
+    if count == 0 or len(payload) < head_size:
         return None
-    stride = records.RECORD_HEAD_SIZE + int.from_bytes(payload[:4], "big")
+    stride = head_size + int.from_bytes(payload[:4], "big")
     if stride * count != len(payload):
         return None
-    head_size = records.RECORD_HEAD_SIZE
     heads = buffer[: stride * count].reshape(count, stride)[:, :head_size]  # a view: one row per record
     lengths = heads[:, 0:4].copy().view(">u4").ravel()
     ids = heads[:, 8:16].copy().view(">u8").ravel()
