@@ -83,18 +83,35 @@ def run_of(count: int, first: int = 1) -> bytes:
                     for n in range(first, first + count))
 
 
-@pytest.mark.parametrize("count", [COPY_BULK_MIN, 300])
-def test_a_run_of_one_size_is_stored_as_records_one_at_a_time_are(tmp_path: Path, count: int,
-                                                                   bulk_checks: list[bool]) -> None:
-    data = run_of(count)
-    size = len(data) // count
+def body_of(n: int) -> bytes:
+    """Bodies of many sizes, each length's msgpack head among them (bin 8 and bin 16)."""
+    return b"%06d" % n + b"v" * (n * 37 % 300)
+
+
+def mixed_run(count: int) -> bytes:
+    """Plain records of many sizes and timestamps of every width msgpack has (a fixint to eight bytes)."""
+    stamps = [5, 200, 60_000, 4_000_000_000, 1_700_000_000_000]
+    return b"".join(record(n, body_of(n), stamps[n % len(stamps)]) for n in range(1, count + 1))
+
+
+@pytest.mark.parametrize(("count", "make", "body"), [
+    (COPY_BULK_MIN, run_of, lambda n: b"%06d" % n + b"x" * 94),
+    (300, run_of, lambda n: b"%06d" % n + b"x" * 94),
+    (300, mixed_run, body_of),
+], ids=["one-size-few", "one-size", "many-sizes"])
+def test_a_run_checked_at_once_is_stored_as_records_one_at_a_time_are(tmp_path: Path, count: int, make, body,
+                                                                      bulk_checks: list[bool]) -> None:
+    data = make(count)
+    places = [0]
+    for _ in range(count):  # where each record ends, read from its head
+        places.append(places[-1] + 16 + struct.unpack_from(">I", data, places[-1])[0])
     for folder in ("at_once", "one_by_one"):
         (tmp_path / folder).mkdir()
     at_once = SegmentLog(TOPIC, tmp_path / "at_once", SPEC)
     at_once.append_records(data, 1, count)  # checked in bulk
     one_by_one = SegmentLog(TOPIC, tmp_path / "one_by_one", SPEC)
     for index in range(count):  # each below COPY_BULK_MIN: checked one by one
-        one_by_one.append_records(data[index * size : (index + 1) * size], index + 1, 1)
+        one_by_one.append_records(data[places[index] : places[index + 1]], index + 1, 1)
     assert bulk_checks == [True]
     for log in (at_once, one_by_one):
         log.commit()
@@ -112,22 +129,19 @@ def test_a_run_of_one_size_is_stored_as_records_one_at_a_time_are(tmp_path: Path
         assert at_once.find_time(moment) == one_by_one.find_time(moment)
     at_once.close()
     again = SegmentLog(TOPIC, tmp_path / "at_once", SPEC)
-    assert bodies(again) == [(n, b"%06d" % n + b"x" * 94) for n in range(1, count + 1)]
+    assert bodies(again) == [(n, body(n)) for n in range(1, count + 1)]
 
 
-def test_records_of_one_size_and_another_layout_are_appended_one_by_one(tmp_path: Path,
-                                                                          bulk_checks: list[bool]) -> None:
-    # Same size, another layout: a timestamp in four bytes instead of eight, the body four bytes longer.
+def test_records_with_headers_are_appended_one_by_one(tmp_path: Path, bulk_checks: list[bool]) -> None:
     count = COPY_BULK_MIN + 8
-    odd = record(5, b"y" * 104, 4_000_000_000)
-    data = run_of(4) + odd + run_of(count - 5, first=6)
-    assert len(odd) == len(data) // count
+    with_headers = msgpack.packb([1_700_000_000_035, {b"k": b"v"}, b"h" * 94], use_bin_type=True)
+    data = run_of(4) + payload_record(5, with_headers) + run_of(count - 5, first=6)
     log = SegmentLog(TOPIC, tmp_path, SPEC)
     log.append_records(data, 1, count)
     log.commit()
     assert bulk_checks == [False]
-    assert bodies(log)[4] == (5, b"y" * 104)
     assert log.next_id == count + 1
+    assert [(message.id, message.headers) for message in log.read(5, 1, 1 << 20)] == [(5, {b"k": b"v"})]
 
 
 def payload_record(message_id: int, payload: bytes) -> bytes:
@@ -157,6 +171,24 @@ def test_a_bad_record_in_a_run_appends_nothing_and_is_named(tmp_path: Path, dama
         log.append_records(broken, 1, count)
     assert log.next_id == 1
     log.append_records(data, 1, count)  # and the good run goes in whole afterwards
+    log.commit()
+    assert log.next_id == count + 1
+    assert bulk_checks == [False, True]
+
+
+def test_a_bad_record_among_many_sizes_appends_nothing_and_is_named(tmp_path: Path,
+                                                                      bulk_checks: list[bool]) -> None:
+    count = COPY_BULK_MIN + 8
+    data = mixed_run(count)
+    position = 0
+    for _ in range(9):  # to the tenth record
+        position += 16 + struct.unpack_from(">I", data, position)[0]
+    broken = data[: position + 30] + bytes([data[position + 30] ^ 4]) + data[position + 31 :]
+    log = SegmentLog(TOPIC, tmp_path, SPEC)
+    with pytest.raises(StoreError, match="record 10 fails its CRC"):
+        log.append_records(broken, 1, count)
+    assert log.next_id == 1
+    log.append_records(data, 1, count)
     log.commit()
     assert log.next_id == count + 1
     assert bulk_checks == [False, True]
