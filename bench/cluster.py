@@ -11,6 +11,10 @@ against a single broker, same run, and how long a failover takes.
 3. **Handover**: the same with SIGTERM (a rolling restart): the leader hands the cluster to a follower before
    it stops. The time from the signal to the first publish confirmed by the new leader, p50 and p99 over
    ``--trials`` stops, and how many publishes failed meanwhile (none should).
+4. **Catching up**: a follower is stopped (SIGSTOP) while ``--catch-up`` messages are confirmed by the
+   leader and the other follower (1,000 in flight), then let go; how many messages a second it copies until
+   the leader counts it as holding them all (no target: how fast a replica that was away is back in the
+   majority).
 
 The brokers are ``mc0 broker`` processes of this checkout (``ClusterProcesses``, which ``tests/cluster`` uses
 too) on loopback ports, each with its own data directory, every door but mc0 off.
@@ -267,6 +271,38 @@ def confirmed_rate(cluster: Cluster, count: int, in_flight: int) -> tuple[float,
     return count / seconds, durable
 
 
+def catch_up_rate(cluster: Cluster, count: int) -> float:
+    """Messages a second a follower copies after being stopped while ``count`` messages were confirmed by the
+    others (see the module docstring)."""
+    leader = cluster.settled()
+    follower = next(member for member in cluster.members if member is not leader)
+    with Client(cluster.endpoints, **cluster.client_options(), timeout=60, max_confirms=1_000) as client:
+        client.publish(TOPIC, b"before", confirm=True)
+        _until_holds(cluster, leader, follower, _last_id(client), within=30)
+        cluster.pause(follower)
+        try:
+            futures = [client.publish_async(TOPIC, b"x" * BODY_SIZE) for _ in range(count)]
+            last = max(int(future.result(60)["MESSAGE-ID"]) for future in futures)
+        finally:
+            cluster.resume(follower)
+        started = time.perf_counter()
+        _until_holds(cluster, leader, follower, last, within=120)
+    return count / (time.perf_counter() - started)
+
+
+def _last_id(client: Client) -> int:
+    return int(client.stats()["topics"][TOPIC]["last_id"])
+
+
+def _until_holds(cluster: Cluster, leader: Member, follower: Member, last: int, within: float) -> None:
+    """Until the leader counts ``follower`` as holding :data:`TOPIC` up to id ``last``."""
+    deadline = time.monotonic() + within
+    while cluster.cluster_view(leader)["replicas"].get(TOPIC, {}).get(follower.raft, 0) <= last:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the follower did not copy up to id {last} within {within:g}s")
+        time.sleep(0.002)
+
+
 def failover_seconds(cluster: Cluster, client: Client, graceful: bool = False) -> tuple[float, int]:
     """SIGKILL the leader (SIGTERM with ``graceful``: it hands the cluster over); seconds until a publish is
     confirmed again, by the new leader, and how many publishes failed meanwhile. The stopped broker is
@@ -310,14 +346,16 @@ class Report:
     failovers: list[float] = field(default_factory=list)
     handovers: list[float] = field(default_factory=list)
     handover_failures: int = 0
+    catch_up: float | None = None  # messages a second (None: not measured)
 
     def ratio(self, in_flight: int) -> float:
         return self.rates[f"cluster {in_flight}"] / self.rates[f"single {in_flight}"]
 
 
 def run(*, confirms: int, pipelined: int, trials: int, repeat: int, base: Path | None = None,
-        engine: str | None = None) -> Report:
-    """``engine``: the brokers' ``mc0_engine`` (None: their default)."""
+        engine: str | None = None, catch_up: int = 0) -> Report:
+    """``engine``: the brokers' ``mc0_engine`` (None: their default); ``catch_up``: messages for the
+    catching-up figure (0: not measured)."""
     report = Report()
     runs: dict[str, list[float]] = {}
     settings = f'mc0_engine = "{engine}"\n' if engine else ""
@@ -335,6 +373,8 @@ def run(*, confirms: int, pipelined: int, trials: int, repeat: int, base: Path |
                         rate, durable = confirmed_rate(group, count, in_flight)
                         runs.setdefault(f"{label} {in_flight}", []).append(rate)
                         report.durable = report.durable and durable
+            if catch_up:
+                report.catch_up = catch_up_rate(cluster, catch_up)
             with Client(cluster.endpoints, **cluster.client_options(), timeout=10) as client:
                 for _ in range(trials):
                     report.failovers.append(failover_seconds(cluster, client)[0])
@@ -358,13 +398,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--trials", type=int, default=20,
                         help="leader kills for the failover figures, and as many stops for the handover ones")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
+    parser.add_argument("--catch-up", type=int, default=200_000,
+                        help="messages a stopped follower copies for the catching-up figure (0: none)")
     parser.add_argument("--mc0-engine", choices=("auto", "native", "zeromq"),
                         help="what serves every broker's mc0 port (default: the brokers' own default, auto)")
     args = parser.parse_args(argv)
     print(f"python {platform.python_version()}, pyzmq {zmq.pyzmq_version()}, {BODY_SIZE}-byte messages into "
           f"a strong topic, 3 brokers on one machine ({os.cpu_count()} cores), median of {args.repeat}")
     report = run(confirms=args.confirms, pipelined=args.pipelined, trials=args.trials, repeat=args.repeat,
-                 engine=args.mc0_engine)
+                 engine=args.mc0_engine, catch_up=args.catch_up)
     for label, rate in report.rates.items():
         print(f"{'confirmed, ' + label.replace(' ', ', ', 1) + ' in flight':<40}{rate:>12,.0f} msg/s")
     if report.failovers:
@@ -374,6 +416,9 @@ def main(argv: list[str]) -> int:
         print(f"{'handover (SIGTERM -> first confirmed)':<40}p50 {percentile(report.handovers, 0.5):.2f} s, "
               f"p99 {percentile(report.handovers, 0.99):.2f} s over {len(report.handovers)} stops, "
               f"{report.handover_failures} publishes failed")
+    if report.catch_up is not None:
+        print(f"{'a stopped follower catching up':<40}{report.catch_up:>12,.0f} msg/s "
+              f"({args.catch_up:,} messages)")
     if not report.durable:
         print("WRONG: confirmations without DURABILITY fsync")
     print()
