@@ -23,26 +23,10 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 
-from protocol import crcs, records
+from protocol import crcs, plain_records, records
 
 #: The reserved header that carries a Kafka-style message key (docs/pipeline.md, "key").
 KEY_HEADER = b"KEY"
-
-_FIXARRAY_3 = 0x93
-_EMPTY_MAP = 0x80
-#: msgpack unsigned integer markers -> bytes that follow (a positive fixint carries its value in the marker).
-_UINT_BYTES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
-#: msgpack bin markers -> length bytes that follow.
-_BIN_LENGTH_BYTES = {0xC4: 1, 0xC5: 2, 0xC6: 4}
-#: The same as tables over every marker byte, so that a whole column of markers is looked up at once:
-#: unsigned integer bytes (0 for a positive fixint, -1 for anything else) and bin length bytes (0: not a bin).
-_UINT_WIDTH = np.full(256, -1, dtype=np.int64)
-_UINT_WIDTH[:0x80] = 0
-_BIN_LENGTH_WIDTH = np.zeros(256, dtype=np.int64)
-for _marker, _width in _UINT_BYTES.items():
-    _UINT_WIDTH[_marker] = _width
-for _marker, _width in _BIN_LENGTH_BYTES.items():
-    _BIN_LENGTH_WIDTH[_marker] = _width
 
 HEADER_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 
@@ -106,23 +90,14 @@ def to_batch(
 
     # Where msgpack put each field, for the common shape [uint timestamp, {}, bin body].
     start = positions + 16
-    marker = buffer[start + 1] if count else np.empty(0, dtype=np.uint8)
-    widths = _UINT_WIDTH[marker]
-    usual = (buffer[start] == _FIXARRAY_3) & (widths >= 0)
-    map_at = start + 2 + np.maximum(widths, 0)
-    usual &= buffer[np.minimum(map_at, len(buffer) - 1)] == _EMPTY_MAP
-    bin_at = np.minimum(map_at + 1, len(buffer) - 1)
-    bin_marker = buffer[bin_at]
-    length_bytes = _BIN_LENGTH_WIDTH[bin_marker]
-    usual &= length_bytes > 0
+    usual, marker, body_starts = plain_records.layout(buffer, positions, ends)
 
     names = schema.names  # the columns asked for (all of them unless the read was given a schema)
     timestamps = marker.astype(np.uint64)  # the fixint case: the marker is the value
-    for code, width in _UINT_BYTES.items() if "timestamp" in names else ():
+    for code, width in plain_records.UINT_BYTES.items() if "timestamp" in names else ():
         chosen = usual & (marker == code)
         if chosen.any():
             timestamps[chosen] = _big_endian(buffer, start[chosen] + 2, width)
-    body_starts = bin_at + 1 + length_bytes
 
     keys: list[bytes | None] | None = None
     headers: list[list[tuple[str, bytes]]] | None = None

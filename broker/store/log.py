@@ -45,7 +45,7 @@ from broker.engine import Message
 from broker.histogram import FSYNC_SECONDS, Histogram
 from broker.store import DamagedRange, LogIdentity, StoreError, SyncFailed
 from broker.store.acks import AckJournal
-from broker.store.batch import encode_plain, plain_payloads
+from broker.store.batch import encode_plain
 from broker.store.buffers import ReadBuffers
 from broker.store.pending import PendingBytes
 from broker.store.producers import ProducerJournal
@@ -70,6 +70,7 @@ from protocol.bodies import TopicBodies
 from protocol.checksum import crc32
 from protocol.crcs import uniform_positions
 from protocol.errors import ProtocolError
+from protocol.plain_records import all_plain
 from protocol.records import walk
 
 log = logging.getLogger("mc0.store")
@@ -547,7 +548,7 @@ class SegmentLog:
         """:meth:`append_records` checked in bulk: lengths, ids and CRCs all at once for records of one size
         (:func:`protocol.crcs.uniform_positions`, the common case) or in one walk over the heads otherwise
         (:func:`protocol.records.walk`), then every payload's shape without decoding it
-        (:func:`broker.store.batch.plain_payloads`); then the records are placed with one copy. False, with
+        (:func:`protocol.plain_records.all_plain`); then the records are placed with one copy. False, with
         nothing appended, for records with headers or that fail a check: the caller checks them one by one,
         and its error names the record."""
         buffer = np.frombuffer(records, dtype=np.uint8)
@@ -560,7 +561,7 @@ class SegmentLog:
         ends = np.empty_like(positions)
         ends[:-1] = positions[1:]
         ends[-1] = len(records)
-        if not plain_payloads(buffer, positions, ends):
+        if not all_plain(buffer, positions, ends):
             return False
         view = memoryview(records)
         starts, finishes = positions.tolist(), ends.tolist()

@@ -1,0 +1,77 @@
+"""Stored records whose payload is plain, recognised in bulk with numpy: ``[unsigned timestamp, {}, bin
+body]`` in msgpack, what a publish without headers stores (:mod:`protocol.records` has the record layout).
+
+:func:`layout` looks at every record's payload at once, with lookup tables over its marker bytes: whether it
+is plain (an array of three, an unsigned timestamp of any width, an empty map, a bin whose length is exactly
+what is left of the record), its timestamp's marker, and where its body starts. Nothing is decoded, and a
+plain payload is well-formed msgpack of the store's shape by construction, whatever its values.
+
+Its users: the Spark source, which takes timestamps and bodies in bulk from the plain records of a reply and
+decodes only the others (``pipeline.arrow``), and the store, which appends a run of records copied from a
+cluster leader at once when all are plain (``broker.store.log``). Why: a msgpack decode per record was most of
+what either paid per record.
+
+numpy is imported with this module, which the connector does not import (an agent that never reads records
+in bulk does not wait for numpy).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from protocol.records import RECORD_HEAD_SIZE
+
+ARRAY_OF_3 = 0x93
+EMPTY_MAP = 0x80
+#: msgpack unsigned integer markers -> bytes that follow (a positive fixint carries its value in the marker).
+UINT_BYTES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+#: msgpack bin markers -> length bytes that follow.
+BIN_LENGTH_BYTES = {0xC4: 1, 0xC5: 2, 0xC6: 4}
+#: The same as tables over every marker byte, so that a whole column of markers is looked up at once:
+#: unsigned integer bytes (0 for a positive fixint, -1 for anything else) and bin length bytes (0: not a bin).
+_UINT_WIDTH = np.full(256, -1, dtype=np.int64)
+_UINT_WIDTH[:0x80] = 0
+_UINT_WIDTH[list(UINT_BYTES)] = list(UINT_BYTES.values())
+_BIN_LENGTH_WIDTH = np.zeros(256, dtype=np.int64)
+_BIN_LENGTH_WIDTH[list(BIN_LENGTH_BYTES)] = list(BIN_LENGTH_BYTES.values())
+
+
+class Layout(NamedTuple):
+    """Per record: whether its payload is plain, its timestamp's msgpack marker (a positive fixint is the
+    value itself), and where its body starts (meaningful where plain)."""
+
+    plain: np.ndarray  # bool
+    markers: np.ndarray  # uint8
+    body_starts: np.ndarray  # int64
+
+
+def layout(buffer: np.ndarray, positions: np.ndarray, ends: np.ndarray) -> Layout:
+    """The :class:`Layout` of the records ``buffer[positions[i]:ends[i]]`` (``buffer`` uint8; their heads,
+    ids and CRCs checked by the caller)."""
+    last = len(buffer) - 1
+    start = positions + RECORD_HEAD_SIZE  # each payload
+    markers = buffer[np.minimum(start + 1, last)]
+    width = _UINT_WIDTH[markers]
+    head_at = np.minimum(start + 3 + np.maximum(width, 0), last)  # the body's bin head, after the empty map
+    length_bytes = _BIN_LENGTH_WIDTH[buffer[head_at]]
+    body_starts = head_at + 1 + length_bytes
+    # The length after the head, big-endian: as many bytes as the widest length here are read for every
+    # record (one, for bodies under 256 bytes), and each record's shifted down to its own width (the bytes
+    # past a shorter length are its body's). Each byte's place is clamped on its own: those a length uses lie
+    # inside the buffer whenever its record passes the other checks.
+    widest = int(length_bytes.max()) if len(positions) else 0
+    lengths = np.zeros(len(positions), dtype=np.int64)
+    for offset in range(1, widest + 1):
+        lengths = (lengths << 8) | buffer[np.minimum(head_at + offset, last)]
+    lengths >>= 8 * (widest - length_bytes)
+    plain = (ends - start >= 4) & (buffer[np.minimum(start, last)] == ARRAY_OF_3) & (width >= 0)
+    plain &= (buffer[head_at - 1] == EMPTY_MAP) & (length_bytes > 0) & (body_starts <= ends)
+    plain &= lengths == ends - body_starts
+    return Layout(plain, markers, body_starts)
+
+
+def all_plain(buffer: np.ndarray, positions: np.ndarray, ends: np.ndarray) -> bool:
+    """Whether there are records and every one of them is plain (see :func:`layout`)."""
+    return len(positions) > 0 and bool(layout(buffer, positions, ends).plain.all())
