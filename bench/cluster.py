@@ -277,8 +277,9 @@ def catch_up_rate(cluster: Cluster, count: int) -> float:
     leader = cluster.settled()
     follower = next(member for member in cluster.members if member is not leader)
     with Client(cluster.endpoints, **cluster.client_options(), timeout=60, max_confirms=1_000) as client:
-        client.publish(TOPIC, b"before", confirm=True)
-        _until_holds(cluster, leader, follower, _last_id(client), within=30)
+        reply = client.publish(TOPIC, b"before", confirm=True)
+        assert reply is not None  # a confirmed publish has its OK
+        _until_holds(cluster, leader, follower, int(reply["MESSAGE-ID"]), within=30)
         cluster.pause(follower)
         try:
             futures = [client.publish_async(TOPIC, b"x" * BODY_SIZE) for _ in range(count)]
@@ -288,10 +289,6 @@ def catch_up_rate(cluster: Cluster, count: int) -> float:
         started = time.perf_counter()
         _until_holds(cluster, leader, follower, last, within=120)
     return count / (time.perf_counter() - started)
-
-
-def _last_id(client: Client) -> int:
-    return int(client.stats()["topics"][TOPIC]["last_id"])
 
 
 def _until_holds(cluster: Cluster, leader: Member, follower: Member, last: int, within: float) -> None:
