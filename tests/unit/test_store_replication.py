@@ -13,9 +13,11 @@ import pytest
 
 from broker.engine import Message
 from broker.store import LogIdentity, StoreError
+from broker.store import log as log_module
 from broker.store.files import FileStore, read_topic_meta
-from broker.store.log import COPY_BULK_MIN, SegmentLog
+from broker.store.log import COPY_BULK_MIN, COPY_UNIFORM_MIN, SegmentLog
 from broker.topics import Persistence, Sync, TopicSpec
+from protocol.crcs import FOLD_FROM
 
 TOPIC = b"t"
 SPEC = TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG, segment_bytes=1024)
@@ -76,6 +78,20 @@ def bulk_checks(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return said
 
 
+@pytest.fixture
+def uniform_checks(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
+    """What each check of a run by byte columns said (a record size: recognised; None: not)."""
+    said: list[int | None] = []
+    check = log_module.uniform_run
+
+    def spied(records: bytes, start_id: int, count: int) -> int | None:
+        said.append(check(records, start_id, count))
+        return said[-1]
+
+    monkeypatch.setattr(log_module, "uniform_run", spied)
+    return said
+
+
 def run_of(count: int, first: int = 1) -> bytes:
     """``count`` records of one size and layout, as a leader's plain publishes are stored: what a follower
     checks at once (the ids and timestamps differ, the sizes do not)."""
@@ -94,13 +110,36 @@ def mixed_run(count: int) -> bytes:
     return b"".join(record(n, body_of(n), stamps[n % len(stamps)]) for n in range(1, count + 1))
 
 
-@pytest.mark.parametrize(("count", "make", "body"), [
-    (COPY_BULK_MIN, run_of, lambda n: b"%06d" % n + b"x" * 94),
-    (300, run_of, lambda n: b"%06d" % n + b"x" * 94),
-    (300, mixed_run, body_of),
-], ids=["one-size-few", "one-size", "many-sizes"])
-def test_a_run_checked_at_once_is_stored_as_records_one_at_a_time_are(tmp_path: Path, count: int, make, body,
-                                                                      bulk_checks: list[bool]) -> None:
+def two_layouts_body(n: int) -> bytes:
+    return b"%06d" % n + b"w" * (94 if n % 3 else 98)
+
+
+def two_layouts(count: int) -> bytes:
+    """Plain records of one size in two layouts: every third one's timestamp four bytes narrower and its body
+    four bytes longer."""
+    return b"".join(record(n, two_layouts_body(n), 1_700_000_000_000 + n if n % 3 else 4_000_000_000 + n)
+                    for n in range(1, count + 1))
+
+
+def same_body(n: int) -> bytes:
+    return b"%06d" % n + b"x" * 94
+
+
+@pytest.mark.parametrize(("count", "make", "body", "by_columns"), [
+    (10, run_of, same_body, True),
+    (COPY_BULK_MIN, run_of, same_body, True),
+    (300, run_of, same_body, True),
+    (FOLD_FROM + 16, run_of, same_body, None),
+    (300, mixed_run, body_of, False),
+    (COPY_BULK_MIN + 8, two_layouts, two_layouts_body, False),
+], ids=["one-size-short", "one-size-few", "one-size", "one-size-folded", "many-sizes",
+        "one-size-two-layouts"])
+def test_a_run_checked_at_once_is_stored_as_records_one_at_a_time_are(
+    tmp_path: Path, count: int, make, body, by_columns: bool | None, bulk_checks: list[bool],
+    uniform_checks: list[int | None],
+) -> None:
+    """``by_columns``: the run is recognised by byte columns (True), looked at with numpy after they did not
+    recognise it (False), or with numpy alone (None: too long for the columns to pay)."""
     data = make(count)
     places = [0]
     for _ in range(count):  # where each record ends, read from its head
@@ -110,9 +149,10 @@ def test_a_run_checked_at_once_is_stored_as_records_one_at_a_time_are(tmp_path: 
     at_once = SegmentLog(TOPIC, tmp_path / "at_once", SPEC)
     at_once.append_records(data, 1, count)  # checked in bulk
     one_by_one = SegmentLog(TOPIC, tmp_path / "one_by_one", SPEC)
-    for index in range(count):  # each below COPY_BULK_MIN: checked one by one
+    for index in range(count):  # each below COPY_UNIFORM_MIN: checked one by one
         one_by_one.append_records(data[places[index] : places[index + 1]], index + 1, 1)
     assert bulk_checks == [True]
+    assert uniform_checks == {True: [len(data) // count], False: [None], None: []}[by_columns]
     for log in (at_once, one_by_one):
         log.commit()
         assert log.next_id == count + 1
@@ -125,7 +165,8 @@ def test_a_run_checked_at_once_is_stored_as_records_one_at_a_time_are(tmp_path: 
         assert (tmp_path / "at_once" / name).read_bytes() == (tmp_path / "one_by_one" / name).read_bytes()
     assert ([segment.last_timestamp for segment in at_once._segments]
             == [segment.last_timestamp for segment in one_by_one._segments])
-    for moment in (0, 1_700_000_000_000 + 7 * (count // 2) - 3, 1_700_000_000_000 + 7 * count + 1):
+    for moment in (0, 1_700_000_000_000 + 7 * (count // 2) - 3, 1_700_000_000_000 + 7 * count + 1,
+                   4_000_000_000 + count // 2):
         assert at_once.find_time(moment) == one_by_one.find_time(moment)
     at_once.close()
     again = SegmentLog(TOPIC, tmp_path / "at_once", SPEC)
@@ -159,9 +200,10 @@ def payload_record(message_id: int, payload: bytes) -> bytes:
      + payload_record(10, msgpack.packb([1_700_000_000_070, {}, "z" * 100], use_bin_type=True))
      + data[10 * size :], "record 10: payload fields have the wrong types"),
 ])
-def test_a_bad_record_in_a_run_appends_nothing_and_is_named(tmp_path: Path, damage, why: str,
+@pytest.mark.parametrize("count", [12, COPY_BULK_MIN + 8], ids=["short", "long"])
+def test_a_bad_record_in_a_run_appends_nothing_and_is_named(tmp_path: Path, damage, why: str, count: int,
                                                             bulk_checks: list[bool]) -> None:
-    count = COPY_BULK_MIN + 8
+    """A short run (byte columns only) and a longer one (numpy's checks too) alike."""
     data = run_of(count)
     size = len(data) // count
     broken = damage(data, size)
@@ -174,6 +216,28 @@ def test_a_bad_record_in_a_run_appends_nothing_and_is_named(tmp_path: Path, dama
     log.commit()
     assert log.next_id == count + 1
     assert bulk_checks == [False, True]
+
+
+def test_the_shortest_runs_are_appended_one_by_one(tmp_path: Path, bulk_checks: list[bool],
+                                                   uniform_checks: list[int | None]) -> None:
+    log = SegmentLog(TOPIC, tmp_path, SPEC)
+    log.append_records(run_of(COPY_UNIFORM_MIN - 1), 1, COPY_UNIFORM_MIN - 1)  # the loop costs less
+    assert (bulk_checks, uniform_checks) == ([], [])
+    log.append_records(run_of(COPY_UNIFORM_MIN, first=COPY_UNIFORM_MIN), COPY_UNIFORM_MIN, COPY_UNIFORM_MIN)
+    assert bulk_checks == [True]
+    assert uniform_checks == [len(run_of(1))]
+    log.commit()
+    assert bodies(log) == [(n, same_body(n)) for n in range(1, 2 * COPY_UNIFORM_MIN)]
+
+
+def test_a_short_run_of_many_sizes_is_appended_one_by_one(tmp_path: Path, bulk_checks: list[bool],
+                                                          uniform_checks: list[int | None]) -> None:
+    count = COPY_BULK_MIN - 1  # too few for numpy's checks to pay
+    log = SegmentLog(TOPIC, tmp_path, SPEC)
+    log.append_records(mixed_run(count), 1, count)
+    log.commit()
+    assert (bulk_checks, uniform_checks) == ([False], [None])
+    assert bodies(log) == [(n, body_of(n)) for n in range(1, count + 1)]
 
 
 def test_a_bad_record_among_many_sizes_appends_nothing_and_is_named(tmp_path: Path,
