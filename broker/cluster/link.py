@@ -70,11 +70,13 @@ class Link:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
 
-    def ask(self, event: mc0.Fetch | mc0.Noop, timeout: float, answered: Callable[[Answer], None]) -> None:
+    def ask(self, event: mc0.Fetch | mc0.Noop, timeout: float, answered: Callable[[Answer], None],
+            template: mc0.FetchTemplate | None = None) -> None:
         """Send ``event`` with a fresh ID; ``answered`` gets its answer, on the loop, from the wire's
         callback (no task or future in between: a follower asks once for every message a strong topic takes),
         or a LinkError after ``timeout`` seconds, when the connection it went out on is lost, or when the
-        link closes. It is called exactly once."""
+        link closes. It is called exactly once. ``template``: ``event``'s frames prepared (a FETCH asked
+        again and again from another FROM), to fill in rather than encode it all."""
         if self.closed:
             raise LinkError(f"the link to {self.endpoint} is closed")
         loop = self._loop
@@ -84,7 +86,10 @@ class Link:
         command_id = event.id = b"%d" % next(self._ids)
         timer = loop.call_later(timeout, self._expire, command_id, timeout)
         self._waiting[command_id] = (answered, timer)
-        self._transmit(command_id, mc0.encode(event))
+        if template is not None and isinstance(event, mc0.Fetch) and event.start is not None:
+            self._transmit(command_id, template.frames(event.start, command_id))
+        else:
+            self._transmit(command_id, mc0.encode(event))
 
     async def request(self, event: mc0.Fetch | mc0.Noop, timeout: float) -> mc0.Ok | mc0.Error:  # noqa: ASYNC109
         """:meth:`ask` for a coroutine: the answer, or LinkError after ``timeout`` seconds."""

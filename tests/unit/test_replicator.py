@@ -6,6 +6,7 @@ the copy stops asking; a closed replicator asks nothing more."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -34,9 +35,14 @@ class FakeLink:
         self.asked: list[tuple[mc0.Fetch, Callable[[Answer], None]]] = []
         self.closed = False
 
-    def ask(self, event: mc0.Fetch, timeout: float, answered: Callable[[Answer], None]) -> None:
+    def ask(self, event: mc0.Fetch, timeout: float, answered: Callable[[Answer], None],
+            template: mc0.FetchTemplate | None = None) -> None:
         if self.closed:
             raise LinkError("closed")
+        # What would go on the wire: the prepared FETCH, which must be the event's own frames (its log
+        # identity and PACKED choice included, as they change).
+        assert template is not None
+        assert template.frames(event.start, b"7") == mc0.encode(dataclasses.replace(event, id=b"7"))
         self.asked.append((event, answered))
 
     def close(self) -> None:
