@@ -85,7 +85,7 @@ def all_plain(buffer: np.ndarray, positions: np.ndarray, ends: np.ndarray) -> bo
     return len(positions) > 0 and bool(layout(buffer, positions, ends).plain.all())
 
 
-def plain_body(payload: bytes, start: int, end: int) -> tuple[int, int] | None:
+def _plain_body(payload: bytes, start: int, end: int) -> tuple[int, int] | None:
     """For one payload ``payload[start:end]``: its timestamp's width in bytes (0 for a positive fixint) and
     where its body starts, if it is plain (see :func:`layout`); None if not."""
     if end - start < 4 or payload[start] != ARRAY_OF_3:
@@ -124,7 +124,7 @@ def uniform_run(payload: bytes, start_id: int, count: int) -> int | None:
     stride = RECORD_HEAD_SIZE + int.from_bytes(payload[:4], "big")
     if stride * count != size:
         return None
-    shape = plain_body(payload, RECORD_HEAD_SIZE, stride)
+    shape = _plain_body(payload, RECORD_HEAD_SIZE, stride)
     if shape is None:
         return None
     width, body = shape
