@@ -28,8 +28,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from protocol.checksum import crc32
-from protocol.records import RECORD_HEAD_SIZE
+from protocol.errors import ProtocolError
+from protocol.records import RECORD_HEAD_SIZE, check_crcs
 
 ARRAY_OF_3 = 0x93
 EMPTY_MAP = 0x80
@@ -115,9 +115,9 @@ def uniform_run(payload: bytes, start_id: int, count: int) -> int | None:
     The first record's payload is read field by field; then every byte the others must share with it
     (length, array, timestamp marker, empty map, the body's bin head) is checked a column at a time
     (``payload[k::size]``, one C loop each), the ids and CRCs come from one ``struct.iter_unpack``, and each
-    record's CRC is computed over a view: no numpy, about 0.3 us a record (most of it the CRCs), where the
-    numpy checks cost 50 us and more for a hundred records. For thousands,
-    :func:`protocol.crcs.uniform_positions` folds the CRCs faster."""
+    record's CRC is computed over a view (:func:`protocol.records.check_crcs`): no numpy, about 0.3 us a
+    record (most of it the CRCs), where the numpy checks cost 50 us and more for a hundred records. For
+    thousands, :func:`protocol.crcs.uniform_positions` folds the CRCs faster."""
     size = len(payload)
     if count <= 0 or size < RECORD_HEAD_SIZE:
         return None
@@ -140,8 +140,9 @@ def uniform_run(payload: bytes, start_id: int, count: int) -> int | None:
     heads = list(struct.iter_unpack(f">4xIQ{stride - RECORD_HEAD_SIZE}x", payload))  # (crc, id) per record
     if list(map(itemgetter(1), heads)) != list(range(start_id, start_id + count)):
         return None
-    view = memoryview(payload)
-    covered = stride - 8  # each CRC covers the id and the payload
-    if [crc32(view[at : at + covered]) for at in range(8, size, stride)] != list(map(itemgetter(0), heads)):
+    try:
+        check_crcs(payload, range(0, size, stride), range(stride, size + 1, stride),
+                   list(map(itemgetter(0), heads)))
+    except ProtocolError:
         return None
     return stride

@@ -67,9 +67,11 @@ def walk(payload: bytes, start_id: int, count: int, *, check_crc: bool = True) -
 
 def check_crcs(payload: bytes, positions: Sequence[int], ends: Sequence[int], stored: Sequence[int]) -> None:
     """Each record's CRC (of its id bytes and payload, ``positions[i] + 8`` up to ``ends[i]``) against the one
-    stored in its head: for readers that found the positions in bulk (:func:`walk` checks as it goes)."""
+    stored in its head: for readers that found the positions in bulk (:func:`walk` checks as it goes). Each
+    over a view of its bytes, not a copy."""
+    view = memoryview(payload)
     for position, end, crc in zip(positions, ends, stored, strict=True):
-        if crc32(payload[position + 8 : end]) != crc:
+        if crc32(view[position + 8 : end]) != crc:
             raise ProtocolError(f"records reply: CRC mismatch in the record at byte {position}")
 
 

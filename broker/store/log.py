@@ -558,30 +558,28 @@ class SegmentLog:
         (:func:`protocol.plain_records.all_plain`). False, with nothing appended, for records with headers,
         that fail a check, or too few for the numpy checks to pay: the caller checks them one by one, and its
         error names the record."""
-        view = memoryview(records)
-        if count < FOLD_FROM:
-            stride = uniform_run(records, start_id, count)
-            if stride is not None:
-                starts = range(0, len(records), stride)
-                self._place(start_id, view, starts, range(stride, len(records) + 1, stride),
-                            lambda index: decode_payload(view[starts[index] + RECORD_HEAD_SIZE :
-                                                              starts[index] + stride])[0], owned=False)
-                return True
-            if count < COPY_BULK_MIN:
+        stride = uniform_run(records, start_id, count) if count < FOLD_FROM else None
+        starts: Sequence[int]
+        finishes: Sequence[int]
+        if stride is not None:
+            starts, finishes = range(0, len(records), stride), range(stride, len(records) + 1, stride)
+        elif count < COPY_BULK_MIN:
+            return False
+        else:
+            buffer = np.frombuffer(records, dtype=np.uint8)
+            try:
+                positions = uniform_positions(records, buffer, start_id, count)
+                if positions is None:
+                    positions = np.frombuffer(walk(records, start_id, count), dtype=np.int64)
+            except ProtocolError:
                 return False
-        buffer = np.frombuffer(records, dtype=np.uint8)
-        try:
-            positions = uniform_positions(records, buffer, start_id, count)
-            if positions is None:
-                positions = np.frombuffer(walk(records, start_id, count), dtype=np.int64)
-        except ProtocolError:
-            return False
-        ends = np.empty_like(positions)
-        ends[:-1] = positions[1:]
-        ends[-1] = len(records)
-        if not all_plain(buffer, positions, ends):
-            return False
-        starts, finishes = positions.tolist(), ends.tolist()
+            ends = np.empty_like(positions)
+            ends[:-1] = positions[1:]
+            ends[-1] = len(records)
+            if not all_plain(buffer, positions, ends):
+                return False
+            starts, finishes = positions.tolist(), ends.tolist()
+        view = memoryview(records)
 
         def timestamp_of(index: int) -> int:
             return decode_payload(view[starts[index] + RECORD_HEAD_SIZE : finishes[index]])[0]
