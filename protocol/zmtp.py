@@ -167,14 +167,25 @@ def frame_head(size: int, more: bool) -> bytes:
     return bytes((LONG | MORE if more else LONG,)) + _SIZE.pack(size)
 
 
+#: The heads of short frames (up to 255 bytes), by size: followed by more frames, and last.
+_SHORT_MORE = tuple(frame_head(size, True) for size in range(256))
+_SHORT_LAST = tuple(frame_head(size, False) for size in range(256))
+
+
 def message(frames: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
     """The pieces to write for one message (a head before each frame), for a gathered write: no frame is
-    copied."""
+    copied. Short frames' heads come from a table: every message any side sends passes here, most of its
+    frames short (verbs, header names and values)."""
     pieces: list[bytes | memoryview] = []
+    append = pieces.append
     last = len(frames) - 1
     for index, frame in enumerate(frames):
-        pieces.append(frame_head(len(frame), index < last))
-        pieces.append(frame)
+        size = len(frame)
+        if size <= 255:
+            append((_SHORT_MORE if index < last else _SHORT_LAST)[size])
+        else:
+            append(frame_head(size, index < last))
+        append(frame)
     return pieces
 
 

@@ -684,6 +684,20 @@ def test_fetch_numbers_take_leading_zeros_and_the_largest_u64() -> None:
     assert event.start == 2**64 - 1
 
 
+@pytest.mark.parametrize(("raw", "value"), [
+    (b"0", 0),
+    (b"7", 7),
+    (b"9" * 19, 10**19 - 1),  # the longest taken at once
+    (b"0" * 18 + b"7", 7),
+    (b"0" * 30 + b"7", 7),  # past 19 digits: the closer look, which strips the zeros
+    (b"18446744073709551615", 2**64 - 1),  # 20 digits
+])
+def test_header_numbers_short_and_long_read_the_same(raw: bytes, value: int) -> None:
+    event = mc0.decode([b"", b"FETCH", b"TOPIC", b"t", b"FROM", raw, b"MAX-MESSAGES", raw, b"ID", b"f"])
+    assert isinstance(event, mc0.Fetch)
+    assert (event.start, event.max_messages) == (value, value)
+
+
 FETCH_MALFORMED: list[tuple[list[bytes], bytes | None, str]] = [
     ([b"FETCH", b"TOPIC", b"t"], None, "needs an ID"),
     ([b"FETCH", b"TOPIC", b"t", b"FROM", b"5"], None, "needs an ID"),
@@ -702,6 +716,14 @@ FETCH_MALFORMED: list[tuple[list[bytes], bytes | None, str]] = [
     ([b"FETCH", b"PACKED", b"\xc1", b"ID", b"7"], b"7", "PACKED is not valid msgpack"),
     ([b"FETCH", b"PACKED", b"\x91\x01", b"ID", b"7"], b"7", "PACKED headers must be a map"),
     ([b"FETCH", b"PACKED", b"\x81\xc4\x04FROM\x01", b"ID", b"7"], b"7", "PACKED headers must be a map"),
+    ([b"FETCH", b"PACKED", b"\x81\x01\xc4\x01x", b"ID", b"7"], b"7", "PACKED is not valid msgpack"),
+    ([b"FETCH", b"PACKED", b"\x81\xc4\x00\xc4\x01x", b"ID", b"7"], b"7", "PACKED headers must be a map"),
+    ([b"FETCH", b"PACKED", b"\x82\xc4\x05TOPIC\xc4\x01t\xc4\x04FROM\x80", b"ID", b"7"], b"7",
+     "PACKED headers must be a map"),
+    ([b"FETCH", b"PACKED", b"\x80", b"ID", b"7"], b"7", "TOPIC"),
+    ([b"FETCH", b"TOPIC", b"t", b"FROM", b"1" * 20 + b"0", b"ID", b"7"], b"7", "too large"),
+    ([b"FETCH", b"TOPIC", b"t", b"FROM", b"12 ", b"ID", b"7"], b"7", "FROM"),
+    ([b"FETCH", b"TOPIC", b"t", b"FROM", b"1_000", b"ID", b"7"], b"7", "FROM"),
     ([b"FETCH", b"TOPIC", b"t", b"PACKED", b"\x81\xc4\x05TOPIC\xc4\x01u", b"ID", b"7"], b"7", "twice"),
     ([b"FETCH", b"PACKED", b"\x81\xc4\x04FROM\xc4\x011", b"ID", b"7"], b"7", "TOPIC"),
 ]
