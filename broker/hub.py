@@ -154,8 +154,11 @@ class Hub:
         self.engine.requeue_ready(subscriber)
         self.schedule()
 
-    def flush(self, now: float | None = None) -> None:
-        """Commit, answer, then deliver everything that is ready (see the module docstring)."""
+    def flush(self, now: float | None = None, committed: Callable[[], None] | None = None) -> None:
+        """Commit, answer, then deliver everything that is ready (see the module docstring). ``committed``
+        runs right after the commit, before anything else the turn sends: a cluster follower's
+        acknowledgement of what it copied, which the leader waits for and the rest of the turn need not
+        precede."""
         if self.closed:
             return  # a connection lost during shutdown must not touch closed logs
         if now is None:
@@ -169,6 +172,8 @@ class Hub:
         # Before any answer or delivery leaves: acknowledgements must be honest.
         if engine.commit() and engine.last_commit_messages:
             self.commit_messages.observe(engine.last_commit_messages)
+        if committed is not None:
+            committed()
         waiting = False
         for door in self.doors:
             waiting = door.answer(now) or waiting

@@ -104,7 +104,7 @@ class Cluster:
     """The cluster as this broker's door, engine and hub see it (:class:`broker.router.ClusterGate`)."""
 
     def __init__(self, config: BrokerConfig, engine: Engine, store: FileStore, schedule: Callable[[], None],
-                 flush: Callable[[], None], fail: Callable[[BaseException], None],
+                 flush: Callable[..., None], fail: Callable[[BaseException], None],
                  context: zmq.asyncio.Context, endpoint: str) -> None:
         self.config = config
         self.engine = engine

@@ -4,12 +4,13 @@ the leader's ids and timestamps, acknowledged by the next FETCH's FROM.
 Like a Kafka follower: the follower asks the leader for each topic's records from its own next id
 (``FETCH ... FORMAT records WAIT ... REPLICA <node> EPOCH <epoch> INCARNATION <its log identity>``, its
 headers ``PACKED`` in one frame where the leader takes that). The leader answers as soon as it has
-committed something past that id. The follower checks and appends the
-records (the store checks every CRC), commits them as its topic's sync level says (a strong topic fsyncs),
-and only then asks for more: the FROM of that next FETCH tells the leader that everything below it is as
-durable here as the topic promises. If the leader's log is another one than the follower's (a new epoch),
-the follower finds where the two logs part from both lineages (the leader's comes with its answer), cuts
-its log there, durably, takes the leader's log identity, and copies on.
+committed something past that id. The follower checks and appends the records (the store checks every CRC),
+commits them as its topic's sync level says (a strong topic fsyncs), and only then asks for more: the FROM
+of that next FETCH tells the leader that everything below it is as durable here as the topic promises. It
+leaves right after the commit, inside the hub's turn, before the rest of that turn (answers and deliveries
+to this broker's own clients), which the leader does not wait for. If the leader's log is another one than
+the follower's (a new epoch), the follower finds where the two logs part from both lineages (the leader's
+comes with its answer), cuts its log there, durably, takes the leader's log identity, and copies on.
 
 Idempotent publishers' batches travel with the records (``PRODUCERS``), so the producer window of a
 follower that becomes leader is the one the old leader had for the same messages.
@@ -85,7 +86,7 @@ class Replicator:
         *,
         node: str,
         epoch: int,
-        flush: Callable[[], None],
+        flush: Callable[..., None],
         fail: Callable[[BaseException], None],
         set_identity: Callable[[bytes, LogIdentity], None],
         fenced: Callable[[], int],
@@ -94,7 +95,9 @@ class Replicator:
         self.link = link
         self.node = node.encode()
         self.epoch = epoch
-        self.flush = flush  # the hub's turn: commit (fsync for strong topics) before the next FETCH acks
+        # The hub's turn (Hub.flush): the commit (an fsync for strong topics), then ``committed`` (the next
+        # FETCH, which acknowledges what was committed), then the rest of the turn.
+        self.flush = flush
         self.fail = fail  # the hub's: a failed fsync stops the broker
         self.set_identity = set_identity
         self.fenced = fenced  # the highest epoch a candidate leader announced: copy nothing from below it
@@ -148,20 +151,21 @@ class Replicator:
         try:
             if isinstance(answer, LinkError):
                 raise answer
-            again = self._take(topic, event, answer)
+            if self._take(topic, event, answer):
+                # What was appended is committed (fsynced for strong topics) before the next FETCH
+                # acknowledges it, and that FETCH leaves at once, not after the rest of the hub's turn.
+                self.flush(committed=lambda: self._ask(topic))
+                return
         except (LinkError, EngineError, ProtocolError) as error:
             log.info("copying %r from %s: %s", topic.decode("utf-8", "replace"), self.link.endpoint, error)
-            again = False
         except Exception as error:  # a failed fsync (SyncFailed): the broker stops, loudly
             self.fail(error)
             return
-        if again:
-            self._ask(topic)
-        else:
-            self._later(topic)
+        self._later(topic)
 
     def _take(self, topic: bytes, event: mc0.Fetch, reply: mc0.Ok | mc0.Error) -> bool:
-        """What one FETCH's answer asks for; False when the leader refused it (ask again after a pause)."""
+        """What one FETCH's answer asks for, appended (not committed: the caller's flush commits it); False
+        when the leader refused it (ask again after a pause)."""
         if isinstance(reply, mc0.Error):
             if event.packed and not self.packed_known:
                 self.packed = False  # a leader from before PACKED (or a refusal that says so anyway)
@@ -212,7 +216,6 @@ class Replicator:
                              records.start_id + records.count)
             self.engine.append_replicated(topic, records.payload, records.start_id, records.count)
             self.copied += records.count
-        self.flush()  # committed (fsynced for strong topics) before the next FETCH acknowledges it
         return True
 
     def close(self) -> None:

@@ -77,6 +77,29 @@ def test_the_commit_comes_before_any_answer_and_deliveries_after() -> None:
     assert outlet.got == [1, 2, 3]
 
 
+def test_what_runs_once_committed_comes_after_the_commit_and_before_any_answer_or_delivery() -> None:
+    calls: list[str] = []
+    engine = Engine()
+    hub = Hub(engine)
+    hub.add(Door(calls))
+    original = engine.commit
+
+    def commit() -> int:
+        calls.append("commit")
+        return original()
+
+    engine.commit = commit  # type: ignore[method-assign]
+    outlet = Outlet(polled=False)
+    subscribed(engine, outlet)
+    publish(engine, 2)
+    hub.flush(0.0, committed=lambda: calls.append(f"committed, {len(outlet.got)} delivered"))
+    assert calls == ["commit", "committed, 0 delivered", "answer"]
+    assert outlet.got == [1, 2]
+    hub.close()
+    hub.flush(0.0, committed=lambda: calls.append("committed"))
+    assert calls[-1] == "answer"  # a closed hub commits nothing, so it says nothing was
+
+
 def test_a_full_polled_outlet_is_retried_on_a_timer_and_a_full_unpolled_one_waits_to_be_woken() -> None:
     engine = Engine()
     hub = Hub(engine)

@@ -80,7 +80,16 @@ def answer_from(leader: Engine, fetch: mc0.Fetch) -> mc0.Ok:
     return ok
 
 
-def make(follower: Engine, link: FakeLink, flush: Callable[[], None],
+def committing(follower: Engine) -> Callable[..., None]:
+    """The hub's flush as far as a replicator sees it: the commit, then what runs once committed."""
+    def flush(committed: Callable[[], None] | None = None) -> None:
+        follower.commit()
+        if committed is not None:
+            committed()
+    return flush
+
+
+def make(follower: Engine, link: FakeLink, flush: Callable[..., None],
          failures: list[BaseException]) -> Replicator:
     return Replicator(follower, link, node="f1", epoch=1, flush=flush, fail=failures.append,  # type: ignore[arg-type]
                       set_identity=follower.store.set_identity, fenced=lambda: 0)  # type: ignore[union-attr]
@@ -90,7 +99,7 @@ def following(follower: Engine) -> tuple[FakeLink, list[BaseException], Replicat
     """A replicator copying TOPIC into ``follower`` (committing as its flush), its first FETCH asked."""
     link = FakeLink()
     failures: list[BaseException] = []
-    replicator = make(follower, link, follower.commit, failures)
+    replicator = make(follower, link, committing(follower), failures)
     replicator.follow(TOPIC)
     return link, failures, replicator
 
@@ -100,11 +109,17 @@ def test_each_answer_is_committed_before_the_next_fetch_acknowledges_it(leader: 
     async def run() -> None:
         link = FakeLink()
         flushed: list[int] = []
+        steps: list[str] = []
         failures: list[BaseException] = []
 
-        def flush() -> None:
+        def flush(committed: Callable[[], None] | None = None) -> None:
             follower.commit()
             flushed.append(follower.topics[TOPIC].next_id)
+            asked = len(link.asked)
+            assert committed is not None
+            committed()
+            steps.append(f"committed, {len(link.asked) - asked} asked")
+            steps.append("the rest of the turn")
 
         replicator = make(follower, link, flush, failures)
         replicator.follow(TOPIC)
@@ -123,6 +138,8 @@ def test_each_answer_is_committed_before_the_next_fetch_acknowledges_it(leader: 
             assert flushed[-1] == 1 + 5 * (round_number + 1)  # committed in the same callback
             assert len(link.asked) == round_number + 2  # and asked again at once, from the new next id
             assert link.asked[-1][0].start == flushed[-1]
+            # The next FETCH left right after the commit, inside the turn, before the rest of it.
+            assert steps[-2:] == ["committed, 1 asked", "the rest of the turn"]
         log = follower.topics[TOPIC].log
         assert log is not None
         assert [message.body for message in log.read(1, 100, 1 << 20)] == \
@@ -190,7 +207,7 @@ def test_a_failed_fsync_while_copying_stops_the_broker(leader: Engine, follower:
         link = FakeLink()
         failures: list[BaseException] = []
 
-        def flush() -> None:
+        def flush(committed: Callable[[], None] | None = None) -> None:
             raise SyncFailed("fsync of copy.strong failed: EIO")
 
         replicator = make(follower, link, flush, failures)
