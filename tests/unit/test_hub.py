@@ -57,8 +57,9 @@ def publish(engine: Engine, count: int, topic: bytes = b"t") -> None:
         engine.publish(topic, b"%d" % n, {}, 0)
 
 
-def test_the_commit_comes_before_any_answer_and_deliveries_after() -> None:
-    calls: list[str] = []
+def recorded(calls: list[str]) -> tuple[Engine, Hub, Outlet]:
+    """An engine whose commits, and a hub whose door's answers, are recorded in ``calls``; an outlet of
+    topic ``t``."""
     engine = Engine()
     hub = Hub(engine)
     hub.add(Door(calls))
@@ -71,6 +72,12 @@ def test_the_commit_comes_before_any_answer_and_deliveries_after() -> None:
     engine.commit = commit  # type: ignore[method-assign]
     outlet = Outlet(polled=False)
     subscribed(engine, outlet)
+    return engine, hub, outlet
+
+
+def test_the_commit_comes_before_any_answer_and_deliveries_after() -> None:
+    calls: list[str] = []
+    engine, hub, outlet = recorded(calls)
     publish(engine, 3)
     hub.flush(0.0)
     assert calls == ["commit", "answer"]
@@ -79,18 +86,7 @@ def test_the_commit_comes_before_any_answer_and_deliveries_after() -> None:
 
 def test_what_runs_once_committed_comes_after_the_commit_and_before_any_answer_or_delivery() -> None:
     calls: list[str] = []
-    engine = Engine()
-    hub = Hub(engine)
-    hub.add(Door(calls))
-    original = engine.commit
-
-    def commit() -> int:
-        calls.append("commit")
-        return original()
-
-    engine.commit = commit  # type: ignore[method-assign]
-    outlet = Outlet(polled=False)
-    subscribed(engine, outlet)
+    engine, hub, outlet = recorded(calls)
     publish(engine, 2)
     hub.flush(0.0, committed=lambda: calls.append(f"committed, {len(outlet.got)} delivered"))
     assert calls == ["commit", "committed, 0 delivered", "answer"]
