@@ -255,6 +255,48 @@ def test_receive_returns_none_on_timeout(broker: Broker) -> None:
     run(main)
 
 
+def test_receives_with_a_timeout_share_one_timer(broker: Broker) -> None:
+    """A loop of receive(timeout) arms one timer, not one per message; a shorter timeout after a longer one
+    still ends on time, and two receives waiting at once each end at their own deadline."""
+    async def main() -> None:
+        async with AsyncClient(broker.endpoint) as client, AsyncClient(broker.endpoint) as publisher:
+            await client.subscribe("timed")
+            loop = asyncio.get_running_loop()
+            armed = 0
+            call_later = loop.call_later
+
+            def counting(delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+                nonlocal armed
+                if getattr(callback, "__name__", "") == "_alarm_rang":
+                    armed += 1
+                return call_later(delay, callback, *args)
+
+            loop.call_later = counting  # type: ignore[method-assign]
+            try:
+                for index in range(20):
+                    receiving = asyncio.ensure_future(client.receive(timeout=30))
+                    await asyncio.sleep(0.01)  # so that the receive waits before the message comes
+                    await publisher.publish("timed", f"m{index}")
+                    message = await receiving
+                    assert message is not None
+                    assert message.text == f"m{index}"
+                assert armed == 1
+                start = time.monotonic()
+                # Due before the 30 s timer: it arms one of its own.
+                assert await client.receive(timeout=0.2) is None
+                assert 0.15 <= time.monotonic() - start < 2.0
+                assert armed == 2
+                start = time.monotonic()
+                short, long = await asyncio.gather(client.receive(timeout=0.2), client.receive(timeout=0.5))
+                assert short is None
+                assert long is None
+                assert 0.45 <= time.monotonic() - start < 2.5
+            finally:
+                loop.call_later = call_later  # type: ignore[method-assign]
+
+    run(main)
+
+
 def test_headers_round_trip(broker: Broker) -> None:
     headers = {"X-Reply-To": "me", "X-Empty": "", "X-Unicode": "é ✓"}
 
