@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from socket import create_connection
 from types import MappingProxyType
-from typing import Any, Protocol, TypedDict
+from typing import Any, Literal, Protocol, TypedDict
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -52,6 +52,14 @@ LEADER_GONE_WAIT = 0.1
 #: long enough for the members to notice a killed leader (tens of milliseconds), short enough that a member
 #: restarted since and elected is followed at once.
 LEADER_GONE_FOR = 0.3
+
+#: The heartbeat TTL (ms) when a client is not given one (``ttl="auto"``): a broker that falls silent is left
+#: after 1.05 x it. One broker: 30 s. A cluster's members: 3 s, so that a leader whose machine died, froze or
+#: was cut off (its connections never close, as a killed process's do) is left for the new leader within
+#: seconds of the election (0.5-1 s), not half a minute later; the NOOPs it costs, one each way every 2.85 s
+#: on an idle connection, are nothing to either side.
+TTL_MS = 30_000
+CLUSTER_TTL_MS = 3_000
 
 #: Confirmed publishes in flight per client by default (NATS JetStream's publish_async bounds 4,000; ours is
 #: the broker's batch size, so a full window is one PUTS CONFIRM each and one fsync on a strong topic).
@@ -266,7 +274,7 @@ class ClientOptions(TypedDict, total=False):
     keys: str | Path | None
     credentials: Credentials | None
     curve: bool | None
-    ttl: int | None
+    ttl: int | Literal["auto"] | None
     timeout: float
     max_outbox: int
     max_inbox: int
@@ -315,7 +323,8 @@ class ClientBase:
     """Options and state common to :class:`connector.Client` and :class:`connector.AsyncClient`.
 
     ``keys`` (a folder with broker.key and client.key_secret) or ``credentials`` turn CURVE on;
-    ``curve=False`` forces plaintext; ``ttl`` (ms, None = no heartbeats) drives NOOPs and reconnects;
+    ``curve=False`` forces plaintext; ``ttl`` (ms, None = no heartbeats) drives NOOPs and reconnects
+    (``auto``: :data:`TTL_MS` to one broker, :data:`CLUSTER_TTL_MS` to a cluster's members);
     ``timeout`` (s) bounds every wait for the broker; ``max_outbox``/``max_inbox`` bound the two queues;
     ``max_confirms`` bounds the confirmed publishes in flight (``publish_async`` waits for room beyond it).
     """
@@ -330,7 +339,7 @@ class ClientBase:
         keys: str | Path | None = None,
         credentials: Credentials | None = None,
         curve: bool | None = None,
-        ttl: int | None = 30_000,
+        ttl: int | Literal["auto"] | None = "auto",
         timeout: float = 5.0,
         max_outbox: int = 100_000,
         max_inbox: int = 100_000,
@@ -357,6 +366,8 @@ class ClientBase:
         self._sent_away = False
         self.reconnects = 0
         self._credentials = resolve_credentials(keys, credentials, curve)
+        if ttl == "auto":
+            ttl = CLUSTER_TTL_MS if len(self.endpoints) > 1 else TTL_MS
         self._core = ClientCore(ttl)
         self._max_outbox = max_outbox
         self._max_inbox = max_inbox

@@ -16,12 +16,17 @@ from cluster_harness import Cluster, cluster_factory  # noqa: F401 - the fixture
 from broker.store.files import FileStore
 from broker.topics import Persistence, Sync, TopicSpec
 from connector import Client, ConnectorError
+from connector.base import CLUSTER_TTL_MS
 
 TOPIC = "durable.failover"
 BATCH = 5  # messages per idempotent batch
 KILLS = 10
 #: Confirmed batches between two kills: the publisher must be under way when the leader dies.
 BETWEEN = 8
+#: How long the leader stays frozen, each time: past the election (0.5-1 s), and then past the clients'
+#: heartbeat TTL to a cluster (connector.base.CLUSTER_TTL_MS: they must leave it before it comes back).
+PAUSES = (2.0, 6.0)
+assert PAUSES[0] < CLUSTER_TTL_MS / 1000 < PAUSES[1] - 2
 
 
 class Publisher(threading.Thread):
@@ -92,40 +97,22 @@ def _stored(data_dir: Path) -> list[tuple[int, bytes]]:
     return out
 
 
-@pytest.mark.timeout(240)
-def test_sigkill_the_leader_ten_times_loses_and_repeats_nothing(cluster_factory) -> None:  # noqa: F811
-    cluster: Cluster = cluster_factory()
-    publisher, subscriber = Publisher(cluster), Subscriber(cluster)
-    subscriber.start()
-    publisher.start()
-    failovers: list[float] = []
-    try:
-        for kill in range(KILLS):
-            wanted = len(publisher.confirmed) + BETWEEN
-            deadline = time.monotonic() + 40
-            while len(publisher.confirmed) < wanted:
-                assert publisher.error is None, publisher.error
-                assert time.monotonic() < deadline, f"kill {kill}: the publisher is stuck at " \
-                    f"{len(publisher.confirmed)} batches"
-                time.sleep(0.02)
-            leader = cluster.settled()
-            before = len(publisher.confirmed)
-            killed_at = time.monotonic()
-            cluster.kill(leader)
-            while len(publisher.confirmed) == before:  # kill -> first confirmed publish on the new leader
-                assert time.monotonic() - killed_at < 40, f"kill {kill}: no confirmation after the failover"
-                time.sleep(0.005)
-            failovers.append(publisher.first_after[before] - killed_at)
-            cluster.start(leader)  # back as a follower: it cuts what it had alone and copies on
-        deadline = time.monotonic() + 20
-        final = len(publisher.confirmed) + BETWEEN
-        while len(publisher.confirmed) < final:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-    finally:
-        publisher.stop.set()
-        publisher.join(20)
-    assert publisher.error is None, publisher.error
+def _until_confirmed(publisher: Publisher, more: int, when: str) -> None:
+    """Wait until the publisher has ``more`` batches confirmed than now (at most 40 s)."""
+    wanted = len(publisher.confirmed) + more
+    deadline = time.monotonic() + 40
+    while len(publisher.confirmed) < wanted:
+        assert publisher.error is None, publisher.error
+        assert time.monotonic() < deadline, f"{when}: the publisher is stuck at {len(publisher.confirmed)}"
+        time.sleep(0.02)
+
+
+def _every_confirmed_once(
+    cluster: Cluster, publisher: Publisher, subscriber: Subscriber
+) -> list[tuple[int, bytes]]:
+    """The checks after the publisher stopped: the leader's log holds every confirmed message once, in order,
+    under the id its OK gave, ids dense from 1; the subscriber read it all in order; then every replica's
+    log (all stopped) agrees with the leader's on every id it holds. Returns the leader's log."""
     leader = cluster.settled()
     with Client(leader.endpoint, **cluster.client_options(), timeout=10) as client:
         log: list[tuple[int, bytes]] = []
@@ -166,6 +153,94 @@ def test_sigkill_the_leader_ten_times_loses_and_repeats_nothing(cluster_factory)
     for member in cluster.members:  # every replica's log agrees with the leader's on every id it holds
         for message_id, body in _stored(member.data_dir):
             assert stored.get(message_id) == body, f"broker {member.index} holds another message {message_id}"
+    return log
+
+
+@pytest.mark.timeout(240)
+def test_sigkill_the_leader_ten_times_loses_and_repeats_nothing(cluster_factory) -> None:  # noqa: F811
+    cluster: Cluster = cluster_factory()
+    publisher, subscriber = Publisher(cluster), Subscriber(cluster)
+    subscriber.start()
+    publisher.start()
+    failovers: list[float] = []
+    try:
+        for kill in range(KILLS):
+            wanted = len(publisher.confirmed) + BETWEEN
+            deadline = time.monotonic() + 40
+            while len(publisher.confirmed) < wanted:
+                assert publisher.error is None, publisher.error
+                assert time.monotonic() < deadline, f"kill {kill}: the publisher is stuck at " \
+                    f"{len(publisher.confirmed)} batches"
+                time.sleep(0.02)
+            leader = cluster.settled()
+            before = len(publisher.confirmed)
+            killed_at = time.monotonic()
+            cluster.kill(leader)
+            while len(publisher.confirmed) == before:  # kill -> first confirmed publish on the new leader
+                assert time.monotonic() - killed_at < 40, f"kill {kill}: no confirmation after the failover"
+                time.sleep(0.005)
+            failovers.append(publisher.first_after[before] - killed_at)
+            cluster.start(leader)  # back as a follower: it cuts what it had alone and copies on
+        deadline = time.monotonic() + 20
+        final = len(publisher.confirmed) + BETWEEN
+        while len(publisher.confirmed) < final:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        publisher.stop.set()
+        publisher.join(20)
+    assert publisher.error is None, publisher.error
+    log = _every_confirmed_once(cluster, publisher, subscriber)
     failovers.sort()
     print(f"\n{KILLS} failovers (kill -> first confirmed publish): p50 {statistics.median(failovers):.2f} s, "
           f"max {failovers[-1]:.2f} s; publisher retries {publisher.retries}; {len(log)} messages")
+
+
+@pytest.mark.timeout(240)
+def test_a_leader_paused_past_an_election_is_deposed_and_loses_and_repeats_nothing(
+    cluster_factory,  # noqa: F811
+) -> None:
+    """A leader that stops running without its connections closing (SIGSTOP: a frozen machine, a long pause,
+    a partition that heals) while the careful publisher publishes: the others elect a new leader; when the
+    old one runs again it confirms nothing more, sends its clients to the new leader, cuts what it wrote alone
+    and follows; frozen for longer than the clients' heartbeat TTL, it is left by them for the new leader
+    before it comes back. Then the checks of the kills above."""
+    cluster: Cluster = cluster_factory()
+    publisher, subscriber = Publisher(cluster), Subscriber(cluster)
+    subscriber.start()
+    publisher.start()
+    moves: list[float] = []
+    try:
+        for pause in PAUSES:
+            _until_confirmed(publisher, BETWEEN, "before the pause")
+            leader = cluster.settled()
+            epoch = cluster.cluster_view(leader)["epoch"]
+            paused_at = time.monotonic()
+            cluster.pause(leader)
+            time.sleep(0.1)  # an answer already on its way is not the new leader's
+            before = len(publisher.confirmed)
+            successor = cluster.leader(exclude=(leader,))
+            while len(publisher.confirmed) == before:  # the first batch the new leader confirms
+                if leader.paused and time.monotonic() - paused_at >= pause:
+                    cluster.resume(leader)
+                assert time.monotonic() - paused_at < 40, "no confirmation after the leader froze"
+                time.sleep(0.005)
+            moves.append(publisher.first_after[before] - paused_at)
+            if pause == PAUSES[0]:  # shorter than the TTL: the old leader, running again, sent it away
+                assert moves[-1] < pause + 1.0, f"confirmed {moves[-1]:.1f} s after a {pause} s freeze"
+            else:  # the publisher left the frozen leader by itself, after its heartbeat TTL
+                assert moves[-1] < pause, f"the publisher stayed {moves[-1]:.1f} s with the frozen leader"
+            time.sleep(max(0.0, pause - (time.monotonic() - paused_at)))
+            if leader.paused:
+                cluster.resume(leader)
+            _until_confirmed(publisher, BETWEEN, "after the old leader ran again")
+            assert cluster.settled() is successor
+            views = [cluster.cluster_view(member) for member in cluster.members]
+            assert all(view["epoch"] > epoch and view["leader"] == successor.raft for view in views), views
+    finally:
+        publisher.stop.set()
+        publisher.join(20)
+    assert publisher.error is None, publisher.error
+    _every_confirmed_once(cluster, publisher, subscriber)
+    print(f"\nthe publisher confirmed on the new leader {', '.join(f'{m:.2f}' for m in moves)} s after the "
+          f"leader froze; retries {publisher.retries}")

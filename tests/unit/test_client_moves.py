@@ -201,3 +201,18 @@ def test_with_every_other_member_refused_lately_the_oldest_refusal_goes_first(
     assert target._move(A)
     assert target.endpoint == C
     assert target._move_due(clock[0]) == pytest.approx(LEADER_GONE_FIRST)
+
+
+def test_a_client_of_a_cluster_leaves_a_silent_member_within_seconds() -> None:
+    """The heartbeat TTL a client is not given: 30 s to one broker, 3 s to a cluster's members, so that a
+    leader that falls silent with its connections open (its machine froze or died) is left soon after the
+    election; a TTL given (or none) is kept either way."""
+    assert ClientBase(A, curve=False)._core.ttl == base.TTL_MS / 1000 == 30.0
+    cluster = client()
+    assert cluster._core.ttl == base.CLUSTER_TTL_MS / 1000 == 3.0
+    cluster._core.last_heard = 100.0
+    assert not cluster._core.broker_silent(103.1)
+    assert cluster._core.broker_silent(103.2)
+    assert ClientBase(f"{A},{B}", curve=False, ttl=30_000)._core.ttl == 30.0
+    assert ClientBase(f"{A},{B}", curve=False, ttl=None)._core.ttl is None
+    assert ClientBase(A, curve=False, ttl=2_000)._core.ttl == 2.0
