@@ -11,7 +11,12 @@ against a single broker, same run, and how long a failover takes.
 3. **Handover**: the same with SIGTERM (a rolling restart): the leader hands the cluster to a follower before
    it stops. The time from the signal to the first publish confirmed by the new leader, p50 and p99 over
    ``--trials`` stops, and how many publishes failed meanwhile (none should).
-4. **Catching up**: a follower is stopped (SIGSTOP) while ``--catch-up`` messages are confirmed by the
+4. **A frozen leader**: the same with SIGSTOP (a hung machine, a power cut: its connections stay open, so
+   nothing tells the clients it is gone). The time from the freeze to the first publish confirmed by the new
+   leader, p50 and p99 over ``--freezes`` freezes: the election, then the connector's heartbeat TTL to a
+   cluster (``connector.base.CLUSTER_TTL_MS``, 3 s), after which it leaves the silent broker. The frozen
+   broker is let go again afterwards (it steps down and follows).
+5. **Catching up**: a follower is stopped (SIGSTOP) while ``--catch-up`` messages are confirmed by the
    leader and the other follower (1,000 in flight), then let go; how many messages a second it copies until
    the leader counts it as holding them all (no target: how fast a replica that was away is back in the
    majority).
@@ -300,16 +305,19 @@ def _until_holds(cluster: Cluster, leader: Member, follower: Member, last: int, 
         time.sleep(0.002)
 
 
-def failover_seconds(cluster: Cluster, client: Client, graceful: bool = False) -> tuple[float, int]:
-    """SIGKILL the leader (SIGTERM with ``graceful``: it hands the cluster over); seconds until a publish is
-    confirmed again, by the new leader, and how many publishes failed meanwhile. The stopped broker is
-    started again (as a follower) before this returns."""
+def failover_seconds(cluster: Cluster, client: Client, how: str = "kill") -> tuple[float, int]:
+    """Stop the leader ``how``: ``kill`` (SIGKILL), ``term`` (SIGTERM: it hands the cluster over) or
+    ``freeze`` (SIGSTOP); seconds until a publish is confirmed again, by the new leader, and how many
+    publishes failed meanwhile. The stopped broker is started again, or let go (as a follower), before this
+    returns."""
     leader = cluster.settled()
     client.publish(TOPIC, b"before", confirm=True)
     stopped = time.monotonic()
-    if graceful:
+    if how == "term":
         assert leader.process is not None
         leader.process.send_signal(signal.SIGTERM)
+    elif how == "freeze":
+        cluster.pause(leader)
     else:
         cluster.kill(leader)
     failed = 0
@@ -324,9 +332,12 @@ def failover_seconds(cluster: Cluster, client: Client, graceful: bool = False) -
             if time.monotonic() - stopped > 60:
                 raise
     seconds = time.monotonic() - stopped
-    if leader.process is not None:
-        leader.process.wait(LIFECYCLE)
-    cluster.start(leader)
+    if how == "freeze":
+        cluster.resume(leader)  # it learns it was deposed and follows
+    else:
+        if leader.process is not None:
+            leader.process.wait(LIFECYCLE)
+        cluster.start(leader)
     cluster.settled()
     return seconds, failed
 
@@ -343,6 +354,7 @@ class Report:
     failovers: list[float] = field(default_factory=list)
     handovers: list[float] = field(default_factory=list)
     handover_failures: int = 0
+    freezes: list[float] = field(default_factory=list)
     catch_up: float | None = None  # messages a second (None: not measured)
 
     def ratio(self, in_flight: int) -> float:
@@ -350,9 +362,9 @@ class Report:
 
 
 def run(*, confirms: int, pipelined: int, trials: int, repeat: int, base: Path | None = None,
-        engine: str | None = None, catch_up: int = 0) -> Report:
+        engine: str | None = None, catch_up: int = 0, freezes: int = 0) -> Report:
     """``engine``: the brokers' ``mc0_engine`` (None: their default); ``catch_up``: messages for the
-    catching-up figure (0: not measured)."""
+    catching-up figure (0: not measured); ``freezes``: leader freezes timed."""
     report = Report()
     runs: dict[str, list[float]] = {}
     settings = f'mc0_engine = "{engine}"\n' if engine else ""
@@ -376,9 +388,11 @@ def run(*, confirms: int, pipelined: int, trials: int, repeat: int, base: Path |
                 for _ in range(trials):
                     report.failovers.append(failover_seconds(cluster, client)[0])
                 for _ in range(trials):
-                    seconds, failed = failover_seconds(cluster, client, graceful=True)
+                    seconds, failed = failover_seconds(cluster, client, "term")
                     report.handovers.append(seconds)
                     report.handover_failures += failed
+                for _ in range(freezes):
+                    report.freezes.append(failover_seconds(cluster, client, "freeze")[0])
         finally:
             for group in (single, cluster):
                 group.stop_all()
@@ -394,6 +408,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pipelined", type=int, default=20_000, help="messages per 100-in-flight run")
     parser.add_argument("--trials", type=int, default=20,
                         help="leader kills for the failover figures, and as many stops for the handover ones")
+    parser.add_argument("--freezes", type=int, default=5, help="leader freezes (SIGSTOP) timed")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
     parser.add_argument("--catch-up", type=int, default=200_000,
                         help="messages a stopped follower copies for the catching-up figure (0: none)")
@@ -403,16 +418,16 @@ def main(argv: list[str]) -> int:
     print(f"python {platform.python_version()}, pyzmq {zmq.pyzmq_version()}, {BODY_SIZE}-byte messages into "
           f"a strong topic, 3 brokers on one machine ({os.cpu_count()} cores), median of {args.repeat}")
     report = run(confirms=args.confirms, pipelined=args.pipelined, trials=args.trials, repeat=args.repeat,
-                 engine=args.mc0_engine, catch_up=args.catch_up)
+                 engine=args.mc0_engine, catch_up=args.catch_up, freezes=args.freezes)
     for label, rate in report.rates.items():
         print(f"{'confirmed, ' + label.replace(' ', ', ', 1) + ' in flight':<40}{rate:>12,.0f} msg/s")
-    if report.failovers:
-        print(f"{'failover (kill -> first confirmed)':<40}p50 {percentile(report.failovers, 0.5):.2f} s, "
-              f"p99 {percentile(report.failovers, 0.99):.2f} s over {len(report.failovers)} kills")
-    if report.handovers:
-        print(f"{'handover (SIGTERM -> first confirmed)':<40}p50 {percentile(report.handovers, 0.5):.2f} s, "
-              f"p99 {percentile(report.handovers, 0.99):.2f} s over {len(report.handovers)} stops, "
-              f"{report.handover_failures} publishes failed")
+    for label, times, what in (("failover (kill -> first confirmed)", report.failovers, "kills"),
+                               ("handover (SIGTERM -> first confirmed)", report.handovers, "stops"),
+                               ("frozen leader (SIGSTOP -> confirmed)", report.freezes, "freezes")):
+        if times:
+            failed = f", {report.handover_failures} publishes failed" if times is report.handovers else ""
+            print(f"{label:<40}p50 {percentile(times, 0.5):.2f} s, p99 {percentile(times, 0.99):.2f} s over "
+                  f"{len(times)} {what}{failed}")
     if report.catch_up is not None:
         print(f"{'a stopped follower catching up':<40}{report.catch_up:>12,.0f} msg/s "
               f"({args.catch_up:,} messages)")
