@@ -438,11 +438,14 @@ class ClientBase:
         self._verdict(self._patient_watch(now).check(now), now)
 
     def _patient_watch(self, now: float) -> connection.ConnectionWatch:
-        """The watch, told how long refused connects must last before the client gives up on this broker
-        (decided now, not when the socket was made: a member of a cluster is left at its first refusal while
+        """The watch, told how long refused connects must last before the client gives up on this broker,
+        and how long a connection may wait for its handshake (decided now, not when the socket was made: a
+        member of a cluster is left at its first refusal, or after STALLED_FOR without a handshake, while
         another has not refused lately, and the others' refusals age while the client is connected)."""
         watch = self._watch
-        watch.refused_for = connection.REFUSED_FOR_MOVING if self._elsewhere(now) else connection.REFUSED_FOR
+        elsewhere = bool(self._elsewhere(now))
+        watch.refused_for = connection.REFUSED_FOR_MOVING if elsewhere else connection.REFUSED_FOR
+        watch.stalled_for = connection.STALLED_FOR if elsewhere else None
         return watch
 
     def _after(self) -> list[str]:
@@ -480,8 +483,9 @@ class ClientBase:
     def _verdict(self, verdict: connection.Verdict, now: float) -> None:
         if verdict is None:
             return
-        if type(verdict) is connection.Unreachable and self._watch.refused_since is not None:
-            self._refused[self._watch.endpoint] = now
+        if type(verdict) is connection.Unreachable and (self._watch.refused_since is not None
+                                                         or self._watch.stalled):
+            self._refused[self._watch.endpoint] = now  # nothing answered there lately: others first
         if self._moving:
             return  # about the socket being left for another broker: what it says changes nothing now
         if type(verdict) is connection.AskMechanism:

@@ -35,6 +35,11 @@ REFUSED_FOR = 1.0
 #: connect is enough to try the next (a killed leader's port refuses at once; a broker restarting in place
 #: is tried again once the others have been).
 REFUSED_FOR_MOVING = 0.0
+#: A client that knows other members of a cluster passes over one that accepted the TCP connection but has not
+#: completed the ZMTP handshake within this many seconds: a frozen or hung broker's kernel accepts connections
+#: for it, and nothing else would tell the client (libzmq gives a handshake 30 s). A broker completes one in
+#: milliseconds, a loaded one within a few hundred.
+STALLED_FOR = 2.0
 #: How often a client not connected asks :meth:`ConnectionWatch.check` (seconds).
 CHECK_EVERY = 0.25
 #: Handshakes failing without a reason this many times in a row before the client asks the broker what it
@@ -56,6 +61,8 @@ BROKER_WITH_CURVE = ("the broker at {endpoint} requires CURVE: give this client 
 WRONG_BROKER_KEY = ("the broker at {endpoint} does not complete the CURVE handshake: the broker.key this "
                     "client pins is most likely not that broker's key (was it given new keys?): copy its "
                     "current broker.key here")
+STALLED = ("the broker at {endpoint} accepted the connection but has not completed the handshake within "
+           "{seconds:g}s: it may be frozen, hung or overloaded")
 NO_HANDSHAKE = ("the broker at {endpoint} does not complete the handshake: is it an mc0 broker, with the "
                 "same CURVE setting as this client?")
 MISMATCH = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
@@ -92,20 +99,27 @@ class ConnectionWatch:
     """The state of one client socket's connection, from its monitor events."""
 
     def __init__(
-        self, endpoint: str, *, curve_public: bytes | None, refused_for: float = REFUSED_FOR
+        self, endpoint: str, *, curve_public: bytes | None, refused_for: float = REFUSED_FOR,
+        stalled_for: float | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.curve_public = curve_public  # this client's public key (Z85), None for a plaintext client
         self.refused_for = refused_for  # refused connects for this long: nothing listens (REFUSED_FOR...)
+        # A TCP connection without a handshake for this long: the broker is stalled (None: wait on).
+        self.stalled_for = stalled_for
         self.connected = False  # a handshake succeeded and the connection has not been lost since
         self.ever_connected = False
         self.refused_since: float | None = None  # first refused connect since the last connection
+        self.accepted_at: float | None = None  # TCP connected, the handshake not over (nor failed) yet
+        self.stalled = False  # the verdict was STALLED
         self.no_detail = 0  # handshakes failed without a reason, in a row
         self.asked = False  # the broker's mechanism was asked for since the last connection
         self.failure: Unreachable | None = None  # the last verdict, kept while nothing else happens
 
     def event(self, kind: int, value: int, now: float) -> Verdict:
         """One monitor event; what it means for the client, if anything yet."""
+        if kind != zmq.EVENT_CONNECTED:
+            self.accepted_at = None  # the handshake is over, one way or the other, or there is no connection
         if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             came_back = self.ever_connected and not self.connected
             self.connected = self.ever_connected = True
@@ -123,6 +137,7 @@ class ConnectionWatch:
             return self.check(now)
         if kind == zmq.EVENT_CONNECTED:
             self.refused_since = None  # something listens; what it says comes next
+            self.accepted_at = now
             return None
         curve = self.curve_public is not None
         if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
@@ -149,9 +164,14 @@ class ConnectionWatch:
         return self._fail(NO_HANDSHAKE)
 
     def check(self, now: float) -> Unreachable | None:
-        """On the client's timer: connects refused for ``refused_for`` seconds mean nothing is listening."""
+        """On the client's timer: connects refused for ``refused_for`` seconds mean nothing is listening; a
+        connection without a handshake for ``stalled_for`` seconds, a stalled broker."""
         if self.refused_since is not None and now - self.refused_since >= self.refused_for:
             return self._fail(NOTHING_LISTENING)
+        if (self.stalled_for is not None and self.accepted_at is not None
+                and now - self.accepted_at >= self.stalled_for):
+            self.stalled = True
+            return self._fail(STALLED, seconds=self.stalled_for)
         return self.failure
 
     def timed_out(self, seconds: float) -> str:
@@ -160,6 +180,8 @@ class ConnectionWatch:
             return self.failure.reason
         if self.refused_since is not None:
             return NOTHING_LISTENING.format(endpoint=self.endpoint)
+        if self.accepted_at is not None:
+            return STALLED.format(endpoint=self.endpoint, seconds=seconds)
         if not self.ever_connected:
             return (f"no connection to the broker at {self.endpoint} within {seconds:g}s: is the address "
                     "right, and reachable from here?")

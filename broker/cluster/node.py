@@ -68,8 +68,9 @@ SETTLE_AGAIN = 0.02
 REPORT_EVERY = 2.0
 #: Seconds a join command may take before the broker sends another (one that got no answer at all).
 JOIN_WAIT = 5.0
-#: Seconds after it starts during which a member that reaches no majority tells clients to try again rather
-#: than refusing for good: its Raft connects to the others meanwhile (PySyncObj tries every append period).
+#: Seconds after it starts, or after it lost its majority, during which a member that reaches no majority
+#: tells clients to try again rather than refusing for good: its Raft connects to the others meanwhile
+#: (PySyncObj tries every append period).
 STARTING_FOR = 3.0
 #: Seconds a new leader waits for each other broker's answer while it takes over.
 ASK_TIMEOUT = 1.0
@@ -122,6 +123,9 @@ class Cluster:
         self.state = ClusterState()
         self.role = Role(False, None, 1, self.size)
         self.started = time.monotonic()  # a member that reaches no majority yet may only be starting
+        # ... or, when it lost its majority a moment ago, reconnecting (it was paused, and the others gave up
+        # on its connections; or they restarted).
+        self.majority_lost_at: float | None = None
         self.serving = False  # leading an epoch this broker took
         self.handing_over = False  # a leader asked to stop: it takes no more publishes (hand_over)
         self._changed = asyncio.Event()  # set, while handing over, when the state or a position moves
@@ -214,6 +218,8 @@ class Cluster:
     # ------------------------------------------------------------------------------- what Raft tells us
 
     def on_role(self, role: Role) -> None:
+        if self._majority_in_reach() and role.reachable * 2 <= role.size:
+            self.majority_lost_at = time.monotonic()
         self.role = role
         self._changed.set()
         # A leader handing the cluster over that Raft elects again (its target lost the election) does not
@@ -337,12 +343,19 @@ class Cluster:
     def _starting(self) -> bool:
         return time.monotonic() - self.started < STARTING_FOR
 
+    def _reconnecting(self) -> bool:
+        lost = self.majority_lost_at
+        return lost is not None and time.monotonic() - lost < STARTING_FOR
+
     def _no_leader(self) -> str:
         """Why this broker, which does not lead, cannot name a leader to go to."""
         if self.role.leader == self.node:
             return "it was just elected and is catching up from the replicas: try again in a moment"
         if not self._majority_in_reach() and self._starting():
             return "it started a moment ago and is connecting to the other members: try again in a moment"
+        if not self._majority_in_reach() and self._reconnecting():
+            return ("it lost the other members a moment ago and is connecting to them again: try again in a "
+                    "moment")
         return (f"no leader is known ({self.role.reachable} of {self.size} brokers reachable): try again "
                 "once a majority is")
 
@@ -367,8 +380,9 @@ class Cluster:
                 text = f"this broker does not lead the cluster ({where})"
             # Without a leader to name but with a majority in reach, a leader is being chosen or is taking
             # over, which is short: the client is told when to ask again. A minority's refusal is final,
-            # unless this broker has only just started (its Raft connections are still being made).
-            electing = self._majority_in_reach() or self._starting()
+            # unless this broker has only just started or lost its majority a moment ago (its Raft
+            # connections are being made): a client that knows other members tries them meanwhile.
+            electing = self._majority_in_reach() or self._starting() or self._reconnecting()
             retry_ms = HAND_OVER_RETRY_MS if self.serving and self.handing_over else RETRY_MS
             return mc0.leader_error(text, endpoint.encode() if endpoint else None, getattr(event, "id", None),
                                     retry_ms=retry_ms if electing else None)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +28,7 @@ from broker.server import ensure_keys
 from connector import AsyncClient, Client, ConnectorError, Credentials
 from connector import keys as key_files
 from connector.cli import main
+from connector.connection import STALLED_FOR
 
 if TYPE_CHECKING:
     from conftest import BrokerFactory
@@ -138,6 +141,45 @@ def test_nothing_listening_is_said_within_the_second(kind: str) -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     error = failing_within(PROMPT, kind, endpoint, None)
     assert str(error).startswith(f"nothing is listening at {endpoint}: start the broker")
+
+
+@pytest.fixture
+def stalled() -> Iterator[str]:
+    """An endpoint whose kernel accepts connections that nothing ever reads (a listening socket never
+    accepted from): what a frozen or hung broker looks like to a client."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_a_broker_that_never_completes_the_handshake_is_said_so(kind: str, stalled: str) -> None:
+    """One broker: the client waits its timeout (5 s) for it, then says what it saw."""
+    error = failing_within(5.0 + PROMPT, kind, stalled, None)
+    assert str(error) == (f"the broker at {stalled} accepted the connection but has not completed the "
+                          "handshake within 5s: it may be frozen, hung or overloaded")
+
+
+@pytest.mark.parametrize("wire", ["auto", "zeromq"])
+def test_a_cluster_member_that_never_completes_the_handshake_is_passed_over(
+    wire: str, stalled: str, start_broker: BrokerFactory
+) -> None:
+    """Several members, the first stalled: the client goes to the next after STALLED_FOR (2 s), well within
+    its timeout, instead of waiting there until the timeout fails it."""
+    broker = start_broker(curve=False)
+    started = time.monotonic()
+    with Client([stalled, broker.endpoint], curve=False, timeout=10.0, wire=wire) as client:
+        assert client.endpoint == broker.endpoint
+        assert client.publish("stalled", "through the next member", confirm=True) is not None
+    assert STALLED_FOR <= time.monotonic() - started < STALLED_FOR + 3.0
+
+    async def main() -> None:
+        async with AsyncClient([stalled, broker.endpoint], curve=False, timeout=10.0, wire=wire) as client:
+            assert client.endpoint == broker.endpoint
+
+    started = time.monotonic()
+    asyncio.run(main())
+    assert time.monotonic() - started < STALLED_FOR + 3.0
 
 
 def test_keys_admit_on_a_running_broker_admits_at_once(start_broker: BrokerFactory, keys_dir: Path) -> None:

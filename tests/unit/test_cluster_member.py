@@ -80,6 +80,24 @@ def test_the_answer_to_a_publish_says_where_to_go_or_when_to_ask_again() -> None
     assert b"started a moment ago" in answer.message
 
 
+def test_a_member_that_lost_its_majority_a_moment_ago_asks_clients_back() -> None:
+    """Paused, it finds its Raft connections gone when it runs again (the others gave up on them): for
+    STARTING_FOR its refusal asks clients to come back (a client that knows other members tries them), as
+    at a start; a member still without a majority after that is a minority, and its refusal is final."""
+    cluster = member()
+    cluster.started -= STARTING_FOR
+    cluster.on_role(Role(False, None, 3, 3))
+    cluster.on_role(Role(False, None, 1, 3))
+    answer = refused(cluster)
+    assert answer.headers[mc0.RETRY_AFTER] == b"%d" % RETRY_MS
+    assert b"lost the other members a moment ago" in answer.message
+    assert cluster.majority_lost_at is not None
+    cluster.majority_lost_at -= STARTING_FOR
+    answer = refused(cluster)
+    assert mc0.RETRY_AFTER not in answer.headers
+    assert b"no leader is known (1 of 3 brokers reachable)" in answer.message
+
+
 def test_a_leader_handing_the_cluster_over_asks_clients_back_sooner() -> None:
     cluster = member()
     cluster.state.leader = cluster.node
