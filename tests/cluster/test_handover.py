@@ -1,7 +1,8 @@
 """A leader asked to stop (SIGTERM: a rolling restart, ``docker stop``) hands the cluster over to a follower
 before it goes: a publisher that publishes confirmed messages the whole time never sees an error, every
 message is stored once, in order, and the new leader serves within a fraction of what a killed leader's
-failover takes. Twice in a row, each stopped broker started again. Real broker processes."""
+failover takes. Twice in a row, each stopped broker started again; and a rolling restart of every member in
+turn, followers first. Real broker processes."""
 
 from __future__ import annotations
 
@@ -94,3 +95,49 @@ def test_a_leader_asked_to_stop_hands_over_and_no_publish_fails(cluster_factory)
     with Client(cluster.endpoints, **cluster.client_options(), timeout=10) as client:
         stored = client.fetch(TOPIC, ids[0], max_messages=len(ids) + 10).messages
     assert [message.body.decode() for message in stored] == [str(n) for n in range(len(ids))]
+
+
+@pytest.mark.timeout(240)
+def test_a_rolling_restart_of_every_member_fails_no_publish(cluster_factory) -> None:  # noqa: F811
+    """An upgrade: each member stopped (SIGTERM) and started again in turn, the followers first and the
+    leader last, each back in the majority (the leader counts it holding what was confirmed) before the next
+    goes. The publisher never sees an error, every message is stored once, in order, and every member ends
+    up holding all of them."""
+    cluster: Cluster = cluster_factory()
+    publisher = Publisher(cluster)
+    publisher.start()
+    first = cluster.settled()
+    try:
+        for member in [*(other for other in cluster.members if other is not first), first]:
+            before = publisher.count()
+            _until(lambda before=before: publisher.count() >= before + AROUND or publisher.errors,
+                   "publishes confirmed before the stop")
+            assert member.process is not None
+            member.process.send_signal(signal.SIGTERM)
+            assert member.process.wait(15) == 0, member.log()[-3000:]
+            at_stop = publisher.count()
+            _until(lambda at_stop=at_stop: publisher.count() >= at_stop + AROUND or publisher.errors,
+                   "publishes confirmed while a member is down")
+            cluster.start(member)
+            last = publisher.confirmed[-1][1]
+            _until(lambda member=member, last=last: _holds(cluster, member, last),
+                   f"broker {member.index} back in the majority")
+    finally:
+        publisher.stop.set()
+        publisher.join(30)
+    assert publisher.errors == [], publisher.errors
+    ids = [message_id for _, message_id in publisher.confirmed]
+    assert ids == list(range(ids[0], ids[0] + len(ids))), "ids in order, none skipped or repeated"
+    with Client(cluster.endpoints, **cluster.client_options(), timeout=10) as client:
+        stored = client.fetch(TOPIC, ids[0], max_messages=len(ids) + 10).messages
+    assert [message.body.decode() for message in stored] == [str(n) for n in range(len(ids))]
+    last = ids[-1]
+    _until(lambda: all(_holds(cluster, member, last) for member in cluster.members), "every member holds all")
+
+
+def _holds(cluster: Cluster, member: Member, last: int) -> bool:
+    """Whether ``member`` holds message ``last`` of TOPIC, as the leader counts (the leader itself does)."""
+    leader = cluster.settled()
+    if member is leader:
+        return True
+    return cluster.cluster_view(leader)["replicas"].get(TOPIC, {}).get(member.raft, 0) > last
