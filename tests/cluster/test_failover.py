@@ -97,6 +97,14 @@ def _stored(data_dir: Path) -> list[tuple[int, bytes]]:
     return out
 
 
+def _under_way(cluster: Cluster) -> tuple[Publisher, Subscriber]:
+    """The careful publisher and the subscriber, started (the subscriber reads from the beginning)."""
+    publisher, subscriber = Publisher(cluster), Subscriber(cluster)
+    subscriber.start()
+    publisher.start()
+    return publisher, subscriber
+
+
 def _until_confirmed(publisher: Publisher, more: int, when: str) -> None:
     """Wait until the publisher has ``more`` batches confirmed than now (at most 40 s)."""
     wanted = len(publisher.confirmed) + more
@@ -159,19 +167,11 @@ def _every_confirmed_once(
 @pytest.mark.timeout(240)
 def test_sigkill_the_leader_ten_times_loses_and_repeats_nothing(cluster_factory) -> None:  # noqa: F811
     cluster: Cluster = cluster_factory()
-    publisher, subscriber = Publisher(cluster), Subscriber(cluster)
-    subscriber.start()
-    publisher.start()
+    publisher, subscriber = _under_way(cluster)
     failovers: list[float] = []
     try:
         for kill in range(KILLS):
-            wanted = len(publisher.confirmed) + BETWEEN
-            deadline = time.monotonic() + 40
-            while len(publisher.confirmed) < wanted:
-                assert publisher.error is None, publisher.error
-                assert time.monotonic() < deadline, f"kill {kill}: the publisher is stuck at " \
-                    f"{len(publisher.confirmed)} batches"
-                time.sleep(0.02)
+            _until_confirmed(publisher, BETWEEN, f"before kill {kill}")
             leader = cluster.settled()
             before = len(publisher.confirmed)
             killed_at = time.monotonic()
@@ -181,11 +181,7 @@ def test_sigkill_the_leader_ten_times_loses_and_repeats_nothing(cluster_factory)
                 time.sleep(0.005)
             failovers.append(publisher.first_after[before] - killed_at)
             cluster.start(leader)  # back as a follower: it cuts what it had alone and copies on
-        deadline = time.monotonic() + 20
-        final = len(publisher.confirmed) + BETWEEN
-        while len(publisher.confirmed) < final:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        _until_confirmed(publisher, BETWEEN, "after the last kill")
     finally:
         publisher.stop.set()
         publisher.join(20)
@@ -206,9 +202,7 @@ def test_a_leader_paused_past_an_election_is_deposed_and_loses_and_repeats_nothi
     and follows; frozen for longer than the clients' heartbeat TTL, it is left by them for the new leader
     before it comes back. Then the checks of the kills above."""
     cluster: Cluster = cluster_factory()
-    publisher, subscriber = Publisher(cluster), Subscriber(cluster)
-    subscriber.start()
-    publisher.start()
+    publisher, subscriber = _under_way(cluster)
     moves: list[float] = []
     try:
         for pause in PAUSES:
