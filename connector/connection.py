@@ -7,6 +7,9 @@ into what a person needs to hear, within a second where libzmq tells us:
 * nothing is listening at the address (connects refused for ``REFUSED_FOR`` seconds);
 * the broker refused this client's CURVE key (a ZAP refusal: the key is not on the broker's allow-list);
 * CURVE on one side only (a ZMTP mechanism mismatch);
+* something accepted the TCP connection but completes no handshake (a frozen or hung broker, whose kernel
+  accepts for it): said when the client's timeout runs out, or after ``STALLED_FOR`` for a client with other
+  members of a cluster to try;
 * the handshake fails without a reason, repeatedly. libzmq then cannot tell us more (the broker closed the
   connection before saying why), so the client asks the broker itself: it opens a plain TCP connection and
   reads the mechanism in the broker's ZMTP greeting (:data:`GREETING_OPENING`, :func:`greeting_mechanism`).
