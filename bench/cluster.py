@@ -39,7 +39,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import zmq
 
@@ -305,7 +305,9 @@ def _until_holds(cluster: Cluster, leader: Member, follower: Member, last: int, 
         time.sleep(0.002)
 
 
-def failover_seconds(cluster: Cluster, client: Client, how: str = "kill") -> tuple[float, int]:
+def failover_seconds(
+    cluster: Cluster, client: Client, how: Literal["kill", "term", "freeze"] = "kill"
+) -> tuple[float, int]:
     """Stop the leader ``how``: ``kill`` (SIGKILL), ``term`` (SIGTERM: it hands the cluster over) or
     ``freeze`` (SIGSTOP); seconds until a publish is confirmed again, by the new leader, and how many
     publishes failed meanwhile. The stopped broker is started again, or let go (as a follower), before this
@@ -421,13 +423,15 @@ def main(argv: list[str]) -> int:
                  engine=args.mc0_engine, catch_up=args.catch_up, freezes=args.freezes)
     for label, rate in report.rates.items():
         print(f"{'confirmed, ' + label.replace(' ', ', ', 1) + ' in flight':<40}{rate:>12,.0f} msg/s")
-    for label, times, what in (("failover (kill -> first confirmed)", report.failovers, "kills"),
-                               ("handover (SIGTERM -> first confirmed)", report.handovers, "stops"),
-                               ("frozen leader (SIGSTOP -> confirmed)", report.freezes, "freezes")):
+    for label, times, what in (
+        ("failover (kill -> first confirmed)", report.failovers, "kills"),
+        ("handover (SIGTERM -> first confirmed)", report.handovers,
+         f"stops, {report.handover_failures} publishes failed"),
+        ("frozen leader (SIGSTOP -> confirmed)", report.freezes, "freezes"),
+    ):
         if times:
-            failed = f", {report.handover_failures} publishes failed" if times is report.handovers else ""
             print(f"{label:<40}p50 {percentile(times, 0.5):.2f} s, p99 {percentile(times, 0.99):.2f} s over "
-                  f"{len(times)} {what}{failed}")
+                  f"{len(times)} {what}")
     if report.catch_up is not None:
         print(f"{'a stopped follower catching up':<40}{report.catch_up:>12,.0f} msg/s "
               f"({args.catch_up:,} messages)")

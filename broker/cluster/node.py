@@ -218,9 +218,10 @@ class Cluster:
     # ------------------------------------------------------------------------------- what Raft tells us
 
     def on_role(self, role: Role) -> None:
-        if self._majority_in_reach() and role.reachable * 2 <= role.size:
-            self.majority_lost_at = time.monotonic()
+        had_majority = self._majority_in_reach()
         self.role = role
+        if had_majority and not self._majority_in_reach():
+            self.majority_lost_at = time.monotonic()
         self._changed.set()
         # A leader handing the cluster over that Raft elects again (its target lost the election) does not
         # take over: it hands leadership on again (hand_over).
@@ -351,11 +352,12 @@ class Cluster:
         """Why this broker, which does not lead, cannot name a leader to go to."""
         if self.role.leader == self.node:
             return "it was just elected and is catching up from the replicas: try again in a moment"
-        if not self._majority_in_reach() and self._starting():
-            return "it started a moment ago and is connecting to the other members: try again in a moment"
-        if not self._majority_in_reach() and self._reconnecting():
-            return ("it lost the other members a moment ago and is connecting to them again: try again in a "
-                    "moment")
+        if not self._majority_in_reach():
+            if self._starting():
+                return "it started a moment ago and is connecting to the other members: try again in a moment"
+            if self._reconnecting():
+                return ("it lost the other members a moment ago and is connecting to them again: try "
+                        "again in a moment")
         return (f"no leader is known ({self.role.reachable} of {self.size} brokers reachable): try again "
                 "once a majority is")
 
