@@ -11,10 +11,11 @@ decodes only the others (``pipeline.arrow``), and the store, which appends a run
 cluster leader at once when all are plain (``broker.store.log``). Why: a msgpack decode per record was most of
 what either paid per record.
 
-:func:`uniform_run` is the same recognition, with the heads and CRCs, for a run of records of one layout,
-without numpy: one byte column at a time with bytes slicing. A cluster follower at 100 confirmations in flight
-copies runs of about a hundred records into a process that slept since the last one, and there numpy's fixed
-cost per call was most of the check (docs/cluster.md, "Checking a copied run").
+:func:`uniform_layout` is the same recognition for records of one size that share one layout, without numpy:
+one byte column at a time with bytes slicing; the Spark source then takes each field as a column of the
+reply seen as a table of rows. :func:`uniform_run` adds the heads and CRCs: a cluster follower at 100
+confirmations in flight copies runs of about a hundred records into a process that slept since the last one,
+and there numpy's fixed cost per call was most of the check (docs/cluster.md, "Checking a copied run").
 
 numpy is imported with this module, which the connector does not import (an agent that never reads records
 in bulk does not wait for numpy).
@@ -106,6 +107,34 @@ def _plain_body(payload: bytes, start: int, end: int) -> tuple[int, int] | None:
     return width, body
 
 
+class Uniform(NamedTuple):
+    """The layout every record of a run shares: its timestamp's width in bytes (0 for a positive fixint, the
+    marker itself) and where its body starts, from the start of the record."""
+
+    width: int
+    body: int
+
+
+def uniform_layout(payload: bytes, stride: int, count: int) -> Uniform | None:
+    """The layout of the ``count`` records of ``stride`` bytes that make up ``payload``, if all are plain and
+    share the first's (see :func:`uniform_run`); None otherwise. Their heads, ids and CRCs are not looked at
+    beyond the length: the caller checks those."""
+    shape = _plain_body(payload, RECORD_HEAD_SIZE, stride)
+    if shape is None:
+        return None
+    width, body = shape
+    shared = [0, 1, 2, 3, RECORD_HEAD_SIZE, *range(RECORD_HEAD_SIZE + 2 + width, body)]
+    if width:
+        shared.append(RECORD_HEAD_SIZE + 1)  # the marker of an unsigned timestamp of that width
+    elif max(payload[RECORD_HEAD_SIZE + 1 :: stride]) >= 0x80:
+        return None  # a positive fixint's marker is its value: any below 0x80, each its own
+    for offset in shared:
+        column = payload[offset::stride]
+        if column.count(column[0]) != count:
+            return None
+    return Uniform(width, body)
+
+
 def uniform_run(payload: bytes, start_id: int, count: int) -> int | None:
     """The size of each record if the ``count`` records of ``payload`` are plain (see :func:`layout`) and of
     one layout (one size, the same timestamp width and body length: what a publisher of fixed-size bodies
@@ -122,21 +151,8 @@ def uniform_run(payload: bytes, start_id: int, count: int) -> int | None:
     if count <= 0 or size < RECORD_HEAD_SIZE:
         return None
     stride = RECORD_HEAD_SIZE + int.from_bytes(payload[:4], "big")
-    if stride * count != size:
+    if stride * count != size or uniform_layout(payload, stride, count) is None:
         return None
-    shape = _plain_body(payload, RECORD_HEAD_SIZE, stride)
-    if shape is None:
-        return None
-    width, body = shape
-    shared = [0, 1, 2, 3, RECORD_HEAD_SIZE, *range(RECORD_HEAD_SIZE + 2 + width, body)]
-    if width:
-        shared.append(RECORD_HEAD_SIZE + 1)  # the marker of an unsigned timestamp of that width
-    elif max(payload[RECORD_HEAD_SIZE + 1 :: stride]) >= 0x80:
-        return None  # a positive fixint's marker is its value: any below 0x80, each its own
-    for offset in shared:
-        column = payload[offset::stride]
-        if column.count(column[0]) != count:
-            return None
     heads = list(struct.iter_unpack(f">4xIQ{stride - RECORD_HEAD_SIZE}x", payload))  # (crc, id) per record
     if list(map(itemgetter(1), heads)) != list(range(start_id, start_id + count)):
         return None

@@ -39,6 +39,36 @@ def test_records_of_one_size_become_columns() -> None:
     assert [int(r["timestamp"].timestamp() * 1000) for r in got[:2]] == [1_700_000_000_000, 1_700_000_000_001]
 
 
+def expected(made: list[tuple[int, int, dict[bytes, bytes], bytes]]) -> list[dict]:
+    """What each record becomes, decoded on its own."""
+    return [{"id": record_id, "value": body, "key": headers.get(b"KEY"), "stamp": stamp,
+             "headers": [{"key": k.decode(), "value": v} for k, v in headers.items() if k != b"KEY"]}
+            for record_id, stamp, headers, body in made]
+
+
+def seen(got: list[dict]) -> list[dict]:
+    return [{"id": row["id"], "value": row["value"], "key": row["key"], "headers": row["headers"],
+             "stamp": round(row["timestamp"].timestamp() * 1000)} for row in got]
+
+
+@pytest.mark.parametrize("stamps", [range(0, 128, 3), range(128, 256), range(256, 300), range(70_000, 70_040),
+                                    range(5_000_000_000, 5_000_000_040)],
+                         ids=["fixint", "uint8", "uint16", "uint32", "uint64"])
+def test_records_of_one_layout_are_read_as_columns_of_rows(stamps: range) -> None:
+    """Records of one size and layout (the strided path) give what decoding each one gives, cut or not, for
+    every timestamp width; a run of one size whose records differ in layout is read record by record."""
+    made = [(7 + n, stamp, {}, bytes([n]) * 50) for n, stamp in enumerate(stamps)]
+    payload = b"".join(record(*entry) for entry in made)
+    assert seen(rows(payload, 7, len(made), headers=True)) == expected(made)
+    assert seen(rows(payload, 7, len(made), headers=True, stop_id=9)) == expected(made[:2])
+    assert rows(payload, 7, len(made), headers=True, stop_id=7) == []
+    # The same size, another layout: a header in place of five bytes of body.
+    odd = (7 + len(made), stamps[0], {b"K": b""}, bytes(50 - 5))
+    payload += record(*odd)
+    assert len(record(*odd)) == len(record(*made[0]))
+    assert seen(rows(payload, 7, len(made) + 1, headers=True)) == expected([*made, odd])
+
+
 def test_records_of_many_shapes_become_the_same_columns() -> None:
     stamps = [0, 5, 200, 70_000, 5_000_000_000, 1_700_000_000_000]  # fixint, uint8/16/32/64
     made = []
