@@ -158,11 +158,15 @@ class Cluster:
         loop = asyncio.get_running_loop()
         directory = Path(self.config.data_dir) / ".cluster"
         password = raft_password(self.config)
+        new = not (directory / "raft.journal").exists()
         self.raft = await asyncio.to_thread(
             RaftNode, self.node, list(self.config.cluster_peers), loop=loop, on_state=self.on_state,
             on_role=self.on_role, directory=directory, timeout=self.config.cluster_timeout, password=password)
         log.info("cluster member %s (mc0 at %s) with %s; Raft traffic %s", self.node, self.endpoint,
                  ", ".join(self.config.cluster_peers), "encrypted" if password else "in the clear")
+        if new:
+            log.info("no Raft state in %s: this member starts new (a first start, or a replaced disk) and "
+                     "copies every persistent topic from the leader", directory)
         if not password:
             log.warning("Raft traffic is unauthenticated (CURVE off, no cluster_secret): anything that "
                         "reaches %s can run code in this broker; allowed on loopback only, for trying a "
