@@ -35,8 +35,11 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replic
 
 from broker.cluster.prevote import PreVote, raft_now
 from broker.cluster.state import ClusterState
+from broker.repeats import hold_repeats
 
 log = logging.getLogger("mc0.cluster")
+#: The loggers PySyncObj writes to.
+PYSYNCOBJ_LOGGERS = ("pysyncobj.syncobj", "pysyncobj.serializer", "pysyncobj.dns_resolver")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +134,9 @@ class RaftNode:
         self._transfer: tuple[str, Callable[[bool], None]] | None = None
         self._consumer = _ReplicatedState(self._applied)
         conf = password_conf(password, timeout, directory, lambda _old, _new: self._tick())
+        # PySyncObj logs a failure on every tick while it lasts (a traceback a second while its journal cannot
+        # be written on a full disk): once a minute is enough.
+        hold_repeats(*PYSYNCOBJ_LOGGERS)
         self._sync = SyncObj(node, self.peers, conf=conf, consumers=[self._consumer])
         # Before PySyncObj's first tick (its thread waits 0.1 s) and its first election deadline (timeout).
         self.prevote = PreVote(self._sync)

@@ -30,7 +30,7 @@ import msgpack
 from broker.cluster.link import Answer, Link, LinkError
 from broker.cluster.state import ReplicaEnd, shared_until
 from broker.engine import Engine, EngineError
-from broker.store import LogIdentity, TopicLog
+from broker.store import LogIdentity, StoreError, SyncFailed, TopicLog
 from protocol import ProtocolError, mc0
 
 log = logging.getLogger("mc0.cluster")
@@ -41,6 +41,9 @@ FETCH_RECORDS = 10_000
 FETCH_BYTES = 4 << 20
 #: Seconds between attempts after the leader refused or did not answer.
 RETRY = 0.2
+#: A copy whose commits fail (a full disk) asks again after RETRY, doubling while they go on failing, up to
+#: this: each ask has the leader read and send up to FETCH_BYTES again.
+MAX_RETRY = 5.0
 
 
 def record_producers(log: TopicLog, raw: bytes | None, start: int, stop: int) -> None:
@@ -106,6 +109,7 @@ class Replicator:
         # the PACKED choice stay; encoding the rest again was a tenth of a follower's turn at 1 in flight.
         self.templates: dict[bytes, tuple[tuple[bytes, bool], mc0.FetchTemplate]] = {}
         self.retries: dict[bytes, asyncio.TimerHandle] = {}
+        self.failing: dict[bytes, int] = {}  # topics whose last writes failed, and how many in a row
         self.copied = 0  # records appended so far
         self.closed = False
         # FETCHes go PACKED (6 frames instead of 22, and 8 instead of 18 back) until the leader refuses one
@@ -141,9 +145,26 @@ class Replicator:
         except LinkError:
             self._later(topic)
 
-    def _later(self, topic: bytes) -> None:
+    def _later(self, topic: bytes, delay: float | None = None) -> None:
+        """Ask again after ``delay`` (RETRY by default)."""
         if not self.closed and topic not in self.retries:
-            self.retries[topic] = asyncio.get_running_loop().call_later(RETRY, self._ask, topic)
+            self.retries[topic] = asyncio.get_running_loop().call_later(RETRY if delay is None else delay,
+                                                                        self._ask, topic)
+
+    def _committed(self, topic: bytes) -> None:
+        """What was copied is committed: ask for more at once. Unless the commit failed (the log says why,
+        once): see :meth:`_after_failure`."""
+        if topic in self.engine.failed:
+            self._after_failure(topic)
+            return
+        self.failing.pop(topic, None)
+        self._ask(topic)
+
+    def _after_failure(self, topic: bytes) -> None:
+        """A write of the copy failed: ask again after a pause that grows while writes go on failing, rather
+        than have the leader send the same records again as fast as they fail."""
+        failed = self.failing[topic] = self.failing.get(topic, 0) + 1
+        self._later(topic, min(MAX_RETRY, RETRY * 2 ** (failed - 1)))
 
     def _answered(self, topic: bytes, event: mc0.Fetch, answer: Answer) -> None:
         if self.closed:
@@ -154,11 +175,20 @@ class Replicator:
             if self._take(topic, event, answer):
                 # What was appended is committed (fsynced for strong topics) before the next FETCH
                 # acknowledges it, and that FETCH leaves at once, not after the rest of the hub's turn.
-                self.flush(committed=lambda: self._ask(topic))
+                self.flush(committed=lambda: self._committed(topic))
                 return
+        except SyncFailed as error:  # the broker stops, loudly
+            self.fail(error)
+            return
+        except StoreError as error:  # a write here failed (a full disk): as a failed commit of the copy
+            log.log(logging.DEBUG if topic in self.failing else logging.WARNING,
+                    "copying %r from %s: %s; trying again after pauses that grow to %g s while it fails",
+                    topic.decode("utf-8", "replace"), self.link.endpoint, error, MAX_RETRY)
+            self._after_failure(topic)
+            return
         except (LinkError, EngineError, ProtocolError) as error:
             log.info("copying %r from %s: %s", topic.decode("utf-8", "replace"), self.link.endpoint, error)
-        except Exception as error:  # a failed fsync (SyncFailed): the broker stops, loudly
+        except Exception as error:  # a bug: the broker stops, loudly
             self.fail(error)
             return
         self._later(topic)

@@ -148,6 +148,9 @@ class SegmentLog:
         self.created = False  # no segment was found at open: a new log (or one whose files were lost)
         self._closed = False
         self._failure: StoreError | None = None  # why the log could not be opened again after a failure
+        # Writes that failed in a row (a full disk): the first is logged as an error, the others only
+        # counted, and the next write that succeeds says how many there were.
+        self._failed_writes = 0
         self._known_first = 1  # first_id while the log has no segments in hand (see _reopen)
         self._reset()
         self._open()
@@ -220,7 +223,8 @@ class SegmentLog:
                 if corrupt is not None:
                     damaged.append(corrupt)
             active = segments[-1]
-            self.truncated_bytes, self._last_entry = active.recover_active(self.index_interval)
+            self.truncated_bytes, self._last_entry = active.recover_active(self.index_interval,
+                                                                           quiet=self._failed_writes > 1)
         except BaseException:
             for segment in segments:
                 segment.close()
@@ -358,8 +362,10 @@ class SegmentLog:
     def _recover(self, error: StoreError) -> None:
         """After a failed write or open: fsync what the files hold, close them, and read the state back from
         them; what was only in memory (the failed commit's messages and acks) is gone."""
-        log.error("%s: %s; the log is read back from its files, the messages of this commit are refused",
-                  self.directory, error)
+        self._failed_writes += 1
+        log.log(logging.ERROR if self._failed_writes == 1 else logging.DEBUG,
+                "%s: %s; the log is read back from its files, the messages of this commit are refused (said "
+                "once: the next write that succeeds says how many failed)", self.directory, error)
         try:
             if self._unsynced_files():
                 self._fsync_written()
@@ -797,6 +803,9 @@ class SegmentLog:
         except StoreError as error:
             self._recover(error)
             raise
+        if self._failed_writes:
+            log.warning("%s: writes succeed again, after %d failed", self.directory, self._failed_writes)
+            self._failed_writes = 0
 
     def close(self) -> None:
         """Write, fsync and close every file. Idempotent."""

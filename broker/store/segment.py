@@ -686,13 +686,14 @@ class Segment:
         self.last_id = scan.next_id - 1
         return None
 
-    def recover_active(self, index_interval: int) -> tuple[int, int]:
+    def recover_active(self, index_interval: int, *, quiet: bool = False) -> tuple[int, int]:
         """Open the last segment read-write and cut a torn tail. Returns ``(bytes removed, last entry pos)``.
 
         The scan starts at the newest index entry that points at a complete, CRC-valid record with that id
         (or at the first record) and stops at the first record that is incomplete, fails its CRC or has the
         wrong id; the file is truncated there and fsynced, with a warning if anything but the space
-        :meth:`append` reserved was cut (:func:`written_length`). A header shorter than 16 bytes is a
+        :meth:`append` reserved was cut (:func:`written_length`; a debug line if ``quiet``: the log is
+        recovering from a failed write again, and said so the first time). A header shorter than 16 bytes is a
         crash while creating the segment, and so is a file of nothing but zero bytes: the file is reset to a
         fresh header.
         """
@@ -732,7 +733,8 @@ class Segment:
             cut(self.fd, scan.end, self.path)
             fsync(self.fd, self.path)
             if removed:
-                log.warning(
+                log.log(
+                    logging.DEBUG if quiet else logging.WARNING,
                     "%s: recovery truncated %d bytes of torn tail at byte %d (%s)",
                     self.path,
                     removed,

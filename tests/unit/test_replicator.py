@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import failing_writes
 
 from broker.cluster import replicator as replicator_module
 from broker.cluster.link import Answer, LinkError
@@ -34,6 +37,7 @@ class FakeLink:
     def __init__(self) -> None:
         self.asked: list[tuple[mc0.Fetch, Callable[[Answer], None]]] = []
         self.closed = False
+        self.waiter: asyncio.Future[None] | None = None  # set by the next FETCH
 
     def ask(self, event: mc0.Fetch, timeout: float, answered: Callable[[Answer], None],
             template: mc0.FetchTemplate | None = None) -> None:
@@ -44,6 +48,8 @@ class FakeLink:
         assert template is not None
         assert template.frames(event.start, b"7") == mc0.encode(dataclasses.replace(event, id=b"7"))
         self.asked.append((event, answered))
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
     def close(self) -> None:
         self.closed = True
@@ -197,6 +203,93 @@ def test_fetches_go_packed_and_a_leader_that_refuses_the_first_is_asked_with_pla
         assert not link.asked[-1][0].packed  # plain from then on, for this leader
         assert replicator.copied == 1
         assert not failures
+        replicator.close()
+
+    asyncio.run(run())
+
+
+async def _pauses(link: FakeLink, leader: Engine, rounds: int, start: int) -> list[float]:
+    """Answer the last FETCH ``rounds`` times (each asking from ``start`` again), and how long each next
+    FETCH took to come."""
+    pauses = []
+    for _ in range(rounds):
+        fetch, answered = link.asked[-1]
+        assert fetch.start == start  # nothing was stored: the same records again
+        link.waiter = asyncio.get_running_loop().create_future()
+        answered(answer_from(leader, fetch))
+        started = time.monotonic()
+        await asyncio.wait_for(link.waiter, 5)
+        pauses.append(time.monotonic() - started)
+    return pauses
+
+
+def test_a_copy_whose_disk_is_full_asks_again_after_growing_pauses_and_says_so_once(
+        leader: Engine, follower: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        tmp_path: Path) -> None:
+    """A commit of copied records that fails (a full disk) is not retried as fast as it fails: the next FETCH
+    waits RETRY, then twice that while the commits go on failing; the log says so once, and once more when a
+    write succeeds again; the copy then goes on at once."""
+    monkeypatch.setattr(replicator_module, "RETRY", 0.02)
+    caplog.set_level(logging.DEBUG, logger="mc0.store")
+
+    async def run() -> None:
+        link, failures, replicator = following(follower)
+        leader.publish(TOPIC, b"m0", {}, NOW)
+        leader.commit()
+        link.asked[-1][1](answer_from(leader, link.asked[-1][0]))  # the leader's identity taken, m0 copied
+        for n in range(1, 6):
+            leader.publish(TOPIC, b"m%d" % n, {}, NOW)
+        leader.commit()
+        with failing_writes(monkeypatch, str(tmp_path / "follower")):
+            pauses = await _pauses(link, leader, 3, 2)
+        assert pauses[0] >= 0.02
+        assert pauses[1] >= 0.04
+        assert pauses[2] >= 0.08
+        fetch, answered = link.asked[-1]
+        answered(answer_from(leader, fetch))
+        assert link.asked[-1][0].start == 7  # stored, and asked for more at once
+        log = follower.topics[TOPIC].log
+        assert log is not None
+        assert [message.body for message in log.read(1, 100, 1 << 20)] == [b"m%d" % n for n in range(6)]
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1
+        assert "No space left on device" in errors[0].getMessage()
+        assert "said once" in errors[0].getMessage()
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert sum("torn tail" in warning for warning in warnings) <= 1
+        assert [warning for warning in warnings if "succeed again" in warning] == \
+            [f"{tmp_path / 'follower'}/copy.strong: writes succeed again, after 3 failed"]
+        assert not failures
+        replicator.close()
+
+    asyncio.run(run())
+
+
+def test_a_copy_that_cannot_record_the_leaders_identity_waits_and_the_broker_goes_on(
+        leader: Engine, follower: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        tmp_path: Path) -> None:
+    """The first answer from a leader makes the copy take its log identity, written in the topic's meta
+    file: on a full disk that fails. The copy waits and tries again (it used to stop the broker as a failed
+    fsync does), said once; with room again it copies."""
+    monkeypatch.setattr(replicator_module, "RETRY", 0.02)
+    caplog.set_level(logging.DEBUG, logger="mc0.cluster")
+
+    async def run() -> None:
+        link, failures, replicator = following(follower)
+        leader.publish(TOPIC, b"m0", {}, NOW)
+        leader.commit()
+        with failing_writes(monkeypatch, str(tmp_path / "follower")):
+            pauses = await _pauses(link, leader, 2, 1)
+        assert not failures  # the broker goes on
+        assert pauses[0] >= 0.02
+        assert pauses[1] >= 0.04
+        said = [r for r in caplog.records if r.name == "mc0.cluster" and r.levelno >= logging.WARNING]
+        assert len(said) == 1
+        assert "No space left on device" in said[0].getMessage()
+        assert "trying again" in said[0].getMessage()
+        link.asked[-1][1](answer_from(leader, link.asked[-1][0]))
+        assert link.asked[-1][0].start == 2
+        assert replicator.copied == 1
         replicator.close()
 
     asyncio.run(run())

@@ -9,6 +9,7 @@ Damaged stored messages fail FETCH with an error naming them and are skipped, co
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -75,6 +76,32 @@ def test_a_failed_write_refuses_the_commit_and_the_log_reads_itself_back(
     again = FileStore(tmp_path)
     assert bodies(again.open(b"s.one", STRONG).read(1, 100, 1 << 20)) == [1, 2, 3, 4, 5, 6]
     again.close()
+
+
+def test_writes_that_go_on_failing_are_said_once_and_their_end_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk under a busy topic: every commit fails, but the log says so once (an error), not once a
+    commit, and says when a write succeeds again and how many failed."""
+    caplog.set_level(logging.DEBUG, logger="mc0.store")
+    store = FileStore(tmp_path)
+    log = store.open(b"s.one", STRONG)
+    log.append(message(b"s.one", 1))
+    log.commit()
+    with failing_writes(monkeypatch, ".log"):
+        for _ in range(5):
+            log.append(message(b"s.one", 2))
+            with pytest.raises(StoreError, match="write failed"):
+                log.commit()
+    log.append(message(b"s.one", 2))
+    log.commit()
+    said = [(record.levelno, record.getMessage()) for record in caplog.records
+            if record.levelno > logging.DEBUG]
+    assert len([text for level, text in said if level == logging.ERROR]) == 1
+    assert said[-1] == (logging.WARNING, f"{log.directory}: writes succeed again, after 5 failed")
+    assert len(said) <= 3  # the error, at most one torn tail cut, the end
+    assert bodies(log.read(1, 100, 1 << 20)) == [1, 2]
+    store.close()
 
 
 def test_a_segment_that_cannot_be_created_refuses_the_commit_only(tmp_path: Path,
