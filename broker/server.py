@@ -414,6 +414,7 @@ async def _serve(
             hub.readiness.append(cluster.unready)
             cluster.on_demoted = functools.partial(_demoted, router, gateways)
             hub.ahead.append(router.answer_ahead)
+            hub.after_flush.append(cluster.after_flush)
             for gateway in gateways.values():
                 gateway.refusing = cluster.tcp_refusal
                 gateway.replication = cluster

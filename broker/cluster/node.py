@@ -19,6 +19,8 @@ epoch. What it does, and what it must not do, on the broker's loop:
   topic's log gets a successor identity at its next id, and the ``take_over`` command bumps the epoch with
   them. It serves once that command is applied. docs/cluster.md says why no majority-acknowledged message is
   lost and no id reused.
+* **Handing over.** A leader asked to stop, or one that cannot write a replicated topic (a full disk), hands
+  Raft's leadership to the follower that acknowledged the most (:meth:`hand_over`, :meth:`after_flush`).
 
 This module holds the cluster's policy; it must not reach into the engine's or the store's internals beyond
 the hooks they offer (gate, release, append_replicated, truncate, set_identity) nor speak PySyncObj itself.
@@ -87,6 +89,10 @@ HAND_OVER_LINGER = 0.2
 #: Seconds between a leader's requests to hand Raft's leadership over (refused while the target's Raft log
 #: is not complete yet).
 HAND_OVER_RETRY = 0.05
+#: Seconds after a leader handed the cluster over because it could not write (a full disk) before it does so
+#: again: a member elected again at once while its disk is still full leads meanwhile, refusing what it
+#: cannot store, rather than have the members pass the leadership round while every disk is full.
+UNWRITABLE_AGAIN = 30.0
 #: Verbs a follower refuses (the leader serves them): what reads or writes topics.
 LEADER_ONLY = (mc0.Put, mc0.Puts, mc0.Sub, mc0.Declare, mc0.Delete, mc0.Ack)
 
@@ -128,6 +134,8 @@ class Cluster:
         self.majority_lost_at: float | None = None
         self.serving = False  # leading an epoch this broker took
         self.handing_over = False  # a leader asked to stop: it takes no more publishes (hand_over)
+        self._unwritable_until = -math.inf  # no hand-over for failed writes before then (UNWRITABLE_AGAIN)
+        self._handing: asyncio.Task[None] | None = None  # the hand-over a failed write started
         self._changed = asyncio.Event()  # set, while handing over, when the state or a position moves
         self.fence = 0  # the highest epoch a new leader announced: nothing copied from an older one
         self.taking_over: asyncio.Task[None] | None = None
@@ -212,8 +220,9 @@ class Cluster:
 
     def close(self) -> None:
         self.closed = True
-        if self.taking_over is not None:
-            self.taking_over.cancel()
+        for task in (self.taking_over, self._handing):
+            if task is not None:
+                task.cancel()
         self._stop_copying()
         if self.raft is not None:
             self.raft.close()
@@ -415,7 +424,37 @@ class Cluster:
         log.info("leading the cluster: epoch %d, mc0 at %s", self.state.epoch, self.endpoint)
         self.schedule()
 
-    async def hand_over(self) -> None:
+    def after_flush(self) -> None:
+        """After each turn of the hub: a leader whose commit of a replicated topic failed (its disk is full,
+        say) hands the cluster to a follower that can store what it cannot, as Kafka moves the leadership
+        of partitions off a failed log directory and a JetStream server steps down on a storage error."""
+        failed = self.engine.failed
+        if not failed or not self.serving or self.handing_over or self.raft is None:
+            return
+        topics = self.engine.topics
+        unwritable = [name for name in failed
+                      if (topic := topics.get(name)) is not None and topic.visible_until is not None]
+        if not unwritable:
+            return
+        now = time.monotonic()
+        if now < self._unwritable_until:
+            return
+        self._unwritable_until = now + UNWRITABLE_AGAIN
+        log.warning("this leader cannot store topic %r (%s): handing the cluster to a follower",
+                    unwritable[0].decode("utf-8", "replace"), failed[unwritable[0]])
+        self._handing = asyncio.get_running_loop().create_task(self._hand_over_and_go_on(),
+                                                               name="hand over: cannot write")
+
+    async def _hand_over_and_go_on(self) -> None:
+        """:meth:`hand_over`, by a broker that goes on running: a follower of the new leader, or the leader
+        still if nobody could take it."""
+        try:
+            await self.hand_over("cannot write")
+        finally:
+            self.handing_over = False
+            self._handing = None
+
+    async def hand_over(self, why: str = "stopping") -> None:
         """A leader asked to stop hands the cluster to a follower first, so that its clients carry on at once
         instead of after an election timeout. It takes no more publishes (refusing them with RETRY-AFTER:
         nothing stored, the clients send them again), waits until what it wrote is on a majority (so every
@@ -423,9 +462,11 @@ class Cluster:
         (PySyncObj's transferLeadership: Raft's TimeoutNow, an election at once), and waits for that
         follower's take-over, whose questions it still answers. By then it has stepped down and sent its
         clients to the new leader. At most HAND_OVER_SECONDS; a follower, or a leader with no follower to
-        hand to, stops at once."""
+        hand to, stops at once. ``why`` is for the log: a leader that cannot write hands over the same way
+        and goes on running (:meth:`after_flush`)."""
         if not self.serving or self.raft is None:
             return
+        stopping = why == "stopping"
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + HAND_OVER_SECONDS
@@ -443,17 +484,20 @@ class Cluster:
             chosen = self._successor()
             if chosen is None or not self._majority_in_reach() or loop.time() >= deadline:
                 if chosen is None:
-                    why = "no follower fetched lately"
+                    reason = "no follower fetched lately"
                 elif not self._majority_in_reach():
-                    why = f"{self.role.reachable} of {self.size} brokers reachable"
+                    reason = f"{self.role.reachable} of {self.size} brokers reachable"
                 else:
-                    why = f"not done within {HAND_OVER_SECONDS:g} s"
-                log.warning("stopping without handing the cluster over (%s): the others elect a leader once "
-                            "this broker is gone", why)
+                    reason = f"not done within {HAND_OVER_SECONDS:g} s"
+                if stopping:
+                    log.warning("stopping without handing the cluster over (%s): the others elect a leader "
+                                "once this broker is gone", reason)
+                else:
+                    log.warning("%s, but not handing the cluster over (%s): leading on", why, reason)
                 return
             if chosen != target:
                 target = chosen
-                log.info("stopping: handing the cluster over to %s", target)
+                log.info("%s: handing the cluster over to %s", why, target)
             sent = self.role.leading and await self._transfer(target)
             log.debug("Raft's leadership to %s: %s", target,
                       "TimeoutNow sent" if sent else "refused (its Raft log is not complete yet)")

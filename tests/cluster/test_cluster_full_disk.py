@@ -1,0 +1,88 @@
+"""A cluster leader whose disk is full: three brokers in this process (so that one of them can be given a
+full disk: its writes fail with ENOSPC), the leader's writes made to fail under a publisher. The publish it
+cannot store is refused ("not stored"), the leader hands the cluster to a follower, and the publisher's retry
+is confirmed there; nothing confirmed is lost, nothing is stored twice."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+from conftest import BrokerFactory, failing_writes
+
+from bench.throughput import free_ports
+from broker.server import Broker
+from broker.topics import Persistence, Sync, TopicRule, TopicSpec
+from connector import Client, ConnectorError
+
+TOPIC = "durable.disk"
+RULES = (TopicRule("durable.*", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG)),)
+
+
+def _view(broker: Broker) -> dict:
+    """The broker's own view of the cluster (a raw STATS: a client would follow a follower to the leader)."""
+    with zmq.Context.instance().socket(zmq.DEALER) as socket:
+        socket.linger = 0
+        socket.connect(broker.endpoint)
+        socket.send_multipart([b"", b"STATS", b"ID", b"s", b"LIMIT", b"1"])
+        assert socket.poll(5000), f"{broker.endpoint} did not answer"
+        frames = socket.recv_multipart()
+    assert frames[1] == b"OK", frames
+    return json.loads(frames[-1])["limits"]["cluster"]
+
+
+def _leader(brokers: list[Broker], within: float = 20.0, other_than: Broker | None = None) -> Broker:
+    """The broker every member names as leader, once it serves."""
+    deadline = time.monotonic() + within
+    while True:
+        views = [_view(broker) for broker in brokers]
+        serving = [broker for broker, view in zip(brokers, views, strict=True) if view["serving"]]
+        if len(serving) == 1 and serving[0] is not other_than and \
+                all(view["leader_endpoint"] == serving[0].endpoint for view in views):
+            return serving[0]
+        assert time.monotonic() < deadline, f"no leader every member names: {views}"
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(120)
+def test_a_leader_that_cannot_write_hands_the_cluster_to_a_follower(
+        start_broker: BrokerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="mc0.cluster")
+    rafts = [f"127.0.0.1:{port}" for port in free_ports(3)]
+    brokers = [start_broker(topics=RULES, data_dir=tmp_path / f"broker{index}", lumberjack="off", sexp="off",
+                            msgq="off", rstreams="off", http="off", cluster_node=raft,
+                            cluster_peers=tuple(other for other in rafts if other != raft))
+               for index, raft in enumerate(rafts)]
+    leader = _leader(brokers)
+    endpoints = ",".join(broker.endpoint for broker in brokers)
+    with Client(endpoints, curve=False, timeout=10) as client:
+        client.publish(TOPIC, "before", confirm=True)
+        with failing_writes(monkeypatch, f"{tmp_path / f'broker{brokers.index(leader)}'}/"):
+            with pytest.raises(ConnectorError, match=r"not stored: .*No space left on device"):
+                client.publish(TOPIC, "refused", confirm=True)
+            started = time.monotonic()
+            deadline = started + 15
+            while True:
+                try:
+                    reply = client.publish(TOPIC, "after", confirm=True, timeout=5)
+                    break
+                except ConnectorError:
+                    assert time.monotonic() < deadline, "no member took the publish"
+                    time.sleep(0.05)
+            moved = time.monotonic() - started
+            successor = _leader(brokers, other_than=leader)
+            assert not _view(leader)["serving"]
+        assert reply["MESSAGE-ID"] == "2"
+        messages = client.fetch(TOPIC, 1).messages
+    assert [message.body for message in messages] == [b"before", b"after"]
+    assert moved < 10, f"the publisher waited {moved:.1f} s"
+    said = [record.getMessage() for record in caplog.records]
+    assert any(f"this leader cannot store topic '{TOPIC}'" in line and "No space left on device" in line
+               for line in said), said
+    assert any(line.startswith(f"cannot write: handing the cluster over to {successor.config.cluster_node}")
+               for line in said), said
