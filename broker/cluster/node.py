@@ -133,7 +133,8 @@ class Cluster:
         # on its connections; or they restarted).
         self.majority_lost_at: float | None = None
         self.serving = False  # leading an epoch this broker took
-        self.handing_over = False  # a leader asked to stop: it takes no more publishes (hand_over)
+        self.handing_over = False  # asked to stop, or unable to write: it takes no more publishes (hand_over)
+        self.stopping = False  # asked to stop (hand_over("stopping"))
         self._unwritable_until = -math.inf  # no hand-over for failed writes before then (UNWRITABLE_AGAIN)
         self._handing: asyncio.Task[None] | None = None  # the hand-over a failed write started
         self._changed = asyncio.Event()  # set, while handing over, when the state or a position moves
@@ -451,8 +452,9 @@ class Cluster:
         try:
             await self.hand_over("cannot write")
         finally:
-            self.handing_over = False
             self._handing = None
+            if not self.stopping:  # a stop that came meanwhile hands over on its own, taking nothing more
+                self.handing_over = False
 
     async def hand_over(self, why: str = "stopping") -> None:
         """A leader asked to stop hands the cluster to a follower first, so that its clients carry on at once
@@ -464,9 +466,10 @@ class Cluster:
         clients to the new leader. At most HAND_OVER_SECONDS; a follower, or a leader with no follower to
         hand to, stops at once. ``why`` is for the log: a leader that cannot write hands over the same way
         and goes on running (:meth:`after_flush`)."""
+        stopping = why == "stopping"
+        self.stopping = self.stopping or stopping
         if not self.serving or self.raft is None:
             return
-        stopping = why == "stopping"
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + HAND_OVER_SECONDS
