@@ -101,12 +101,17 @@ def make(follower: Engine, link: FakeLink, flush: Callable[..., None],
                       set_identity=follower.store.set_identity, fenced=lambda: 0)  # type: ignore[union-attr]
 
 
-def following(follower: Engine) -> tuple[FakeLink, list[BaseException], Replicator]:
-    """A replicator copying TOPIC into ``follower`` (committing as its flush), its first FETCH asked."""
+def following(follower: Engine,
+              leader: Engine | None = None) -> tuple[FakeLink, list[BaseException], Replicator]:
+    """A replicator copying TOPIC into ``follower`` (committing as its flush), its first FETCH asked; with
+    ``leader``, that leader holding one message, m0, by then."""
     link = FakeLink()
     failures: list[BaseException] = []
     replicator = make(follower, link, committing(follower), failures)
     replicator.follow(TOPIC)
+    if leader is not None:
+        leader.publish(TOPIC, b"m0", {}, NOW)
+        leader.commit()
     return link, failures, replicator
 
 
@@ -208,19 +213,19 @@ def test_fetches_go_packed_and_a_leader_that_refuses_the_first_is_asked_with_pla
     asyncio.run(run())
 
 
-async def _pauses(link: FakeLink, leader: Engine, rounds: int, start: int) -> list[float]:
-    """Answer the last FETCH ``rounds`` times (each asking from ``start`` again), and how long each next
-    FETCH took to come."""
-    pauses = []
-    for _ in range(rounds):
-        fetch, answered = link.asked[-1]
-        assert fetch.start == start  # nothing was stored: the same records again
-        link.waiter = asyncio.get_running_loop().create_future()
-        answered(answer_from(leader, fetch))
-        started = time.monotonic()
-        await asyncio.wait_for(link.waiter, 5)
-        pauses.append(time.monotonic() - started)
-    return pauses
+async def _answered_on_a_full_disk(link: FakeLink, leader: Engine, rounds: int, start: int,
+                                   monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """Answer the last FETCH ``rounds`` times while writes under ``folder`` fail: each next FETCH asks from
+    ``start`` again (nothing was stored), after RETRY the first time and twice as long each time after."""
+    with failing_writes(monkeypatch, str(folder)):
+        for round_number in range(rounds):
+            fetch, answered = link.asked[-1]
+            assert fetch.start == start
+            link.waiter = asyncio.get_running_loop().create_future()
+            answered(answer_from(leader, fetch))
+            started = time.monotonic()
+            await asyncio.wait_for(link.waiter, 5)
+            assert time.monotonic() - started >= replicator_module.RETRY * 2 ** round_number
 
 
 def test_a_copy_whose_disk_is_full_asks_again_after_growing_pauses_and_says_so_once(
@@ -233,18 +238,12 @@ def test_a_copy_whose_disk_is_full_asks_again_after_growing_pauses_and_says_so_o
     caplog.set_level(logging.DEBUG, logger="mc0.store")
 
     async def run() -> None:
-        link, failures, replicator = following(follower)
-        leader.publish(TOPIC, b"m0", {}, NOW)
-        leader.commit()
+        link, failures, replicator = following(follower, leader)
         link.asked[-1][1](answer_from(leader, link.asked[-1][0]))  # the leader's identity taken, m0 copied
         for n in range(1, 6):
             leader.publish(TOPIC, b"m%d" % n, {}, NOW)
         leader.commit()
-        with failing_writes(monkeypatch, str(tmp_path / "follower")):
-            pauses = await _pauses(link, leader, 3, 2)
-        assert pauses[0] >= 0.02
-        assert pauses[1] >= 0.04
-        assert pauses[2] >= 0.08
+        await _answered_on_a_full_disk(link, leader, 3, 2, monkeypatch, tmp_path / "follower")
         fetch, answered = link.asked[-1]
         answered(answer_from(leader, fetch))
         assert link.asked[-1][0].start == 7  # stored, and asked for more at once
@@ -275,14 +274,9 @@ def test_a_copy_that_cannot_record_the_leaders_identity_waits_and_the_broker_goe
     caplog.set_level(logging.DEBUG, logger="mc0.cluster")
 
     async def run() -> None:
-        link, failures, replicator = following(follower)
-        leader.publish(TOPIC, b"m0", {}, NOW)
-        leader.commit()
-        with failing_writes(monkeypatch, str(tmp_path / "follower")):
-            pauses = await _pauses(link, leader, 2, 1)
+        link, failures, replicator = following(follower, leader)
+        await _answered_on_a_full_disk(link, leader, 2, 1, monkeypatch, tmp_path / "follower")
         assert not failures  # the broker goes on
-        assert pauses[0] >= 0.02
-        assert pauses[1] >= 0.04
         said = [r for r in caplog.records if r.name == "mc0.cluster" and r.levelno >= logging.WARNING]
         assert len(said) == 1
         assert "No space left on device" in said[0].getMessage()
