@@ -54,7 +54,7 @@ from broker.cluster.state import (
 )
 from broker.config import BrokerConfig
 from broker.engine import Engine, EngineError, Topic
-from broker.store import LogIdentity
+from broker.store import LogIdentity, StoreError, SyncFailed
 from broker.store.files import FileStore, spec_from_json, spec_to_json
 from broker.topics import Sync
 from broker.zmtp_door import PeerMetadata
@@ -677,16 +677,34 @@ class Cluster:
     # ------------------------------------------------------------------------------------- taking over
 
     async def _take_over(self) -> None:
+        unwritable = 0  # attempts that failed to write, in a row: said once
         try:
             while self.role.leading and not self.serving:
                 try:
                     if await self._try_take_over():
                         return
+                except SyncFailed as error:
+                    self.fail(error)
+                    return
+                except StoreError as error:
+                    # It cannot write what it must hold to lead (a full disk): it would stay Raft's leader
+                    # without serving, and nobody else could lead.
+                    await self._give_way(str(error), loud=not unwritable)
+                    unwritable += 1
                 except (LinkError, EngineError, ProtocolError) as error:
                     log.warning("taking over the cluster failed (%s): trying again", error)
                 await asyncio.sleep(self.config.cluster_timeout)
         finally:
             self.taking_over = None
+
+    async def _give_way(self, why: str, loud: bool) -> None:
+        """Hand Raft's leadership to another member whose Raft answers this one's, without having served."""
+        others = sorted(self.role.answering - {self.node})
+        log.log(logging.WARNING if loud else logging.DEBUG,
+                "cannot take the cluster over (%s): handing Raft's leadership to %s", why,
+                others[0] if others else "another member, once one answers")
+        if others and self.role.leading:
+            await self._transfer(others[0])
 
     async def _try_take_over(self) -> bool:
         epoch = self.state.epoch + 1
@@ -802,6 +820,8 @@ class Cluster:
                              records.start_id + records.count)
             self.engine.append_replicated(name, records.payload, records.start_id, records.count)
             self.flush()
+            if name in self.engine.failed:  # not stored (a full disk): asking again would fail the same way
+                raise StoreError(self.engine.failed[name])
         self.store.set_identity(name, LogIdentity(best.incarnation, best.lineage) if best.incarnation
                                 else topic.log.identity)
         log.info("taking over: topic %r copied from %s up to id %d", name.decode("utf-8", "replace"),

@@ -1,10 +1,12 @@
-"""A cluster leader whose disk is full: three brokers in this process (so that one of them can be given a
-full disk: its writes fail with ENOSPC), the leader's writes made to fail under a publisher. The publish it
-cannot store is refused ("not stored"), the leader hands the cluster to a follower, and the publisher's retry
-is confirmed there; nothing confirmed is lost, nothing is stored twice."""
+"""A member whose disk is full: three brokers in this process, so that one of them can be given a full disk
+(its writes fail with ENOSPC). A leader's: the publish it cannot store is refused ("not stored"), the leader
+hands the cluster to a follower, and the publisher's retry is confirmed there. A follower's that Raft elects:
+it cannot take the cluster over and hands Raft's leadership on. Nothing confirmed is lost, nothing is stored
+twice."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -35,17 +37,39 @@ def _view(broker: Broker) -> dict:
     return json.loads(frames[-1])["limits"]["cluster"]
 
 
-def _leader(brokers: list[Broker], within: float = 20.0, other_than: Broker | None = None) -> Broker:
-    """The broker every member names as leader, once it serves."""
+def _leader(brokers: list[Broker], within: float = 20.0, other_than: Broker | None = None,
+            after_epoch: int = 0) -> Broker:
+    """The broker every member names as leader, once it serves (an epoch past ``after_epoch``)."""
     deadline = time.monotonic() + within
     while True:
         views = [_view(broker) for broker in brokers]
         serving = [broker for broker, view in zip(brokers, views, strict=True) if view["serving"]]
         if len(serving) == 1 and serving[0] is not other_than and \
-                all(view["leader_endpoint"] == serving[0].endpoint for view in views):
+                all(view["leader_endpoint"] == serving[0].endpoint and view["epoch"] > after_epoch
+                    for view in views):
             return serving[0]
         assert time.monotonic() < deadline, f"no leader every member names: {views}"
         time.sleep(0.1)
+
+
+def _three(start_broker: BrokerFactory, folder: Path) -> list[Broker]:
+    """Three brokers of one cluster, in this process, each with its data in ``folder / broker<i>``."""
+    rafts = [f"127.0.0.1:{port}" for port in free_ports(3)]
+    return [start_broker(topics=RULES, data_dir=folder / f"broker{index}", lumberjack="off", sexp="off",
+                         msgq="off", rstreams="off", http="off", cluster_node=raft,
+                         cluster_peers=tuple(other for other in rafts if other != raft))
+            for index, raft in enumerate(rafts)]
+
+
+def _careful_publish(client: Client, body: str, within: float = 15.0) -> dict:
+    """Publish until confirmed (each refusal said nothing was stored)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return client.publish(TOPIC, body, confirm=True, timeout=5)
+        except ConnectorError:
+            assert time.monotonic() < deadline, "no member took the publish"
+            time.sleep(0.05)
 
 
 @pytest.mark.timeout(120)
@@ -53,11 +77,7 @@ def test_a_leader_that_cannot_write_hands_the_cluster_to_a_follower(
         start_broker: BrokerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="mc0.cluster")
-    rafts = [f"127.0.0.1:{port}" for port in free_ports(3)]
-    brokers = [start_broker(topics=RULES, data_dir=tmp_path / f"broker{index}", lumberjack="off", sexp="off",
-                            msgq="off", rstreams="off", http="off", cluster_node=raft,
-                            cluster_peers=tuple(other for other in rafts if other != raft))
-               for index, raft in enumerate(rafts)]
+    brokers = _three(start_broker, tmp_path)
     leader = _leader(brokers)
     endpoints = ",".join(broker.endpoint for broker in brokers)
     with Client(endpoints, curve=False, timeout=10) as client:
@@ -66,14 +86,7 @@ def test_a_leader_that_cannot_write_hands_the_cluster_to_a_follower(
             with pytest.raises(ConnectorError, match=r"not stored: .*No space left on device"):
                 client.publish(TOPIC, "refused", confirm=True)
             started = time.monotonic()
-            deadline = started + 15
-            while True:
-                try:
-                    reply = client.publish(TOPIC, "after", confirm=True, timeout=5)
-                    break
-                except ConnectorError:
-                    assert time.monotonic() < deadline, "no member took the publish"
-                    time.sleep(0.05)
+            reply = _careful_publish(client, "after")
             moved = time.monotonic() - started
             successor = _leader(brokers, other_than=leader)
             assert not _view(leader)["serving"]
@@ -86,3 +99,38 @@ def test_a_leader_that_cannot_write_hands_the_cluster_to_a_follower(
                for line in said), said
     assert any(line.startswith(f"cannot write: handing the cluster over to {successor.config.cluster_node}")
                for line in said), said
+
+
+@pytest.mark.timeout(120)
+def test_a_member_elected_that_cannot_write_gives_the_leadership_away(
+        start_broker: BrokerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Raft elects a member whose disk is full (here: the leader hands it Raft's leadership): it cannot copy
+    what it lacks nor record its logs' new identity, so it cannot take the cluster over. It hands Raft's
+    leadership to another member at once, instead of staying Raft's leader without serving while nobody else
+    can lead, and says so once."""
+    caplog.set_level(logging.INFO, logger="mc0.cluster")
+    brokers = _three(start_broker, tmp_path)
+    leader = _leader(brokers)
+    epoch = _view(leader)["epoch"]
+    unwritable = next(broker for broker in brokers if broker is not leader)
+    with Client(",".join(broker.endpoint for broker in brokers), curve=False, timeout=10) as client:
+        client.publish(TOPIC, "before", confirm=True)
+        with failing_writes(monkeypatch, f"{tmp_path / f'broker{brokers.index(unwritable)}'}/"):
+            client.publish(TOPIC, "not copied there", confirm=True)  # the leader and the other follower
+            cluster = leader.router.cluster
+            assert cluster is not None
+            assert leader.hub.loop is not None
+            sent = asyncio.run_coroutine_threadsafe(cluster._transfer(unwritable.config.cluster_node),
+                                                    leader.hub.loop).result(10)
+            assert sent, "Raft did not hand its leadership over"
+            successor = _leader(brokers, other_than=unwritable, after_epoch=epoch)
+            _careful_publish(client, "after")
+            assert not _view(unwritable)["serving"]
+        messages = client.fetch(TOPIC, 1).messages
+    assert [message.body for message in messages] == [b"before", b"not copied there", b"after"]
+    said = [record.getMessage() for record in caplog.records if "cannot take the cluster over" in
+            record.getMessage() and record.levelno == logging.WARNING]
+    assert len(said) == 1, said
+    assert "No space left on device" in said[0]
+    assert successor is not unwritable
