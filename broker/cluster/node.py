@@ -89,9 +89,9 @@ HAND_OVER_LINGER = 0.2
 #: Seconds between a leader's requests to hand Raft's leadership over (refused while the target's Raft log
 #: is not complete yet).
 HAND_OVER_RETRY = 0.05
-#: Seconds after a leader handed the cluster over because it could not write (a full disk) before it does so
-#: again: a member elected again at once while its disk is still full leads meanwhile, refusing what it
-#: cannot store, rather than have the members pass the leadership round while every disk is full.
+#: Seconds after a member handed the cluster (or Raft's leadership) over because it could not write (a full
+#: disk) before it does so again: elected again meanwhile, it leads (or tries to take over again), refusing
+#: what it cannot store, rather than have the members pass the leadership round while every disk is full.
 UNWRITABLE_AGAIN = 30.0
 #: Verbs a follower refuses (the leader serves them): what reads or writes topics.
 LEADER_ONLY = (mc0.Put, mc0.Puts, mc0.Sub, mc0.Declare, mc0.Delete, mc0.Ack)
@@ -677,7 +677,6 @@ class Cluster:
     # ------------------------------------------------------------------------------------- taking over
 
     async def _take_over(self) -> None:
-        unwritable = 0  # attempts that failed to write, in a row: said once
         try:
             while self.role.leading and not self.serving:
                 try:
@@ -687,22 +686,26 @@ class Cluster:
                     self.fail(error)
                     return
                 except StoreError as error:
-                    # It cannot write what it must hold to lead (a full disk): it would stay Raft's leader
-                    # without serving, and nobody else could lead.
-                    await self._give_way(str(error), loud=not unwritable)
-                    unwritable += 1
+                    # It cannot write what it must hold to lead (a full disk): staying Raft's leader without
+                    # serving, it would keep every other member from leading. Unless it gave way a moment ago
+                    # (every disk full, say): then it tries again, rather than pass Raft's leadership round.
+                    now = time.monotonic()
+                    if now >= self._unwritable_until:
+                        self._unwritable_until = now + UNWRITABLE_AGAIN
+                        await self._give_way(str(error))
+                    else:
+                        log.debug("taking over the cluster failed (%s): trying again", error)
                 except (LinkError, EngineError, ProtocolError) as error:
                     log.warning("taking over the cluster failed (%s): trying again", error)
                 await asyncio.sleep(self.config.cluster_timeout)
         finally:
             self.taking_over = None
 
-    async def _give_way(self, why: str, loud: bool) -> None:
+    async def _give_way(self, why: str) -> None:
         """Hand Raft's leadership to another member whose Raft answers this one's, without having served."""
         others = sorted(self.role.answering - {self.node})
-        log.log(logging.WARNING if loud else logging.DEBUG,
-                "cannot take the cluster over (%s): handing Raft's leadership to %s", why,
-                others[0] if others else "another member, once one answers")
+        log.warning("cannot take the cluster over (%s): handing Raft's leadership to %s", why,
+                    others[0] if others else "another member, once one answers")
         if others and self.role.leading:
             await self._transfer(others[0])
 
