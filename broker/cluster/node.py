@@ -690,9 +690,8 @@ class Cluster:
                     # serving, it would keep every other member from leading. Unless it gave way a moment ago
                     # (every disk full, say): then it tries again, rather than pass Raft's leadership round.
                     now = time.monotonic()
-                    if now >= self._unwritable_until:
+                    if now >= self._unwritable_until and await self._give_way(str(error)):
                         self._unwritable_until = now + UNWRITABLE_AGAIN
-                        await self._give_way(str(error))
                     else:
                         log.debug("taking over the cluster failed (%s): trying again", error)
                 except (LinkError, EngineError, ProtocolError) as error:
@@ -701,13 +700,17 @@ class Cluster:
         finally:
             self.taking_over = None
 
-    async def _give_way(self, why: str) -> None:
-        """Hand Raft's leadership to another member whose Raft answers this one's, without having served."""
+    async def _give_way(self, why: str) -> bool:
+        """Hand Raft's leadership to another member whose Raft answers this one's, without having served;
+        whether the request went out (none answers yet a moment after an election: try again later)."""
         others = sorted(self.role.answering - {self.node})
-        log.warning("cannot take the cluster over (%s): handing Raft's leadership to %s", why,
-                    others[0] if others else "another member, once one answers")
-        if others and self.role.leading:
-            await self._transfer(others[0])
+        if not others or not self.role.leading:
+            return False
+        sent = await self._transfer(others[0])
+        log.log(logging.WARNING if sent else logging.DEBUG,
+                "cannot take the cluster over (%s): handing Raft's leadership to %s%s", why, others[0],
+                "" if sent else " was refused (its Raft log is not complete yet)")
+        return sent
 
     async def _try_take_over(self) -> bool:
         epoch = self.state.epoch + 1
