@@ -25,13 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, journal, replicated
 
 from broker.cluster.prevote import PreVote, raft_now
 from broker.cluster.state import ClusterState
@@ -73,6 +74,36 @@ class _ReplicatedState(SyncObjConsumer):
     def _deserialize(self, data: dict[str, Any]) -> None:
         super()._deserialize(data)  # a full dump loaded: the state as a whole
         self._applied(("snapshot",), self.state.copy())
+
+
+class RaftJournalError(Exception):
+    """Raft's journal on disk cannot be read back (:func:`check_journal`)."""
+
+
+def check_journal(path: Path) -> None:
+    """RaftJournalError if PySyncObj's journal at ``path`` exists but cannot be read back whole: a header
+    that is not PySyncObj's, records that end past the file, a record whose two length fields disagree.
+    PySyncObj reads it when it starts and stops there with a bare ``struct.error``, or reads zeros as
+    records, on a journal cut short by a crash or a power loss while it was written (it writes through a
+    memory map, and pads a shorter file with zeros). A missing journal is a new member's: nothing to check."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise RaftJournalError(f"{path} cannot be read: {error.strerror}") from None
+    if len(data) < journal.FIRST_RECORD_OFFSET or not data.startswith(journal.APP_NAME):
+        raise RaftJournalError(f"{path} is not a PySyncObj journal ({len(data)} bytes)")
+    (end,) = struct.unpack_from("<I", data, journal.LAST_RECORD_OFFSET_OFFSET)
+    if end > len(data):
+        raise RaftJournalError(f"{path}: its records end at byte {end}, past its {len(data)} bytes "
+                               "(cut short)")
+    at = journal.FIRST_RECORD_OFFSET
+    while at < end:
+        (size,) = struct.unpack_from("<I", data, at) if at + 4 <= end else (0,)
+        if size < 16 or at + 8 + size > end or struct.unpack_from("<I", data, at + 4 + size)[0] != size:
+            raise RaftJournalError(f"{path}: the record at byte {at} is damaged")
+        at += 8 + size
 
 
 def password_conf(password: str | None, timeout: float, directory: Path,

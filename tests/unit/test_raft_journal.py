@@ -1,0 +1,71 @@
+"""``broker.cluster.raft.check_journal``: PySyncObj's journal is checked before a cluster member starts, so
+that one cut short or damaged (a crash or a power loss while it was written) is a one-line error naming the
+file and what to do, where PySyncObj stopped the broker with a bare ``struct.error`` or read zeros as
+records. Also the whole path: ``mc0 broker`` with a damaged journal exits with one line."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pysyncobj import journal
+
+from bench.throughput import free_ports
+from broker.cluster.raft import RaftJournalError, check_journal
+
+
+def written(path: Path, count: int = 5) -> Path:
+    """A journal PySyncObj wrote, with ``count`` records."""
+    made = journal.FileJournal(str(path))
+    for index in range(1, count + 1):
+        made.add(b"command %d" % index, index, 1)
+    made.flush()
+    made._destroy()  # closes its memory map (the file stays)
+    return path
+
+
+def test_a_journal_pysyncobj_wrote_passes_and_a_missing_one_is_a_new_member(tmp_path: Path) -> None:
+    check_journal(written(tmp_path / "raft.journal"))
+    check_journal(written(tmp_path / "empty.journal", count=0))
+    check_journal(tmp_path / "missing.journal")
+
+
+def test_a_journal_cut_short_or_damaged_is_named_with_what_is_wrong(tmp_path: Path) -> None:
+    path = written(tmp_path / "raft.journal")
+    data = path.read_bytes()
+    (end,) = struct.unpack_from("<I", data, journal.LAST_RECORD_OFFSET_OFFSET)
+    path.write_bytes(data[:end - 3])
+    with pytest.raises(RaftJournalError, match=r"journal: its records end at byte \d+, past its \d+ bytes"):
+        check_journal(path)
+    damaged = bytearray(data)
+    damaged[journal.FIRST_RECORD_OFFSET] ^= 0x40  # the first record's leading length
+    path.write_bytes(bytes(damaged))
+    first = journal.FIRST_RECORD_OFFSET
+    with pytest.raises(RaftJournalError, match=f"the record at byte {first} is damaged"):
+        check_journal(path)
+    path.write_bytes(b"")
+    with pytest.raises(RaftJournalError, match="is not a PySyncObj journal"):
+        check_journal(path)
+
+
+@pytest.mark.timeout(30)
+def test_a_member_with_a_damaged_journal_is_refused_in_one_line(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / ".cluster").mkdir(parents=True)
+    path = written(data / ".cluster" / "raft.journal")
+    path.write_bytes(path.read_bytes()[:60])
+    rafts = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    result = subprocess.run(
+        [sys.executable, "-c", "from connector.cli import main; main()", "broker", "--bind", "tcp://127.0.0.1:0",
+         "--sexp", "off", "--msgq", "off", "--rstreams", "off", "--lumberjack", "off", "--http", "off",
+         "--no-curve", "--data-dir", str(data), "--cluster-node", rafts[0], "--cluster-peer", rafts[1]],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1, result.stderr
+    assert "raft.journal: its records end at byte" in errors[0]
+    assert f"Move {data / '.cluster'} away and start this broker again" in errors[0]
