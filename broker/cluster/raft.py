@@ -85,7 +85,11 @@ def check_journal(path: Path) -> None:
     that is not PySyncObj's, records that end past the file, a record whose two length fields disagree.
     PySyncObj reads it when it starts and stops there with a bare ``struct.error``, or reads zeros as
     records, on a journal cut short by a crash or a power loss while it was written (it writes through a
-    memory map, and pads a shorter file with zeros). A missing journal is a new member's: nothing to check."""
+    memory map, and pads a shorter file with zeros). A missing journal is a new member's: nothing to check.
+
+    The same for the journal's ``.meta`` file (this member's term and vote), which PySyncObj reads as empty,
+    forgetting the vote, when it does not decode."""
+    _check_meta(Path(f"{path}.meta"))
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -104,6 +108,21 @@ def check_journal(path: Path) -> None:
         if size < 16 or at + 8 + size > end or struct.unpack_from("<I", data, at + 4 + size)[0] != size:
             raise RaftJournalError(f"{path}: the record at byte {at} is damaged")
         at += 8 + size
+
+
+def _check_meta(path: Path) -> None:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise RaftJournalError(f"{path} cannot be read: {error.strerror}") from None
+    try:
+        meta = journal.loads(data)
+    except Exception as error:  # pickle raises many kinds for bytes that are not a pickle
+        raise RaftJournalError(f"{path} does not decode ({type(error).__name__})") from None
+    if not isinstance(meta, dict):
+        raise RaftJournalError(f"{path} does not hold PySyncObj's term and vote")
 
 
 def password_conf(password: str | None, timeout: float, directory: Path,

@@ -51,6 +51,16 @@ def test_a_journal_cut_short_or_damaged_is_named_with_what_is_wrong(tmp_path: Pa
         check_journal(path)
 
 
+def test_a_term_and_vote_file_that_does_not_decode_is_named(tmp_path: Path) -> None:
+    path = written(tmp_path / "raft.journal")
+    meta = tmp_path / "raft.journal.meta"
+    journal.MetaStorer(str(meta)).storeMeta({"currentTerm": 3, "votedForNodeId": "127.0.0.1:1"})
+    check_journal(path)
+    meta.write_bytes(b"")  # renamed into place before its bytes reached the disk, then a power loss
+    with pytest.raises(RaftJournalError, match=r"raft.journal.meta does not decode"):
+        check_journal(path)
+
+
 @pytest.mark.timeout(30)
 def test_a_member_with_a_damaged_journal_is_refused_in_one_line(tmp_path: Path) -> None:
     data = tmp_path / "data"
