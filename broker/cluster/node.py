@@ -42,7 +42,7 @@ import msgpack
 import zmq.asyncio
 
 from broker.cluster.link import Link, LinkError, open_link
-from broker.cluster.raft import RaftJournalError, RaftNode, Role, check_journal
+from broker.cluster.raft import RaftNode, RaftStateError, Role, check_state
 from broker.cluster.replicator import WAIT_MS, Replicator, record_producers, restart_behind
 from broker.cluster.state import (
     ClusterState,
@@ -156,10 +156,10 @@ class Cluster:
         self._demoted = False
         self.closed = False
         directory = Path(config.data_dir) / ".cluster"
-        try:  # before anything starts: a damaged journal is a one-line error, not PySyncObj's traceback
-            check_journal(directory / "raft.journal")
-        except RaftJournalError as error:
-            raise StoreError(f"Raft's journal: {error}. Move {directory} away and start this broker again: "
+        try:  # before anything starts: damaged Raft state is a one-line error, not what PySyncObj makes of it
+            check_state(directory)
+        except RaftStateError as error:
+            raise StoreError(f"Raft's state: {error}. Move {directory} away and start this broker again: "
                              "it then starts as a new member and copies every topic from the leader "
                              "(docs/cluster.md, \"A member's disk is replaced\")") from None
         self._settle_due = False  # _settle is scheduled (after the state commands waiting on the loop)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import logging
 import struct
 import time
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, journal, replicated
+from pysyncobj import pickle as pysyncobj_pickle
 
 from broker.cluster.prevote import PreVote, raft_now
 from broker.cluster.state import ClusterState
@@ -76,53 +78,75 @@ class _ReplicatedState(SyncObjConsumer):
         self._applied(("snapshot",), self.state.copy())
 
 
-class RaftJournalError(Exception):
-    """Raft's journal on disk cannot be read back (:func:`check_journal`)."""
+class RaftStateError(Exception):
+    """The Raft state on disk cannot be read back (:func:`check_state`)."""
 
 
-def check_journal(path: Path) -> None:
-    """RaftJournalError if PySyncObj's journal at ``path`` exists but cannot be read back whole: a header
-    that is not PySyncObj's, records that end past the file, a record whose two length fields disagree.
-    PySyncObj reads it when it starts and stops there with a bare ``struct.error``, or reads zeros as
-    records, on a journal cut short by a crash or a power loss while it was written (it writes through a
-    memory map, and pads a shorter file with zeros). A missing journal is a new member's: nothing to check.
+def check_state(directory: Path) -> None:
+    """RaftStateError if the Raft state PySyncObj keeps in ``directory`` exists but cannot be read back
+    whole: its journal, the journal's term and vote, its full dump. PySyncObj does not check them itself,
+    and what it does with a damaged one (below, for each) is worse than not starting. A missing file is a
+    new member's: nothing to check."""
+    _check_journal(directory / "raft.journal")
+    _check_meta(directory / "raft.journal.meta")
+    _check_dump(directory / "raft.dump")
 
-    The same for the journal's ``.meta`` file (this member's term and vote), which PySyncObj reads as empty,
-    forgetting the vote, when it does not decode."""
-    _check_meta(Path(f"{path}.meta"))
+
+def _read(path: Path) -> bytes | None:
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
-        return
+        return None
     except OSError as error:
-        raise RaftJournalError(f"{path} cannot be read: {error.strerror}") from None
+        raise RaftStateError(f"{path} cannot be read: {error.strerror}") from None
+
+
+def _check_journal(path: Path) -> None:
+    """The journal: a header that is not PySyncObj's, records that end past the file, a record whose two
+    length fields disagree. PySyncObj stops at such a journal with a bare ``struct.error``, or reads zeros
+    as records: a journal cut short by a crash or a power loss while it was written (it writes through a
+    memory map, and pads a shorter file with zeros)."""
+    data = _read(path)
+    if data is None:
+        return
     if len(data) < journal.FIRST_RECORD_OFFSET or not data.startswith(journal.APP_NAME):
-        raise RaftJournalError(f"{path} is not a PySyncObj journal ({len(data)} bytes)")
+        raise RaftStateError(f"{path} is not a PySyncObj journal ({len(data)} bytes)")
     (end,) = struct.unpack_from("<I", data, journal.LAST_RECORD_OFFSET_OFFSET)
     if end > len(data):
-        raise RaftJournalError(f"{path}: its records end at byte {end}, past its {len(data)} bytes "
-                               "(cut short)")
+        raise RaftStateError(f"{path}: its records end at byte {end}, past its {len(data)} bytes (cut short)")
     at = journal.FIRST_RECORD_OFFSET
     while at < end:
         (size,) = struct.unpack_from("<I", data, at) if at + 4 <= end else (0,)
         if size < 16 or at + 8 + size > end or struct.unpack_from("<I", data, at + 4 + size)[0] != size:
-            raise RaftJournalError(f"{path}: the record at byte {at} is damaged")
+            raise RaftStateError(f"{path}: the record at byte {at} is damaged")
         at += 8 + size
 
 
 def _check_meta(path: Path) -> None:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    """The journal's term and vote (renamed into place without an fsync: a power loss can leave it empty),
+    which PySyncObj reads as empty when it does not decode, forgetting this member's vote without a word."""
+    data = _read(path)
+    if data is None:
         return
-    except OSError as error:
-        raise RaftJournalError(f"{path} cannot be read: {error.strerror}") from None
     try:
         meta = journal.loads(data)
     except Exception as error:  # pickle raises many kinds for bytes that are not a pickle
-        raise RaftJournalError(f"{path} does not decode ({type(error).__name__})") from None
+        raise RaftStateError(f"{path} does not decode ({type(error).__name__})") from None
     if not isinstance(meta, dict):
-        raise RaftJournalError(f"{path} does not hold PySyncObj's term and vote")
+        raise RaftStateError(f"{path} does not hold PySyncObj's term and vote")
+
+
+def _check_dump(path: Path) -> None:
+    """The full dump (Raft's snapshot: the state the journal's compacted entries made), which PySyncObj logs
+    as failed to load and then goes on without: a state missing what was compacted (epochs among it)."""
+    data = _read(path)
+    if data is None:
+        return
+    try:
+        # Whole, so that gzip checks its length and CRC too (a pickle read ends before them).
+        pysyncobj_pickle.loads(gzip.decompress(data))  # as PySyncObj loads it
+    except Exception as error:  # gzip, zlib, EOF and pickle errors alike mean a damaged dump
+        raise RaftStateError(f"{path} does not decode ({type(error).__name__})") from None
 
 
 def password_conf(password: str | None, timeout: float, directory: Path,

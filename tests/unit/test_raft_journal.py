@@ -1,10 +1,12 @@
-"""``broker.cluster.raft.check_journal``: PySyncObj's journal is checked before a cluster member starts, so
-that one cut short or damaged (a crash or a power loss while it was written) is a one-line error naming the
-file and what to do, where PySyncObj stopped the broker with a bare ``struct.error`` or read zeros as
-records. Also the whole path: ``mc0 broker`` with a damaged journal exits with one line."""
+"""``broker.cluster.raft.check_state``: PySyncObj's files (its journal, the journal's term and vote, its full
+dump) are checked before a cluster member starts, so that one cut short or damaged (a crash or a power loss
+while it was written) is a one-line error naming the file and what to do, where PySyncObj stopped the broker
+with a bare ``struct.error``, read zeros as records, forgot the vote or went on without its snapshot. Also
+the whole path: ``mc0 broker`` with a damaged journal exits with one line."""
 
 from __future__ import annotations
 
+import gzip
 import struct
 import subprocess
 import sys
@@ -12,9 +14,10 @@ from pathlib import Path
 
 import pytest
 from pysyncobj import journal
+from pysyncobj import pickle as pysyncobj_pickle
 
 from bench.throughput import free_ports
-from broker.cluster.raft import RaftJournalError, check_journal
+from broker.cluster.raft import RaftStateError, check_state
 
 
 def written(path: Path, count: int = 5) -> Path:
@@ -27,10 +30,12 @@ def written(path: Path, count: int = 5) -> Path:
     return path
 
 
-def test_a_journal_pysyncobj_wrote_passes_and_a_missing_one_is_a_new_member(tmp_path: Path) -> None:
-    check_journal(written(tmp_path / "raft.journal"))
-    check_journal(written(tmp_path / "empty.journal", count=0))
-    check_journal(tmp_path / "missing.journal")
+def test_state_pysyncobj_wrote_passes_and_none_is_a_new_member(tmp_path: Path) -> None:
+    written(tmp_path / "raft.journal")
+    check_state(tmp_path)
+    written(tmp_path / "raft.journal", count=0)
+    check_state(tmp_path)
+    check_state(tmp_path / "new")
 
 
 def test_a_journal_cut_short_or_damaged_is_named_with_what_is_wrong(tmp_path: Path) -> None:
@@ -38,27 +43,37 @@ def test_a_journal_cut_short_or_damaged_is_named_with_what_is_wrong(tmp_path: Pa
     data = path.read_bytes()
     (end,) = struct.unpack_from("<I", data, journal.LAST_RECORD_OFFSET_OFFSET)
     path.write_bytes(data[:end - 3])
-    with pytest.raises(RaftJournalError, match=r"journal: its records end at byte \d+, past its \d+ bytes"):
-        check_journal(path)
+    with pytest.raises(RaftStateError, match=r"journal: its records end at byte \d+, past its \d+ bytes"):
+        check_state(path.parent)
     damaged = bytearray(data)
     damaged[journal.FIRST_RECORD_OFFSET] ^= 0x40  # the first record's leading length
     path.write_bytes(bytes(damaged))
     first = journal.FIRST_RECORD_OFFSET
-    with pytest.raises(RaftJournalError, match=f"the record at byte {first} is damaged"):
-        check_journal(path)
+    with pytest.raises(RaftStateError, match=f"the record at byte {first} is damaged"):
+        check_state(path.parent)
     path.write_bytes(b"")
-    with pytest.raises(RaftJournalError, match="is not a PySyncObj journal"):
-        check_journal(path)
+    with pytest.raises(RaftStateError, match="is not a PySyncObj journal"):
+        check_state(path.parent)
 
 
 def test_a_term_and_vote_file_that_does_not_decode_is_named(tmp_path: Path) -> None:
     path = written(tmp_path / "raft.journal")
     meta = tmp_path / "raft.journal.meta"
     journal.MetaStorer(str(meta)).storeMeta({"currentTerm": 3, "votedForNodeId": "127.0.0.1:1"})
-    check_journal(path)
+    check_state(path.parent)
     meta.write_bytes(b"")  # renamed into place before its bytes reached the disk, then a power loss
-    with pytest.raises(RaftJournalError, match=r"raft.journal.meta does not decode"):
-        check_journal(path)
+    with pytest.raises(RaftStateError, match=r"raft.journal.meta does not decode"):
+        check_state(path.parent)
+
+
+def test_a_full_dump_that_does_not_decode_is_named(tmp_path: Path) -> None:
+    dump = tmp_path / "raft.dump"
+    with gzip.open(dump, "wb") as packed:
+        pysyncobj_pickle.dump(({"state": 1}, (1, 2), (3, 4), []), packed)
+    check_state(tmp_path)
+    dump.write_bytes(dump.read_bytes()[:-8])  # cut short
+    with pytest.raises(RaftStateError, match=r"raft\.dump does not decode"):
+        check_state(tmp_path)
 
 
 @pytest.mark.timeout(30)
@@ -77,5 +92,6 @@ def test_a_member_with_a_damaged_journal_is_refused_in_one_line(tmp_path: Path) 
     assert "Traceback" not in result.stderr, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
     assert len(errors) == 1, result.stderr
+    assert "Raft's state: " in errors[0]
     assert "raft.journal: its records end at byte" in errors[0]
     assert f"Move {data / '.cluster'} away and start this broker again" in errors[0]
