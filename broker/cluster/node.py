@@ -74,6 +74,9 @@ JOIN_WAIT = 5.0
 #: tells clients to try again rather than refusing for good: its Raft connects to the others meanwhile
 #: (PySyncObj tries every append period).
 STARTING_FOR = 3.0
+#: Seconds a reachable majority may have no leader before the log says so: long enough for an election
+#: after a restart, short enough to be seen.
+SILENT_AFTER = 10.0
 #: Seconds a new leader waits for each other broker's answer while it takes over.
 ASK_TIMEOUT = 1.0
 #: Milliseconds a client is told to wait before it sends a command again while a leader is being chosen.
@@ -162,6 +165,11 @@ class Cluster:
             raise StoreError(f"Raft's state: {error}. Move {directory} away and start this broker again: "
                              "it then starts as a new member and copies every topic from the leader "
                              "(docs/cluster.md, \"A member's disk is replaced\")") from None
+        # Since when a reachable majority has had no leader, and whether the log said so (see _watch).
+        self._leaderless_since: float | None = None
+        self._said_leaderless = False
+        self.members = tuple(sorted((self.node, *config.cluster_peers)))  # as this broker was started with
+        self._said_members: set[str] = set()  # members whose list differs, said (see on_state)
         self._settle_due = False  # _settle is scheduled (after the state commands waiting on the loop)
         self._topics_changed = False  # a command since the last _settle may have named new topics
         engine.on_persistent = self.on_persistent
@@ -191,8 +199,9 @@ class Cluster:
             while True:
                 if not self.joined and loop.time() >= self._join_until:
                     self._join_until = loop.time() + JOIN_WAIT
-                    self.raft.submit(("join", self.node, self.endpoint), self._joined)
+                    self.raft.submit(("join", self.node, self.endpoint, self.members), self._joined)
                 self._report()
+                self._watch(time.monotonic())
                 await asyncio.sleep(REPORT_EVERY if self.joined else 0.2)
         finally:
             self.close()
@@ -225,6 +234,23 @@ class Cluster:
                             del self.reported[name]
 
             self.raft.submit(("positions", self.node, changed), applied)
+
+    def _watch(self, now: float) -> None:
+        """Say once (and once when it is over) that a reachable majority has had no leader for SILENT_AFTER:
+        the members' lists disagree, typically (a broker started with a list that does not name the leader
+        never hears it)."""
+        if self.role.leader is not None or not self._majority_in_reach():
+            if self._said_leaderless and self.role.leader is not None:
+                log.info("a Raft leader again: %s", self.role.leader)
+            self._leaderless_since, self._said_leaderless = None, False
+            return
+        if self._leaderless_since is None:
+            self._leaderless_since = now
+        elif now - self._leaderless_since >= SILENT_AFTER and not self._said_leaderless:
+            self._said_leaderless = True
+            log.warning("no Raft leader for %.0f s though %d of %d members are reachable: every member must "
+                        "name the same brokers (this one is %s, with %s)", now - self._leaderless_since,
+                        self.role.reachable, self.size, self.node, ", ".join(self.config.cluster_peers))
 
     def close(self) -> None:
         self.closed = True
@@ -266,12 +292,25 @@ class Cluster:
             self._serve()
         if kind in ("topic", "snapshot", "take_over"):
             self._topics_changed = True
+        if kind == "join" and len(command) > 3:
+            self._compare_members(command[1], tuple(command[3]))
         if state.leader not in (self.node, None) and not self._settle_due:
             # Once the commands Raft applied meanwhile have all reached the loop (they come in bursts: a
             # restarted broker's Raft applies its whole journal at once, and following each take-over in it
             # in turn started a copy from every leader the cluster ever had, each fetching with its epoch).
             self._settle_due = True
             asyncio.get_running_loop().call_soon(self._settle)
+
+    def _compare_members(self, node: str, members: tuple[str, ...]) -> None:
+        """A member joined naming the cluster's members: if not as this one was started with, the two count
+        majorities of different clusters. Said once for each member whose list differs (every member that
+        applies the join says it, the leader among them)."""
+        if tuple(sorted(members)) == self.members or node in self._said_members:
+            return
+        self._said_members.add(node)
+        log.error("member %s was started with the members %s, this one with %s: every member must name the "
+                  "same brokers (cluster_node and cluster_peers), or they count majorities of different "
+                  "clusters", node, ", ".join(sorted(members)), ", ".join(self.members))
 
     def _settle(self) -> None:
         """What the latest state asks of a follower: copy from its leader, every topic it names."""

@@ -45,7 +45,7 @@ class ClusterState:
         was stale (a take-over for an epoch already taken)."""
         kind = command[0]
         if kind == "join":
-            _, node, endpoint = command
+            node, endpoint = command[1], command[2]  # then, from newer brokers, the members it names
             self.endpoints[node] = endpoint
             return True
         if kind == "take_over":
