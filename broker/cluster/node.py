@@ -158,7 +158,7 @@ class Cluster:
         self.on_demoted: Callable[[str | None], None] | None = None
         self._demoted = False
         self.closed = False
-        directory = Path(config.data_dir) / ".cluster"
+        self.raft_directory = directory = Path(config.data_dir) / ".cluster"  # PySyncObj's files
         try:  # before anything starts: damaged Raft state is a one-line error, not what PySyncObj makes of it
             check_state(directory)
         except RaftStateError as error:
@@ -180,7 +180,7 @@ class Cluster:
     async def run(self) -> None:
         """Start Raft, join, and report positions until cancelled."""
         loop = asyncio.get_running_loop()
-        directory = Path(self.config.data_dir) / ".cluster"
+        directory = self.raft_directory
         password = raft_password(self.config)
         new = not (directory / "raft.journal").exists()
         self.raft = await asyncio.to_thread(
