@@ -263,7 +263,8 @@ class Topic:
         }
         if self.log is not None:
             out.update(stored=self.next_id - self.log.first_id, bytes=self.log.bytes_on_disk,
-                       segments=self.log.segment_count, fsyncs=self.log.fsyncs)
+                       segments=self.log.segment_count, fsyncs=self.log.fsyncs,
+                       write_failures=self.log.write_failures)
             damaged = self.log.damaged
             if damaged:
                 out["damaged"] = [damage.describe() for damage in damaged]

@@ -169,6 +169,10 @@ class BrokerCollector(Collector):
                                 value=sum(topic.bytes or 0 for topic in topics))
         yield CounterMetricFamily("mc0_fsyncs", "fsyncs of segment files, all topics.",
                                   value=sum(topic.fsyncs or 0 for topic in topics))
+        yield CounterMetricFamily("mc0_write_failures",
+                                  "Commits of topic logs whose write failed (a full disk, an I/O error): "
+                                  "their messages were refused, all topics.",
+                                  value=sum(topic.write_failures or 0 for topic in topics))
 
     def _topics(self, snapshot: Snapshot) -> Iterator[Metric]:
         def family(kind: type, name: str, documentation: str) -> Metric:
@@ -188,6 +192,8 @@ class BrokerCollector(Collector):
         stored = family(GaugeMetricFamily, "mc0_topic_stored_messages", "Messages in the topic's log.")
         segments = family(GaugeMetricFamily, "mc0_topic_segments", "Segment files of the topic's log.")
         fsyncs = family(CounterMetricFamily, "mc0_topic_fsyncs", "fsyncs of the topic's segment files.")
+        failures = family(CounterMetricFamily, "mc0_topic_write_failures",
+                          "Commits of the topic's log whose write failed (a full disk, an I/O error).")
         last_id = family(GaugeMetricFamily, "mc0_topic_last_message_id", "The newest message id.")
         named, rest = labelled(snapshot.topics, self.topic_labels)
         for topic in named:
@@ -204,6 +210,7 @@ class BrokerCollector(Collector):
                 stored.add_metric(label, topic.stored or 0)
                 segments.add_metric(label, topic.segments or 0)
                 fsyncs.add_metric(label, topic.fsyncs or 0)
+                failures.add_metric(label, topic.write_failures or 0)
         if rest:
             label = [OTHER]
             published.add_metric(label, sum(topic.messages_in for topic in rest))
@@ -218,8 +225,9 @@ class BrokerCollector(Collector):
                 stored.add_metric(label, sum(topic.stored or 0 for topic in logged))
                 segments.add_metric(label, sum(topic.segments or 0 for topic in logged))
                 fsyncs.add_metric(label, sum(topic.fsyncs or 0 for topic in logged))
+                failures.add_metric(label, sum(topic.write_failures or 0 for topic in logged))
         yield from (published, delivered, dropped, subscribers, backlog, lag, disk, stored, segments, fsyncs,
-                    last_id)
+                    failures, last_id)
 
     def _slowest(self, snapshot: Snapshot) -> Iterator[Metric]:
         family = GaugeMetricFamily("mc0_subscription_lag_messages",

@@ -66,6 +66,7 @@ class TopicRecord(NamedTuple):
     segments: int | None = None
     fsyncs: int | None = None
     duplicates: int = 0  # entries of idempotent batches stored before, not stored again
+    write_failures: int | None = None  # commits of its log whose write failed (a full disk)
 
     @property
     def traffic(self) -> int:
@@ -155,7 +156,7 @@ def topic_record(topic: Topic, held: _Held) -> TopicRecord:
     first_id = log.first_id
     return TopicRecord(name, topic.topic_id, topic.spec, topic.messages_in, topic.messages_out, topic.dropped,
                        backlog, first_id, next_id - 1, lag, subscriptions, next_id - first_id,
-                       log.bytes_on_disk, log.segment_count, log.fsyncs, topic.duplicates)
+                       log.bytes_on_disk, log.segment_count, log.fsyncs, topic.duplicates, log.write_failures)
 
 
 def _doors(broker: Broker) -> dict[str, dict[str, Any]]:

@@ -47,7 +47,8 @@ def topic_stats(topic: TopicRecord) -> dict[str, Any]:
                        "catching_up": item.catching_up} for item in topic.subscriptions],
     }
     if topic.bytes is not None:
-        out.update(stored=topic.stored, bytes=topic.bytes, segments=topic.segments, fsyncs=topic.fsyncs)
+        out.update(stored=topic.stored, bytes=topic.bytes, segments=topic.segments, fsyncs=topic.fsyncs,
+                   write_failures=topic.write_failures)
     return out
 
 

@@ -117,6 +117,8 @@ class TopicLog(Protocol):
     producers: ProducerWindow
     #: fsyncs of segment files so far (the benchmark's "messages per fsync").
     fsyncs: int
+    #: Commits whose write failed so far (a full disk): STATS and the monitoring show them.
+    write_failures: int
     #: Bytes recovery cut off a torn tail when the log was opened (0 normally).
     truncated_bytes: int
 

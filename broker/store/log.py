@@ -151,6 +151,7 @@ class SegmentLog:
         # Writes that failed in a row (a full disk): the first is logged as an error, the others only
         # counted, and the next write that succeeds says how many there were.
         self._failed_writes = 0
+        self.write_failures = 0  # all of them, for STATS and the monitoring (a full disk shows there too)
         self._known_first = 1  # first_id while the log has no segments in hand (see _reopen)
         self._reset()
         self._open()
@@ -363,6 +364,7 @@ class SegmentLog:
         """After a failed write or open: fsync what the files hold, close them, and read the state back from
         them; what was only in memory (the failed commit's messages and acks) is gone."""
         self._failed_writes += 1
+        self.write_failures += 1
         log.log(logging.ERROR if self._failed_writes == 1 else logging.DEBUG,
                 "%s: %s; the log is read back from its files, the messages of this commit are refused (said "
                 "once: the next write that succeeds says how many failed)", self.directory, error)

@@ -136,6 +136,8 @@ def test_metrics_count_what_was_published_through_two_doors(start_broker: Broker
         # The strong topic was fsynced: every fsync timed, every commit's size counted.
         fsyncs = value(samples, "mc0_topic_fsyncs_total", topic="orders.eu")
         assert fsyncs >= 1
+        assert value(samples, "mc0_topic_write_failures_total", topic="orders.eu") == 0
+        assert value(samples, "mc0_write_failures_total") == 0
         assert value(samples, "mc0_fsync_duration_seconds_count") == fsyncs
         assert value(samples, "mc0_fsync_duration_seconds_bucket", le="+Inf") == fsyncs
         assert value(samples, "mc0_fsync_duration_seconds_sum") > 0

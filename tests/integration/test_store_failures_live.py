@@ -46,6 +46,9 @@ def test_a_full_disk_turns_the_ok_into_an_error_and_the_broker_goes_on(
         assert b"No space left on device" in message
         assert peer.ok("PUT", "TOPIC", "p.other", "", "fine").header("MESSAGE-ID") == b"1"
     assert peer.ok("PUT", "TOPIC", "p.full", "", "two again").header("MESSAGE-ID") == b"2"
+    topics = peer.stats()["topics"]  # what STATS and the monitoring count
+    assert topics["p.full"]["write_failures"] == 1
+    assert topics["p.other"]["write_failures"] == 0
     reply = peer.ok("FETCH", "TOPIC", "p.full")
     assert reply.header("COUNT") == b"2"
 

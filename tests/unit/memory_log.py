@@ -38,6 +38,7 @@ class MemoryLog:
         self.commits = 0
         self.syncs = 0
         self.fsyncs = 0  # strong commits and sync() calls
+        self.write_failures = 0  # it never fails a write
         self.retain_from: int | None = None  # the next enforce_retention() drops ids below this
         self.truncated_bytes = 0  # recovery never cuts anything here
         self.acks_committed = 0  # ack ids written by commit()

@@ -537,6 +537,7 @@ def test_stats_of_a_persistent_topic_report_its_log() -> None:
         "duplicates": 0, "backlog": 0, "first_id": 1, "last_id": 2, "lag": 2,
         "consumers": [{"lag": 2, "credit": 10, "unacked": 0, "catching_up": False}],
         "stored": 2, "bytes": 5, "segments": 1, "fsyncs": 2,  # one for the strong commit, one for sync()
+        "write_failures": 0,
     }
 
 

@@ -100,6 +100,7 @@ def test_writes_that_go_on_failing_are_said_once_and_their_end_once(
     assert len([text for level, text in said if level == logging.ERROR]) == 1
     assert said[-1] == (logging.WARNING, f"{log.directory}: writes succeed again, after 5 failed")
     assert len(said) <= 3  # the error, at most one torn tail cut, the end
+    assert log.write_failures == 5  # counted, all of them (STATS, the monitoring)
     assert bodies(log.read(1, 100, 1 << 20)) == [1, 2]
     store.close()
 

@@ -402,7 +402,7 @@ function renderTopic(page) {
   ];
   if (page.stored !== undefined) {
     ids.push(["stored", number(page.stored)], ["on disk", bytes(page.bytes)], ["segments", number(page.segments)],
-      ["fsyncs", number(page.fsyncs)]);
+      ["fsyncs", number(page.fsyncs)], ["write failures", number(page.write_failures || 0)]);
   }
   if (page.delivery === "round-robin") ids.push(["waiting", number(page.backlog)]);
   facts($("topic-ids"), ids);
