@@ -161,23 +161,7 @@ class Cluster:
         answer within ``timeout``."""
         if not member.alive or member.paused:
             return None
-        socket = self.context.socket(zmq.DEALER)
-        socket.linger = 0
-        if self.curve:
-            assert self.keys_dir is not None
-            pair = key_files.client_pair(self.keys_dir)
-            socket.curve_serverkey = key_files.broker_public(self.keys_dir)
-            socket.curve_publickey = pair.public
-            socket.curve_secretkey = pair.secret
-        try:
-            socket.connect(member.endpoint)
-            socket.send_multipart([b"", b"STATS", b"ID", b"s", b"LIMIT", b"1"])
-            if not socket.poll(int(timeout * 1000)):
-                return None
-            frames = socket.recv_multipart()
-            return json.loads(frames[-1]) if frames[1:2] == [b"OK"] else None
-        finally:
-            socket.close(linger=0)
+        return stats_at(self.context, member.endpoint, self.keys_dir if self.curve else None, timeout)
 
     def leader(self, timeout: float = ELECTION, exclude: tuple[Member, ...] = ()) -> Member:
         """The member that serves as leader, once one does (and the others agree on its epoch)."""
@@ -210,6 +194,28 @@ class Cluster:
         stats = self.stats(member)
         assert stats is not None, f"broker {member.index} does not answer"
         return stats["limits"]["cluster"]
+
+
+def stats_at(context: zmq.Context, endpoint: str, keys_dir: Path | None = None,
+             timeout: float = 1.0) -> dict[str, Any] | None:
+    """The STATS of the broker at ``endpoint`` itself, from a raw DEALER (a client would follow a follower
+    to its leader), with CURVE when ``keys_dir`` is given; None if it does not answer within ``timeout``."""
+    socket = context.socket(zmq.DEALER)
+    socket.linger = 0
+    if keys_dir is not None:
+        pair = key_files.client_pair(keys_dir)
+        socket.curve_serverkey = key_files.broker_public(keys_dir)
+        socket.curve_publickey = pair.public
+        socket.curve_secretkey = pair.secret
+    try:
+        socket.connect(endpoint)
+        socket.send_multipart([b"", b"STATS", b"ID", b"s", b"LIMIT", b"1"])
+        if not socket.poll(int(timeout * 1000)):
+            return None
+        frames = socket.recv_multipart()
+        return json.loads(frames[-1]) if frames[1:2] == [b"OK"] else None
+    finally:
+        socket.close(linger=0)
 
 
 def make_cluster(folder: Path, *, size: int = 3, curve: bool = False, settings: str = "",

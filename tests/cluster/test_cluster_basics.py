@@ -10,7 +10,7 @@ import time
 
 import pytest
 import zmq
-from cluster_harness import Cluster, Member, cluster_factory  # noqa: F401 - the fixture
+from cluster_harness import Cluster, Member, careful_publish, cluster_factory  # noqa: F401 - the fixture
 
 from broker.store.files import FileStore
 from broker.topics import Persistence, Sync, TopicSpec
@@ -48,18 +48,6 @@ def _until_copied(cluster: Cluster, replica: Member, topic: str, last: int, with
             return
         assert time.monotonic() < deadline, f"the replica did not catch up: {replicas}"
         time.sleep(0.2)
-
-
-def _careful_publish(client: Client, topic: str, body: str, within: float = 30.0) -> int:
-    """Publish until confirmed (a publish in flight when its broker dies may or may not have been stored:
-    the caller of this helper checks for duplicates); the id."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            return int(client.publish(topic, body, confirm=True, timeout=5)["MESSAGE-ID"])
-        except ConnectorError:
-            assert time.monotonic() < deadline, f"{body!r} was never confirmed"
-            time.sleep(0.05)
 
 
 @pytest.mark.timeout(90)
@@ -165,7 +153,7 @@ def test_two_of_three_gone_refuses_strong_publishes(cluster_factory) -> None:  #
     for member in _followers(cluster, leader):
         cluster.resume(member)
     with Client(cluster.endpoints, **cluster.client_options(), timeout=20) as client:
-        _careful_publish(client, "durable.minority", "back")
+        careful_publish(client, "durable.minority", "back")
         messages = client.fetch("durable.minority", 1).messages
     bodies = [message.body for message in messages]
     assert bodies[0] == b"on a majority"
@@ -217,7 +205,7 @@ def test_a_member_whose_disk_was_replaced_copies_everything_and_carries_the_majo
         cluster.start(other)
         cluster.kill(leader)
         sent.append("after the leader")
-        _careful_publish(client, topic, sent[-1])
+        careful_publish(client, topic, sent[-1])
         messages = client.fetch(topic, 1, max_messages=1000).messages
     assert [message.body.decode() for message in messages] == sent
     assert [message.id for message in messages] == list(range(1, len(sent) + 1))

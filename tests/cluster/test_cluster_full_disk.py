@@ -7,34 +7,28 @@ round. Nothing confirmed is lost, nothing is stored twice."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from pathlib import Path
 
 import pytest
 import zmq
+from cluster_harness import careful_publish, member_here
 from conftest import BrokerFactory, failing_writes
 
+from bench.cluster import stats_at
 from bench.throughput import free_ports
 from broker.server import Broker
-from broker.topics import Persistence, Sync, TopicRule, TopicSpec
 from connector import Client, ConnectorError
 
 TOPIC = "durable.disk"
-RULES = (TopicRule("durable.*", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG)),)
 
 
 def _view(broker: Broker) -> dict:
-    """The broker's own view of the cluster (a raw STATS: a client would follow a follower to the leader)."""
-    with zmq.Context.instance().socket(zmq.DEALER) as socket:
-        socket.linger = 0
-        socket.connect(broker.endpoint)
-        socket.send_multipart([b"", b"STATS", b"ID", b"s", b"LIMIT", b"1"])
-        assert socket.poll(5000), f"{broker.endpoint} did not answer"
-        frames = socket.recv_multipart()
-    assert frames[1] == b"OK", frames
-    return json.loads(frames[-1])["limits"]["cluster"]
+    """The broker's own view of the cluster."""
+    stats = stats_at(zmq.Context.instance(), broker.endpoint, timeout=5)
+    assert stats is not None, f"{broker.endpoint} did not answer"
+    return stats["limits"]["cluster"]
 
 
 def _leader(brokers: list[Broker], within: float = 20.0, other_than: Broker | None = None,
@@ -55,21 +49,9 @@ def _leader(brokers: list[Broker], within: float = 20.0, other_than: Broker | No
 def _three(start_broker: BrokerFactory, folder: Path) -> list[Broker]:
     """Three brokers of one cluster, in this process, each with its data in ``folder / broker<i>``."""
     rafts = [f"127.0.0.1:{port}" for port in free_ports(3)]
-    return [start_broker(topics=RULES, data_dir=folder / f"broker{index}", lumberjack="off", sexp="off",
-                         msgq="off", rstreams="off", http="off", cluster_node=raft,
-                         cluster_peers=tuple(other for other in rafts if other != raft))
+    return [member_here(start_broker, folder / f"broker{index}", raft, tuple(other for other in rafts
+                                                                             if other != raft))
             for index, raft in enumerate(rafts)]
-
-
-def _careful_publish(client: Client, body: str, within: float = 15.0) -> dict:
-    """Publish until confirmed (each refusal said nothing was stored)."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            return client.publish(TOPIC, body, confirm=True, timeout=5)
-        except ConnectorError:
-            assert time.monotonic() < deadline, "no member took the publish"
-            time.sleep(0.05)
 
 
 @pytest.mark.timeout(120)
@@ -86,7 +68,7 @@ def test_a_leader_that_cannot_write_hands_the_cluster_to_a_follower(
             with pytest.raises(ConnectorError, match=r"not stored: .*No space left on device"):
                 client.publish(TOPIC, "refused", confirm=True)
             started = time.monotonic()
-            reply = _careful_publish(client, "after")
+            reply = careful_publish(client, TOPIC, "after", within=15.0)
             moved = time.monotonic() - started
             successor = _leader(brokers, other_than=leader)
             assert not _view(leader)["serving"]
@@ -125,7 +107,7 @@ def test_a_member_elected_that_cannot_write_gives_the_leadership_away(
                                                     leader.hub.loop).result(10)
             assert sent, "Raft did not hand its leadership over"
             successor = _leader(brokers, other_than=unwritable, after_epoch=epoch)
-            _careful_publish(client, "after")
+            careful_publish(client, TOPIC, "after", within=15.0)
             assert not _view(unwritable)["serving"]
         messages = client.fetch(TOPIC, 1).messages
     assert [message.body for message in messages] == [b"before", b"not copied there", b"after"]
@@ -152,7 +134,7 @@ def test_with_every_disk_full_the_leadership_is_not_passed_round_and_comes_back_
             with pytest.raises(ConnectorError, match="not stored"):
                 client.publish(TOPIC, "refused", confirm=True)
             time.sleep(4)
-        _careful_publish(client, "after")
+        careful_publish(client, TOPIC, "after", within=15.0)
         messages = client.fetch(TOPIC, 1).messages
     assert [message.body for message in messages] == [b"before", b"after"]
     said = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]

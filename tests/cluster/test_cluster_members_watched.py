@@ -10,15 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
+from cluster_harness import member_here
 from conftest import BrokerFactory
 
 from bench.throughput import free_ports
 from broker.cluster import node
 from broker.server import Broker
-from broker.topics import Persistence, Sync, TopicRule, TopicSpec
 from connector import Client
-
-RULES = (TopicRule("durable.*", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG)),)
 
 
 def _until(said: pytest.LogCaptureFixture, text: str, within: float = 15.0) -> list[str]:
@@ -33,9 +31,7 @@ def _until(said: pytest.LogCaptureFixture, text: str, within: float = 15.0) -> l
 
 def _member(start_broker: BrokerFactory, folder: Path, rafts: list[str], index: int,
             peers: tuple[str, ...]) -> Broker:
-    return start_broker(topics=RULES, data_dir=folder / f"broker{index}", lumberjack="off", sexp="off",
-                        msgq="off", rstreams="off", http="off", cluster_node=rafts[index],
-                        cluster_peers=peers)
+    return member_here(start_broker, folder / f"broker{index}", rafts[index], peers)
 
 
 def _two_and_their_leader(start_broker: BrokerFactory, folder: Path) -> tuple[list[str], str, str]:
