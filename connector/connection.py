@@ -114,7 +114,7 @@ class ConnectionWatch:
         self.ever_connected = False
         self.refused_since: float | None = None  # first refused connect since the last connection
         self.accepted_at: float | None = None  # TCP connected, the handshake not over (nor failed) yet
-        self.stalled = False  # the verdict was STALLED
+        self.stalled = False  # the verdict was STALLED, and nothing happened on the connection since
         self.no_detail = 0  # handshakes failed without a reason, in a row
         self.asked = False  # the broker's mechanism was asked for since the last connection
         self.failure: Unreachable | None = None  # the last verdict, kept while nothing else happens
@@ -123,6 +123,7 @@ class ConnectionWatch:
         """One monitor event; what it means for the client, if anything yet."""
         if kind != zmq.EVENT_CONNECTED:
             self.accepted_at = None  # the handshake is over, one way or the other, or there is no connection
+            self.stalled = False
         if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             came_back = self.ever_connected and not self.connected
             self.connected = self.ever_connected = True
