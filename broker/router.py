@@ -727,7 +727,8 @@ class RouterShell:
             if event.wait and read.start_id >= read.next_id and event.incarnation in (None, incarnation):
                 if deadline is None:
                     deadline = now + min(event.wait, mc0.FETCH_MAX_WAIT_MS) / 1000
-                if deadline > now and self.waits.park(session, event.topic, reply, deadline):
+                if deadline > now and self.waits.park(session, event.topic, reply, deadline,
+                                                        bounded=event.replica is None):
                     return PARKED
             answer = self._fetch_ok(event, read, incarnation)
             self.counters["fetches"] += 1  # answered (a wait read again is counted once, when it is)

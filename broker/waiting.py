@@ -5,9 +5,11 @@ and again. A FETCH with ``WAIT`` that finds nothing to read from its FROM on is 
 answered: it is woken when a commit writes its topic (the shell then reads again, and answers if something is
 there) or when its wait ends (answered as it is then: empty). Like Kafka's fetch.max.wait.ms.
 
-Bounded: at most ``limit`` waits across the broker (a FETCH beyond it is answered at once, as if it had asked
-for no wait), and each at most ``FETCH_MAX_WAIT_MS`` long. Forgetting a gone client's waits frees their
-places.
+Bounded: at most ``limit`` clients' waits across the broker (a FETCH beyond it is answered at once, as if it
+had asked for no wait), and each at most ``FETCH_MAX_WAIT_MS`` long. Forgetting a gone client's waits frees
+their places. A cluster member's replica FETCHes do not count against the limit (``bounded=False``): only the
+other members may send them, one per persistent topic each, so the topics bound them; and answered at once,
+a follower would ask again at once, and the two brokers would spin.
 
 Pure bookkeeping, no I/O: time is an argument, and what a wait is *for* (a session, a decoded FETCH) is the
 shell's business. This module must not know the engine or the wire.
@@ -27,10 +29,12 @@ DEFAULT_LIMIT = 10_000
 class Wait:
     """One parked read: whose (``owner``), for which topic, what (``request``), until when (``deadline``)."""
 
-    __slots__ = ("deadline", "done", "owner", "request", "seq", "topic")
+    __slots__ = ("bounded", "deadline", "done", "owner", "request", "seq", "topic")
 
-    def __init__(self, owner: Any, topic: bytes, request: Any, deadline: float, seq: int) -> None:
+    def __init__(self, owner: Any, topic: bytes, request: Any, deadline: float, seq: int,
+                 bounded: bool) -> None:
         self.owner = owner
+        self.bounded = bounded
         self.topic = topic
         self.request = request
         self.deadline = deadline
@@ -51,14 +55,18 @@ class Waits:
         self._deadlines: list[Wait] = []
         self._seq = itertools.count()
         self.count = 0
+        self.limited = 0  # of count, the waits the limit applies to
         self.refused = 0  # waits asked beyond the limit (answered at once)
 
-    def park(self, owner: Any, topic: bytes, request: Any, deadline: float) -> bool:
-        """Hold ``request`` until its topic is written or ``deadline``; False (nothing held) when full."""
-        if self.count >= self.limit:
-            self.refused += 1
-            return False
-        wait = Wait(owner, topic, request, deadline, next(self._seq))
+    def park(self, owner: Any, topic: bytes, request: Any, deadline: float, bounded: bool = True) -> bool:
+        """Hold ``request`` until its topic is written or ``deadline``; False (nothing held) when full.
+        ``bounded``: the limit applies (False for a cluster member's replica FETCH)."""
+        if bounded:
+            if self.limited >= self.limit:
+                self.refused += 1
+                return False
+            self.limited += 1
+        wait = Wait(owner, topic, request, deadline, next(self._seq), bounded)
         self.by_topic.setdefault(topic, {})[wait.seq] = wait
         self.by_owner.setdefault(owner, {})[wait.seq] = wait
         heapq.heappush(self._deadlines, wait)
@@ -68,6 +76,7 @@ class Waits:
     def _remove(self, wait: Wait) -> None:
         wait.done = True
         self.count -= 1
+        self.limited -= wait.bounded
         for index, key in ((self.by_topic, wait.topic), (self.by_owner, wait.owner)):
             waits = index[key]
             del waits[wait.seq]

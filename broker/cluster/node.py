@@ -43,7 +43,7 @@ import zmq.asyncio
 
 from broker.cluster.link import Link, LinkError, open_link
 from broker.cluster.raft import RaftNode, RaftStateError, Role, check_state
-from broker.cluster.replicator import WAIT_MS, Replicator, record_producers, restart_behind
+from broker.cluster.replicator import PULSE_MS, Replicator, record_producers, restart_behind
 from broker.cluster.state import (
     ClusterState,
     ReplicaEnd,
@@ -595,9 +595,9 @@ class Cluster:
         return self.role.reachable * 2 > self.size
 
     def _fetched_lately(self, node: str) -> bool:
-        """Whether ``node`` fetched lately: twice the longest an idle follower's long poll waits, or two
-        election timeouts if longer (a member taking over asks with FETCHes too)."""
-        lately = max(2 * WAIT_MS / 1000, 2 * self.config.cluster_timeout)
+        """Whether ``node`` fetched lately: twice the longest an idle follower goes without a FETCH (its
+        pulse), or two election timeouts if longer (a member taking over asks with FETCHes too)."""
+        lately = max(2 * PULSE_MS / 1000, 2 * self.config.cluster_timeout)
         return self.heard.get(node, -math.inf) >= time.monotonic() - lately
 
     def _successor(self) -> str | None:

@@ -4,7 +4,8 @@ the leader's ids and timestamps, acknowledged by the next FETCH's FROM.
 Like a Kafka follower: the follower asks the leader for each topic's records from its own next id
 (``FETCH ... FORMAT records WAIT ... REPLICA <node> EPOCH <epoch> INCARNATION <its log identity>``, its
 headers ``PACKED`` in one frame where the leader takes that). The leader answers as soon as it has
-committed something past that id. The follower checks and appends the records (the store checks every CRC),
+committed something past that id, or when the wait ends: 30 s (WAIT_MS), but 1 s for the first topic
+copied (PULSE_MS), so that the leader hears from each follower every second however many topics idle. The follower checks and appends the records (the store checks every CRC),
 commits them as its topic's sync level says (a strong topic fsyncs), and only then asks for more: the FROM
 of that next FETCH tells the leader that everything below it is as durable here as the topic promises. It
 leaves right after the commit, inside the hub's turn, before the rest of that turn (answers and deliveries
@@ -35,8 +36,16 @@ from protocol import ProtocolError, mc0
 
 log = logging.getLogger("mc0.cluster")
 
-#: How long a FETCH waits in the leader for something new (ms), and the most records and bytes one brings.
-WAIT_MS = 1000
+#: How long a FETCH waits in the leader for something new (ms). A new message ends the wait at once, so this
+#: is only what an idle topic costs: one FETCH per topic and follower this often (Kafka's followers send one
+#: fetch for all their partitions; here each topic has its own, and 500 idle topics polled every second took
+#: a fifth of the leader's CPU).
+WAIT_MS = 30_000
+#: ... except the FETCH of one topic of each follower (the first it copies), which waits this long: the
+#: leader hears from every follower this often, whatever the number of topics (the last-fetch age in its
+#: STATS and metrics; the followers it may hand the cluster over to).
+PULSE_MS = 1000
+#: The most records and bytes one FETCH brings.
 FETCH_RECORDS = 10_000
 FETCH_BYTES = 4 << 20
 #: Seconds between attempts after the leader refused or did not answer.
@@ -105,9 +114,10 @@ class Replicator:
         self.set_identity = set_identity
         self.fenced = fenced  # the highest epoch a candidate leader announced: copy nothing from below it
         self.topics: set[bytes] = set()
+        self.pulse: bytes | None = None  # the topic whose FETCH waits PULSE_MS, not WAIT_MS
         # Each topic's FETCH, prepared: every ask changes only its FROM (and ID) while the log identity and
         # the PACKED choice stay; encoding the rest again was a tenth of a follower's turn at 1 in flight.
-        self.templates: dict[bytes, tuple[tuple[bytes, bool], mc0.FetchTemplate]] = {}
+        self.templates: dict[bytes, tuple[tuple[bytes, bool, int], mc0.FetchTemplate]] = {}
         self.retries: dict[bytes, asyncio.TimerHandle] = {}
         self.failing: dict[bytes, int] = {}  # topics whose last writes failed, and how many in a row
         self.copied = 0  # records appended so far
@@ -122,7 +132,18 @@ class Replicator:
         """Copy ``topic`` too (idempotent)."""
         if topic not in self.topics:
             self.topics.add(topic)
+            if self.pulse is None:
+                self.pulse = topic
             self._ask(topic)
+
+    def _forget(self, topic: bytes) -> None:
+        """``topic`` is gone here (deleted): copy it no more, until the cluster names it again (follow)."""
+        self.topics.discard(topic)
+        self.templates.pop(topic, None)
+        self.failing.pop(topic, None)
+        if self.pulse == topic:
+            # The next topic asked pulses (its FETCH waiting now keeps its longer wait).
+            self.pulse = next(iter(self.topics), None)
 
     def _ask(self, topic: bytes) -> None:
         """The next FETCH of ``topic``, from this copy's next id (which acknowledges everything below it)."""
@@ -131,16 +152,17 @@ class Replicator:
             return
         local = self.engine.topics.get(topic)
         if local is None or local.log is None:
-            self._later(topic)
+            self._forget(topic)
             return
         incarnation = local.log.identity.incarnation.encode()
-        event = mc0.Fetch(topic, local.next_id, FETCH_RECORDS, FETCH_BYTES, wait=WAIT_MS, records=True,
+        wait = PULSE_MS if topic == self.pulse else WAIT_MS
+        event = mc0.Fetch(topic, local.next_id, FETCH_RECORDS, FETCH_BYTES, wait=wait, records=True,
                           incarnation=incarnation, replica=self.node, epoch=self.epoch, packed=self.packed)
         template = self.templates.get(topic)
-        if template is None or template[0] != (incarnation, self.packed):
-            template = self.templates[topic] = ((incarnation, self.packed), mc0.FetchTemplate(event))
+        if template is None or template[0] != (incarnation, self.packed, wait):
+            template = self.templates[topic] = ((incarnation, self.packed, wait), mc0.FetchTemplate(event))
         try:
-            self.link.ask(event, WAIT_MS / 1000 + 5, lambda answer: self._answered(topic, event, answer),
+            self.link.ask(event, wait / 1000 + 5, lambda answer: self._answered(topic, event, answer),
                           template[1])
         except LinkError:
             self._later(topic)

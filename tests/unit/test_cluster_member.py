@@ -24,7 +24,7 @@ from broker.cluster.raft import Role
 from broker.cluster.state import ClusterState
 from broker.config import BrokerConfig
 from broker.engine import Engine
-from broker.store.files import FileStore
+from broker.store.files import FileStore, spec_to_json
 from broker.topics import Persistence, TopicSpec
 from protocol import mc0
 
@@ -219,7 +219,7 @@ def test_a_replayed_journal_is_followed_once_at_its_end(caplog: Any, tmp_path: P
 
     async def replay() -> Cluster:
         cluster = member(tmp_path)
-        state.apply(("topic", b"t".hex(), {"persistence": "persistent"}))
+        state.apply(("topic", b"t".hex(), spec_to_json(TopicSpec(persistence=Persistence.PERSISTENT))))
         loop = asyncio.get_running_loop()
         for epoch in range(1, 9):  # posted from Raft's thread, as RaftNode does, faster than the loop runs
             command = ("take_over", PEERS[epoch % 2], epoch, {})
