@@ -107,6 +107,12 @@ class ClusterGate(Protocol):
         it."""
         ...
 
+    def deleted(self, topic: bytes, incarnation: bytes | None, done: Callable[[str | None], None]) -> bool:
+        """This broker deleted ``topic`` (its log's ``incarnation``, if it had one): True when the cluster
+        records that and calls ``done`` (None, or why it could not) once it did; False when it has nothing
+        to record (not leading, or a topic it never replicated)."""
+        ...
+
     def replica_extra(self, topic: bytes, start: int, count: int, known: bytes | None) -> dict[bytes, bytes]:
         """Headers a replica's FETCH reply carries besides the records (LINEAGE, PRODUCERS); ``known`` is the
         incarnation the FETCH named."""
@@ -494,9 +500,16 @@ class RouterShell:
                 body = json.dumps(stats, sort_keys=True).encode()
                 self.reply(session, mc0.Ok(command_id, {b"CONTENT-TYPE": b"application/json"}, body))
             case mc0.Delete(topic, command_id):
-                if not engine.delete(topic):
+                incarnation = engine.incarnation(topic)
+                found = engine.delete(topic)
+                if found:
+                    self.woken.extend(self.waits.woken((topic,)))  # readers of that log: answered now
+                # A cluster's OK waits until Raft's log says every member deletes its copy.
+                recorded = self.cluster is not None and self.cluster.deleted(
+                    topic, incarnation, lambda why: self._deleted(session, command_id, why))
+                if not (found or recorded):
                     raise EngineError(f"no topic {topic.decode('utf-8', 'replace')!r} to delete")
-                if command_id is not None:
+                if command_id is not None and not recorded:
                     self.ok(session, command_id)
             case mc0.Message() | mc0.Messages() | mc0.Ok() | mc0.Error():
                 verb = type(event).__name__.upper()
@@ -566,6 +579,19 @@ class RouterShell:
         topics = self.engine.topics
         durability = min((topics[name].durability for name in names), key=DURABILITY_RANK.__getitem__)
         return {mc0.MESSAGE_ID: b"%d" % message.id, mc0.DURABILITY: durability}
+
+    def _deleted(self, session: Session, command_id: bytes | None, why: str | None) -> None:
+        """A cluster's Raft log recorded a DELETE (``why`` None), or could not: its answer."""
+        if command_id is None:
+            return
+        if why is None:
+            self.ok(session, command_id)
+        else:
+            self.counters["errors"] += 1
+            why = (f"deleted on the leader, but the cluster did not record it ({why}): the other members "
+                   "keep their copies; DELETE it again")
+            self.reply(session, mc0.Error(why.encode(), command_id))
+        self.hub.schedule()
 
     def ok(self, session: Session, command_id: bytes, headers: dict[bytes, bytes] | None = None) -> None:
         self.reply(session, mc0.Ok(command_id, headers or {}))

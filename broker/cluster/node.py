@@ -292,6 +292,8 @@ class Cluster:
             self._serve()
         if kind in ("topic", "snapshot", "take_over"):
             self._topics_changed = True
+        if kind == "forget_topic" and len(command) > 2 and not self.serving:
+            self._delete_copy(bytes.fromhex(command[1]), command[2])
         if kind == "join" and len(command) > 3:
             self._compare_members(command[1], tuple(command[3]))
         if state.leader not in (self.node, None) and not self._settle_due:
@@ -605,10 +607,12 @@ class Cluster:
         leader's (Raft's TimeoutNow is lost on a broker restarted a moment ago that has not heard from it yet:
         the hand-over then waited an election timeout), and of those the one that acknowledged the most
         messages."""
-        candidates = [node for node in self.heard if self._fetched_lately(node)]
+        answering = self.role.answering
+        # Followers copying fetch; with no persistent topic nobody does, and any member Raft hears will do.
+        candidates = ([node for node in self.heard if self._fetched_lately(node)] if self.state.topics
+                      else list(answering))
         if not candidates:
             return None
-        answering = self.role.answering
         return max(candidates, key=lambda node: (node in answering, sum(replicas.get(node, 0) for replicas in
                                                                         self.positions.values()), node))
 
@@ -639,6 +643,37 @@ class Cluster:
             self._register(topic)
         elif self.replicator is not None:
             self.replicator.follow(topic.name)
+
+    def deleted(self, topic: bytes, incarnation: bytes | None, done: Callable[[str | None], None]) -> bool:
+        """This leader deleted ``topic`` (whose log was ``incarnation``): the cluster forgets it, and every
+        member deletes its copy as Raft's log carries that. True when ``done`` will be called: with None once
+        Raft's log holds it, or with why not."""
+        self.positions.pop(topic, None)  # a topic of that name made again starts with no acknowledgements
+        name_hex = topic.hex()
+        if not self.serving or self.raft is None or name_hex not in self.state.topics:
+            return False
+        raft = self.raft
+        forget = ("forget_topic", name_hex, (incarnation or mc0.NO_INCARNATION).decode("ascii"))
+        raft.submit(forget, lambda _, why: done(why))
+        return True
+
+    def _delete_copy(self, topic: bytes, incarnation: str) -> None:
+        """The cluster forgot ``topic``, whose leader's log was ``incarnation``: delete this member's copy of
+        that log. Only of that one: a restarted member's Raft applies its whole journal again, and the topic
+        may have been made again since (a new log, another incarnation), which must stay."""
+        local = self.engine.topics.get(topic)
+        if local is None or local.log is None:
+            return
+        identity = local.log.identity
+        if incarnation != identity.incarnation and incarnation not in (old for old, _ in identity.lineage):
+            return
+        try:
+            self.engine.delete(topic)
+        except EngineError as error:
+            log.warning("topic %r was deleted on the leader, but this copy cannot be: %s",
+                        topic.decode("utf-8", "replace"), error)
+            return
+        log.info("topic %r deleted, as on the leader", topic.decode("utf-8", "replace"))
 
     def _register(self, topic: Topic) -> None:
         name_hex = topic.name.hex()

@@ -5,11 +5,12 @@ Like a Kafka follower: the follower asks the leader for each topic's records fro
 (``FETCH ... FORMAT records WAIT ... REPLICA <node> EPOCH <epoch> INCARNATION <its log identity>``, its
 headers ``PACKED`` in one frame where the leader takes that). The leader answers as soon as it has
 committed something past that id, or when the wait ends: 30 s (WAIT_MS), but 1 s for the first topic
-copied (PULSE_MS), so that the leader hears from each follower every second however many topics idle. The follower checks and appends the records (the store checks every CRC),
-commits them as its topic's sync level says (a strong topic fsyncs), and only then asks for more: the FROM
-of that next FETCH tells the leader that everything below it is as durable here as the topic promises. It
-leaves right after the commit, inside the hub's turn, before the rest of that turn (answers and deliveries
-to this broker's own clients), which the leader does not wait for. If the leader's log is another one than
+copied (PULSE_MS), so that the leader hears from each follower every second however many topics idle. The
+follower checks and appends the records (the store checks every CRC), commits them as its topic's sync level
+says (a strong topic fsyncs), and only then asks for more: the FROM of that next FETCH tells the leader that
+everything below it is as durable here as the topic promises. It leaves right after the commit, inside the
+hub's turn, before the rest of that turn (answers and deliveries to this broker's own clients), which the
+leader does not wait for. If the leader's log is another one than
 the follower's (a new epoch), the follower finds where the two logs part from both lineages (the leader's
 comes with its answer), cuts its log there, durably, takes the leader's log identity, and copies on.
 
@@ -235,6 +236,11 @@ class Replicator:
             return False
         identity = local.log.identity
         records = mc0.decode_records_reply(reply)
+        if records.incarnation == mc0.NO_INCARNATION:
+            # The leader has no log of this topic (deleted there: this copy goes too once Raft's log says
+            # so). Nothing here is cut, and no identity taken from an answer that has none.
+            log.debug("the leader has no log of %r", topic)
+            return False
         incarnation = records.incarnation.decode("ascii", "replace")
         lineage = mc0.decode_lineage(reply.headers.get(mc0.LINEAGE, b""))
         if local.next_id != event.start:

@@ -63,8 +63,8 @@ class ClusterState:
             _, name_hex, spec = command
             self.topics[name_hex] = spec
             return True
-        if kind == "forget_topic":
-            _, name_hex = command
+        if kind == "forget_topic":  # then, from newer brokers, the incarnation of the log deleted
+            name_hex = command[1]
             self.topics.pop(name_hex, None)
             self.identities.pop(name_hex, None)
             for positions in self.positions.values():

@@ -508,6 +508,11 @@ class FileStore:
             raise StoreError(f"topic {topic!r} has no open log")
         if segment_log.identity == identity:
             return
+        if not all(_INCARNATION.fullmatch(incarnation) for incarnation in
+                   (identity.incarnation, *(old for old, _ in identity.lineage))):
+            # Written, it would make the topic's meta file unreadable, and the broker unable to open it.
+            raise StoreError(f"topic {topic!r}: {identity.incarnation!r} is not a log identity (32 lowercase "
+                             "hex digits): not recorded")
         directory = segment_log.directory
         stored, _, lost = read_topic_meta(directory)
         write_file_atomically(directory / META_FILE,

@@ -130,6 +130,7 @@ def test_a_hand_over_goes_to_a_follower_whose_raft_answers() -> None:
     ``127.0.0.1:7003`` won over ``127.0.0.1:7002``."""
     cluster = member()
     now = time.monotonic()
+    cluster.state.topics[b"t".hex()] = spec_to_json(TopicSpec(persistence=Persistence.PERSISTENT))
     cluster.heard = {"127.0.0.1:7002": now, "127.0.0.1:7003": now}
     cluster.positions = {b"t": {"127.0.0.1:7002": 10, "127.0.0.1:7003": 10}}
     cluster.role = Role(True, cluster.node, 3, 3, frozenset({"127.0.0.1:7002", "127.0.0.1:7003"}))
@@ -140,6 +141,16 @@ def test_a_hand_over_goes_to_a_follower_whose_raft_answers() -> None:
     assert cluster._successor() == "127.0.0.1:7002"  # even one behind: it catches up before Raft hands over
     cluster.role = Role(True, cluster.node, 3, 3)
     assert cluster._successor() == "127.0.0.1:7003"  # none answers: the most acknowledged, as before
+
+
+def test_with_no_persistent_topic_a_hand_over_goes_to_a_member_whose_raft_answers() -> None:
+    """Followers fetch only to copy persistent topics: with none, nobody fetched, and a stopping leader hands
+    over to a member its Raft hears rather than to nobody."""
+    cluster = member()
+    cluster.role = Role(True, cluster.node, 3, 3, frozenset({"127.0.0.1:7002"}))
+    assert cluster._successor() == "127.0.0.1:7002"
+    cluster.role = Role(True, cluster.node, 3, 3)
+    assert cluster._successor() is None
 
 
 class Submits:
@@ -239,3 +250,19 @@ def test_a_replayed_journal_is_followed_once_at_its_end(caplog: Any, tmp_path: P
     finally:
         cluster.close()
         cluster.engine.close()
+
+
+def test_a_deleted_topic_is_forgotten_through_raft_with_its_acknowledgements() -> None:
+    """A topic made again under the same name must start with no follower acknowledging anything of it: a
+    position left from the deleted log would let a strong OK go before a majority holds the message."""
+    cluster = member()
+    raft = cluster.raft = Submits()  # type: ignore[assignment]
+    cluster.serving = True
+    cluster.state.topics[b"t".hex()] = spec_to_json(TopicSpec(persistence=Persistence.PERSISTENT))
+    cluster.positions = {b"t": {"127.0.0.1:7002": 10}, b"u": {"127.0.0.1:7002": 4}}
+    incarnation = "ab" * 16
+    assert cluster.deleted(b"t", incarnation.encode(), lambda why: None)
+    assert raft.commands == [("forget_topic", b"t".hex(), incarnation)]
+    assert cluster.positions == {b"u": {"127.0.0.1:7002": 4}}
+    assert not cluster.deleted(b"v", None, lambda why: None)  # never replicated: nothing to record
+    assert len(raft.commands) == 1

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from broker.cluster import replicator as replicator_module
 from broker.cluster.link import Answer, LinkError
 from broker.cluster.replicator import Replicator
 from broker.engine import Engine
-from broker.store import LogIdentity, SyncFailed
+from broker.store import LogIdentity, StoreError, SyncFailed
 from broker.store.files import FileStore
 from broker.topics import Persistence, Sync, TopicRule, TopicRules, TopicSpec
 from protocol import mc0
@@ -396,3 +397,58 @@ def test_a_copy_behind_the_leaders_retention_drops_its_old_messages_and_copies_o
     finally:
         leader.close()
         follower.close()
+
+
+def test_a_leader_without_the_topics_log_changes_nothing_in_the_copy(leader: Engine, follower: Engine,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leader that deleted the topic answers with no log identity (NO_INCARNATION): the copy must not cut
+    its log nor take that as an identity (recorded, it made the topic's meta file unreadable and every member
+    unable to take the cluster over); it asks again after a pause, by which time Raft's log may have told it
+    to delete its copy."""
+    monkeypatch.setattr(replicator_module, "RETRY", 0.01)
+
+    async def run() -> None:
+        link, failures, _ = following(follower, leader)
+        link.asked[-1][1](answer_from(leader, link.asked[-1][0]))
+        identity = follower.topics[TOPIC].log.identity  # type: ignore[union-attr]
+        fetch = link.asked[-1][0]
+        link.asked[-1][1](mc0.records_ok(b"1", fetch.start, fetch.start, fetch.start, 0, mc0.NO_INCARNATION,
+                                         b""))
+        assert len(link.asked) == 2  # not at once
+        await asyncio.sleep(0.05)
+        assert len(link.asked) == 3
+        assert follower.topics[TOPIC].next_id == 2  # m0 stays
+        assert follower.topics[TOPIC].log.identity == identity  # type: ignore[union-attr]
+        follower.delete(TOPIC)  # Raft's log said so: the copy goes, and is asked for no more
+        link.asked[-1][1](LinkError("no answer within 6s"))
+        await asyncio.sleep(0.05)
+        assert len(link.asked) == 3
+        assert not failures
+
+    asyncio.run(run())
+
+
+def test_one_topic_pulses_and_the_others_wait_long(leader: Engine, follower: Engine) -> None:
+    """The leader hears from an idle follower every PULSE_MS through its first topic; the others' FETCHes
+    wait WAIT_MS, so idle topics cost little however many there are."""
+    other = b"copy.other"
+    follower.topic(other)
+
+    async def run() -> None:
+        link, _, replicator = following(follower)
+        replicator.follow(other)
+        waits = {event.topic: event.wait for event, _ in link.asked}
+        assert waits == {TOPIC: replicator_module.PULSE_MS, other: replicator_module.WAIT_MS}
+        assert replicator_module.WAIT_MS >= 10 * replicator_module.PULSE_MS
+
+    asyncio.run(run())
+
+
+def test_an_identity_that_is_not_one_is_never_recorded(follower: Engine) -> None:
+    store = follower.store
+    assert isinstance(store, FileStore)
+    with pytest.raises(StoreError, match="not a log identity"):
+        store.set_identity(TOPIC, LogIdentity("-"))
+    with pytest.raises(StoreError, match="not a log identity"):
+        store.set_identity(TOPIC, LogIdentity(uuid.uuid4().hex, (("x", 3),)))
+    store.set_identity(TOPIC, LogIdentity(uuid.uuid4().hex))
