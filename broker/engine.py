@@ -588,6 +588,26 @@ class Engine:
         for topic, done in settled.items():
             self._settled(topic, done)
 
+    def ack_through(self, name: bytes, last: int) -> int:
+        """Every message of the persistent round-robin topic ``name`` up to id ``last`` left the queue for
+        good (a cluster's new leader taking the queue's position the old one reported): the queue goes on
+        after it. Returns how many ids that acked."""
+        topic = self.topics.get(name)
+        if topic is None or topic.log is None or not topic.round_robin:
+            return 0
+        log = topic.log
+        last = min(last, topic.next_id - 1)
+        before = log.acked_watermark
+        if last <= before:
+            return 0
+        log.ack_through(last)
+        topic.next_dispatch = max(topic.next_dispatch, last + 1)
+        if topic.redeliver and topic.redeliver[0] <= last:
+            topic.redeliver = [acked for acked in topic.redeliver if acked > last]
+            heapq.heapify(topic.redeliver)
+        self._mark_dirty(topic)
+        return last - before
+
     def _settled(self, topic: Topic, ids: list[int]) -> None:
         """Round-robin messages that left the queue for good: the persistent queue position moves."""
         if topic.round_robin and topic.log is not None:

@@ -152,6 +152,7 @@ class Cluster:
         # broker just started adds no stream of them to Raft's log (each can fail a hand-over: _report).
         self._join_until = -math.inf
         self.reported: dict[str, int] = {}
+        self.reported_acked: dict[str, tuple[str, int]] = {}  # the queues' positions this leader reported
         self.takeovers = 0
         # Called once a leader is known after this broker stopped leading, with that leader's endpoint: the
         # doors send their clients there (broker.server sets it).
@@ -221,19 +222,31 @@ class Cluster:
             # the target's log shorter than this one's, the target's election fails, and the hand-over waits
             # an election timeout (the other members' commands it refuses meanwhile: RaftNode._receive).
             return
-        positions = {topic.name.hex(): topic.committed_id for topic in self.engine.topics.values()
-                     if topic.log is not None}
-        changed = {name: value for name, value in positions.items() if self.reported.get(name) != value}
-        if changed and self.raft is not None and self.joined:
-            self.reported.update(changed)
+        logs = [topic for topic in self.engine.topics.values() if topic.log is not None]
+        self._submit_changed(self.reported, {topic.name.hex(): topic.committed_id for topic in logs},
+                             lambda changed: ("positions", self.node, changed))
+        if self.serving:
+            # The queues' positions, which the followers take, and a new leader (_serve): what consumers acked
+            # in the last report's interval is all a failover hands out again.
+            queues = {topic.name.hex(): (topic.log.identity.incarnation, topic.log.acked_watermark)
+                      for topic in logs if topic.round_robin and topic.log is not None}
+            self._submit_changed(self.reported_acked, queues, lambda changed: ("acked", changed))
 
-            def applied(_: bool | None, error: str | None) -> None:
-                if error is not None:  # not applied (the leader changed, or handed over): again next time
-                    for name, value in changed.items():
-                        if self.reported.get(name) == value:
-                            del self.reported[name]
+    def _submit_changed(self, reported: dict[str, Any], values: dict[str, Any],
+                        command: Callable[[dict[str, Any]], tuple[Any, ...]]) -> None:
+        """Submit to Raft's log the ``values`` that changed since they were last ``reported``."""
+        changed = {name: value for name, value in values.items() if reported.get(name) != value}
+        if not changed or self.raft is None or not self.joined:
+            return
+        reported.update(changed)
 
-            self.raft.submit(("positions", self.node, changed), applied)
+        def applied(_: bool | None, error: str | None) -> None:
+            if error is not None:  # not applied (the leader changed, or handed over): again next time
+                for name, value in changed.items():
+                    if reported.get(name) == value:
+                        del reported[name]
+
+        self.raft.submit(command(changed), applied)
 
     def _watch(self, now: float) -> None:
         """Say once (and once when it is over) that a reachable majority has had no leader for SILENT_AFTER:
@@ -294,6 +307,10 @@ class Cluster:
             self._topics_changed = True
         if kind == "forget_topic" and len(command) > 2 and not self.serving:
             self._delete_copy(bytes.fromhex(command[1]), command[2])
+        if kind == "acked" and not self.serving and any([
+                self._take_queue_position(bytes.fromhex(name_hex), incarnation, last)
+                for name_hex, (incarnation, last) in command[1].items()]):
+            self.schedule()  # written with the next commit
         if kind == "join" and len(command) > 3:
             self._compare_members(command[1], tuple(command[3]))
         if state.leader not in (self.node, None) and not self._settle_due:
@@ -465,13 +482,30 @@ class Cluster:
         self.serving = True
         self.positions.clear()
         self.heard.clear()
+        self.reported_acked.clear()
         self._stop_copying()
         for topic in list(self.engine.topics.values()):
             if topic.log is not None:
                 self.engine.gate(topic, 1)
                 self._register(topic)
+                # Where the last leader's consumers were: a follower took the reports as they came, but
+                # maybe not all (it had not copied every message acked yet).
+                position = self.state.acked.get(topic.name.hex())
+                if position is not None and self._take_queue_position(topic.name, *position):
+                    log.info("queue %r goes on after id %d, where the last leader's consumers were",
+                             topic.name.decode("utf-8", "replace"), position[1])
         log.info("leading the cluster: epoch %d, mc0 at %s", self.state.epoch, self.endpoint)
         self.schedule()
+
+    def _take_queue_position(self, name: bytes, incarnation: str, last: int) -> int:
+        """A persistent round-robin topic goes on where the leader's consumers were, as the leader reported
+        it (``acked``): every id up to ``last`` of the log ``incarnation`` is acked here too. Only in that
+        log: a restarted member's Raft applies its whole journal again, and a topic of that name made again
+        since is another log. Returns how many ids it acked."""
+        local = self.engine.topics.get(name)
+        if local is None or local.log is None or not _same_log(local.log.identity, incarnation):
+            return 0
+        return self.engine.ack_through(name, last)
 
     def after_flush(self) -> None:
         """After each turn of the hub: a leader whose commit of a replicated topic failed (its disk is full,
@@ -664,8 +698,7 @@ class Cluster:
         local = self.engine.topics.get(topic)
         if local is None or local.log is None:
             return
-        identity = local.log.identity
-        if incarnation != identity.incarnation and incarnation not in (old for old, _ in identity.lineage):
+        if not _same_log(local.log.identity, incarnation):
             return
         try:
             self.engine.delete(topic)
@@ -938,3 +971,8 @@ class Cluster:
                          for name, replicas in self.positions.items()},
             "heard": {node: round(now - when, 3) for node, when in self.heard.items()},
         }
+
+
+def _same_log(identity: LogIdentity, incarnation: str) -> bool:
+    """Whether ``incarnation`` names the log of ``identity``: its own, or one it succeeded (a new epoch)."""
+    return incarnation == identity.incarnation or incarnation in (old for old, _ in identity.lineage)

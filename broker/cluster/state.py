@@ -39,6 +39,14 @@ class ClusterState:
     # name hex -> [(epoch, incarnation, lineage)], oldest first: the log identity each epoch's leader gave it
     identities: dict[str, list[tuple[int, str, tuple[tuple[str, int], ...]]]] = field(default_factory=dict)
     positions: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> name hex -> durable next id
+    # name hex -> (the incarnation of its log, the leader's queue position in it) of a persistent round-robin
+    # topic: every id up to the position acked
+    acked: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def __setstate__(self, fields: dict[str, Any]) -> None:
+        """Unpickled (a Raft dump): fields a dump from an older broker lacks get their defaults."""
+        self.__dict__.update(ClusterState().__dict__)
+        self.__dict__.update(fields)
 
     def apply(self, command: tuple[Any, ...]) -> bool:
         """Apply one command (the same on every broker, in log order); False if it changed nothing because it
@@ -69,6 +77,10 @@ class ClusterState:
             self.identities.pop(name_hex, None)
             for positions in self.positions.values():
                 positions.pop(name_hex, None)
+            self.acked.pop(name_hex, None)
+            return True
+        if kind == "acked":  # reported by the leader: the latest report is the queue's position
+            self.acked.update(command[1])
             return True
         if kind == "positions":
             _, node, positions = command

@@ -207,6 +207,10 @@ class TopicLog(Protocol):
         """Record acked ids (round-robin topics); durable like messages, at the next commit."""
         ...
 
+    def ack_through(self, last: int) -> None:
+        """Record every id up to ``last`` as acked, as :meth:`ack` does, however many they are."""
+        ...
+
     @property
     def acked_watermark(self) -> int:
         """Every id up to this one is acked (0: none); ids below ``first_id`` count as acked."""

@@ -56,6 +56,7 @@ class AckJournal(JournalFile):
         self.watermark = 0  # every id <= watermark is acked
         self.above: set[int] = set()  # acked ids > watermark + 1 (never watermark + 1: it would have moved)
         self.pending: list[int] = []  # acked since the last write
+        self.pending_ranges: list[tuple[int, int]] = []  # and whole ranges (ack_through)
 
     # ------------------------------------------------------------------------------------------- state
 
@@ -72,6 +73,20 @@ class AckJournal(JournalFile):
                 self._advance()
             else:
                 above.add(acked)
+
+    def ack_through(self, last: int, next_id: int) -> None:
+        """Every id up to ``last`` is acked (a cluster's new leader taking its queue's position from the
+        cluster's state): one range, however many ids."""
+        if last >= next_id:
+            raise ValueError(f"cannot ack through id {last}: the log holds ids below {next_id}")
+        if last > self.watermark:
+            self.pending_ranges.append((self.watermark + 1, last))
+            self._apply(self.watermark + 1, last)
+
+    @property
+    def unwritten(self) -> bool:
+        """Acks made since the last write."""
+        return bool(self.pending or self.pending_ranges)
 
     def _advance(self) -> None:
         above, watermark = self.above, self.watermark
@@ -126,10 +141,10 @@ class AckJournal(JournalFile):
 
     def write(self) -> None:
         """Write the acks made since the last call as coalesced ranges (one write); compact if big."""
-        if not self.pending:
+        if not self.unwritten:
             return
-        data = encode_ranges(coalesce(self.pending))
-        self.pending = []
+        data = encode_ranges([*self.pending_ranges, *coalesce(self.pending)])
+        self.pending, self.pending_ranges = [], []
         self._append(data)
         if self.size > self.compact_bytes:
             self.compact()

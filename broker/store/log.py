@@ -277,7 +277,7 @@ class SegmentLog:
     @property
     def dirty(self) -> bool:
         """Anything not yet written and fsynced."""
-        return bool(self._buf or self._sealing or self._acks.pending or self.producers.pending
+        return bool(self._buf or self._sealing or self._acks.unwritten or self.producers.pending
                     or self._unsynced_files())
 
     @property
@@ -758,14 +758,14 @@ class SegmentLog:
 
         StoreError if the write fails: the log is then back to what its files hold (see the module
         docstring), so ``next_id`` may be lower than before the appends of this turn."""
-        if not (self._buf or self._sealing or self._acks.pending or self.producers.pending) and not (
+        if not (self._buf or self._sealing or self._acks.unwritten or self.producers.pending) and not (
             self._strong and self._unsynced_files()
         ):
             return
         self._mending(self._commit)
 
     def _commit(self) -> None:
-        if self._buf or self._sealing or self._acks.pending or self.producers.pending:
+        if self._buf or self._sealing or self._acks.unwritten or self.producers.pending:
             self._write()
         if self._strong and self._unsynced_files():
             self._fsync_written()
@@ -773,7 +773,7 @@ class SegmentLog:
     def write_ahead(self) -> None:
         """Write what is buffered without fsyncing it (readers see it); the next :meth:`commit` fsyncs. A
         failure is the commit's: the log is back to what its files hold (StoreError)."""
-        if self._buf or self._sealing or self._acks.pending or self.producers.pending:
+        if self._buf or self._sealing or self._acks.unwritten or self.producers.pending:
             self._mending(self._write)
 
     def make_durable(self) -> None:
@@ -828,6 +828,10 @@ class SegmentLog:
     def ack(self, ids: Iterable[int]) -> None:
         """Record acked ids; durable at the next commit() under the topic's sync rule."""
         self._acks.ack(ids, self._next_id)
+
+    def ack_through(self, last: int) -> None:
+        """Record every id up to ``last`` as acked, as :meth:`ack` does."""
+        self._acks.ack_through(last, self._next_id)
 
     # ---------------------------------------------------------------------------------------- retention
 

@@ -121,6 +121,9 @@ class MemoryLog:
         self.acked.update(ids)
         self._acks_pending += len(ids)
 
+    def ack_through(self, last: int) -> None:
+        self.ack(range(self.acked_watermark + 1, last + 1))
+
     @property
     def acked_watermark(self) -> int:
         """Every id up to here is acked (or was removed by retention)."""

@@ -25,7 +25,7 @@ from broker.cluster.state import ClusterState
 from broker.config import BrokerConfig
 from broker.engine import Engine
 from broker.store.files import FileStore, spec_to_json
-from broker.topics import Persistence, TopicSpec
+from broker.topics import Delivery, Persistence, TopicSpec
 from protocol import mc0
 
 PEERS = ("127.0.0.1:7002", "127.0.0.1:7003")
@@ -266,3 +266,29 @@ def test_a_deleted_topic_is_forgotten_through_raft_with_its_acknowledgements() -
     assert cluster.positions == {b"u": {"127.0.0.1:7002": 4}}
     assert not cluster.deleted(b"v", None, lambda why: None)  # never replicated: nothing to record
     assert len(raft.commands) == 1
+
+
+def test_a_queue_takes_the_leaders_position_only_in_the_log_it_was_reported_for(tmp_path: Path) -> None:
+    """A follower takes each reported position of a queue (what the leader's consumers acked); replayed at a
+    restart, a position of a deleted log must leave a queue made again since under the name alone."""
+    cluster = member(tmp_path)
+    queue = TopicSpec(delivery=Delivery.ROUND_ROBIN, persistence=Persistence.PERSISTENT)
+    engine = cluster.engine
+    topic = engine.declare(b"q", queue)
+    for n in range(10):
+        engine.publish(b"q", b"job%d" % n, {}, 0)
+    engine.commit()
+    assert topic.log is not None
+    mine = topic.log.identity.incarnation
+    try:
+        cluster.on_state(("acked", {b"q".hex(): ("ab" * 16, 8)}), cluster.state)  # another log's
+        assert topic.log.acked_watermark == 0
+        cluster.on_state(("acked", {b"q".hex(): (mine, 6)}), cluster.state)
+        assert topic.log.acked_watermark == 6
+        assert topic.next_dispatch == 7
+        assert topic.waiting() == 4
+        cluster.on_state(("acked", {b"q".hex(): (mine, 60)}), cluster.state)  # past what it holds
+        assert topic.log.acked_watermark == 10
+    finally:
+        cluster.close()
+        engine.close()

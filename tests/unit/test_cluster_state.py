@@ -4,6 +4,7 @@ configuration. No processes, no sockets."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -51,8 +52,25 @@ def test_commands_apply_in_order_and_a_stale_take_over_changes_nothing() -> None
     assert state.epoch_of(b"t".hex(), "unknown") == 0
     assert state.apply(("positions", "a:1", {b"t".hex(): 41}))
     assert state.positions == {"a:1": {b"t".hex(): 41}}
+    assert state.apply(("acked", {b"t".hex(): ("i2", 30)}))
+    assert state.apply(("acked", {b"t".hex(): ("i2", 35)}))  # the latest report is the position
+    assert state.acked == {b"t".hex(): ("i2", 35)}
     with pytest.raises(ValueError, match="unknown cluster command"):
         state.apply(("nonsense",))
+    assert state.apply(("forget_topic", b"t".hex(), "i2"))  # deleted: nothing of it stays
+    assert (state.topics, state.identities, state.acked) == ({}, {}, {})
+    assert state.positions == {"a:1": {}}
+
+
+def test_a_dump_from_before_a_field_loads_with_its_default() -> None:
+    """PySyncObj pickles the state into its dump: one written by an older broker lacks the newer fields."""
+    state = ClusterState(epoch=4, leader="a:1")
+    old = pickle.dumps(state)
+    del state.__dict__["acked"]  # as an older broker's state had it
+    older = pickle.loads(pickle.dumps(state))
+    assert older.acked == {}
+    assert older.epoch == 4
+    assert pickle.loads(old) == ClusterState(epoch=4, leader="a:1")
 
 
 def test_identities_per_topic_are_bounded() -> None:

@@ -296,3 +296,24 @@ def test_strong_acks_are_fsynced_and_weak_ones_are_not(tmp_path: Path, monkeypat
     assert not weak.dirty
     store.close()
     weak_store.close()
+
+
+def test_acking_through_an_id_is_one_range_however_many_ids(tmp_path: Path) -> None:
+    """A cluster's follower or new leader takes the queue's position in one step: one record, not one id at
+    a time."""
+    store, queue = open_log(tmp_path)
+    fill(queue, 50)
+    queue.ack([3, 30])
+    queue.ack_through(20)
+    assert state(queue) == (20, {30})
+    queue.ack_through(10)  # behind the watermark: nothing
+    queue.commit()
+    assert journal_ranges(tmp_path) == [(1, 20), (3, 3), (30, 30)]
+    with pytest.raises(ValueError, match="holds ids below 51"):
+        queue.ack_through(51)
+    store.close()
+    store, queue = open_log(tmp_path)  # the journal replays to the same state
+    try:
+        assert state(queue) == (20, {30})
+    finally:
+        store.close()
