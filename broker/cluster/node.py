@@ -307,10 +307,13 @@ class Cluster:
             self._topics_changed = True
         if kind == "forget_topic" and len(command) > 2 and not self.serving:
             self._delete_copy(bytes.fromhex(command[1]), command[2])
-        if kind == "acked" and not self.serving and any([
-                self._take_queue_position(bytes.fromhex(name_hex), incarnation, last)
-                for name_hex, (incarnation, last) in command[1].items()]):
-            self.schedule()  # written with the next commit
+        if kind in ("acked", "snapshot") and not self.serving:
+            # A report, or a dump loaded (a member back after Raft compacted what it missed: the leader
+            # reports only what changes, so an idle queue's position comes in the dump alone).
+            positions = command[1] if kind == "acked" else state.acked
+            if any([self._take_queue_position(bytes.fromhex(name_hex), incarnation, last)
+                    for name_hex, (incarnation, last) in positions.items()]):
+                self.schedule()  # written with the next commit
         if kind == "join" and len(command) > 3:
             self._compare_members(command[1], tuple(command[3]))
         if state.leader not in (self.node, None) and not self._settle_due:

@@ -292,3 +292,22 @@ def test_a_queue_takes_the_leaders_position_only_in_the_log_it_was_reported_for(
     finally:
         cluster.close()
         engine.close()
+
+
+def test_a_loaded_dump_gives_a_follower_every_queue_position(tmp_path: Path) -> None:
+    """The leader reports a queue's position only when it changes: a member that comes back after Raft
+    compacted the reports it missed finds an idle queue's position in the dump alone."""
+    cluster = member(tmp_path)
+    engine = cluster.engine
+    topic = engine.declare(b"q", TopicSpec(delivery=Delivery.ROUND_ROBIN, persistence=Persistence.PERSISTENT))
+    for n in range(5):
+        engine.publish(b"q", b"job%d" % n, {}, 0)
+    engine.commit()
+    assert topic.log is not None
+    try:
+        state = ClusterState(acked={b"q".hex(): (topic.log.identity.incarnation, 3)})
+        cluster.on_state(("snapshot",), state)
+        assert topic.log.acked_watermark == 3
+    finally:
+        cluster.close()
+        engine.close()
