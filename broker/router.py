@@ -113,6 +113,10 @@ class ClusterGate(Protocol):
         to record (not leading, or a topic it never replicated)."""
         ...
 
+    def replica_waits(self) -> int:
+        """How many replica FETCHes may wait at once: one per topic for each other member."""
+        ...
+
     def replica_extra(self, topic: bytes, start: int, count: int, known: bytes | None) -> dict[bytes, bytes]:
         """Headers a replica's FETCH reply carries besides the records (LINEAGE, PRODUCERS); ``known`` is the
         incarnation the FETCH named."""
@@ -753,8 +757,9 @@ class RouterShell:
             if event.wait and read.start_id >= read.next_id and event.incarnation in (None, incarnation):
                 if deadline is None:
                     deadline = now + min(event.wait, mc0.FETCH_MAX_WAIT_MS) / 1000
-                if deadline > now and self.waits.park(session, event.topic, reply, deadline,
-                                                        bounded=event.replica is None):
+                cluster = self.cluster
+                replicas = None if event.replica is None or cluster is None else cluster.replica_waits()
+                if deadline > now and self.waits.park(session, event.topic, reply, deadline, replicas):
                     return PARKED
             answer = self._fetch_ok(event, read, incarnation)
             self.counters["fetches"] += 1  # answered (a wait read again is counted once, when it is)

@@ -7,9 +7,10 @@ there) or when its wait ends (answered as it is then: empty). Like Kafka's fetch
 
 Bounded: at most ``limit`` clients' waits across the broker (a FETCH beyond it is answered at once, as if it
 had asked for no wait), and each at most ``FETCH_MAX_WAIT_MS`` long. Forgetting a gone client's waits frees
-their places. A cluster member's replica FETCHes do not count against the limit (``bounded=False``): only the
-other members may send them, one per persistent topic each, so the topics bound them; and answered at once,
-a follower would ask again at once, and the two brokers would spin.
+their places. A cluster member's replica FETCHes have a bound of their own, which the caller gives (one per
+persistent topic for each other member): answered at once, a follower would ask again at once and the two
+brokers would spin, so they must not compete with clients for places; and bounded still, since without
+CURVE a member's claim cannot be checked.
 
 Pure bookkeeping, no I/O: time is an argument, and what a wait is *for* (a session, a decoded FETCH) is the
 shell's business. This module must not know the engine or the wire.
@@ -29,12 +30,12 @@ DEFAULT_LIMIT = 10_000
 class Wait:
     """One parked read: whose (``owner``), for which topic, what (``request``), until when (``deadline``)."""
 
-    __slots__ = ("bounded", "deadline", "done", "owner", "request", "seq", "topic")
+    __slots__ = ("deadline", "done", "owner", "replica", "request", "seq", "topic")
 
     def __init__(self, owner: Any, topic: bytes, request: Any, deadline: float, seq: int,
-                 bounded: bool) -> None:
+                 replica: bool) -> None:
         self.owner = owner
-        self.bounded = bounded
+        self.replica = replica
         self.topic = topic
         self.request = request
         self.deadline = deadline
@@ -55,18 +56,20 @@ class Waits:
         self._deadlines: list[Wait] = []
         self._seq = itertools.count()
         self.count = 0
-        self.limited = 0  # of count, the waits the limit applies to
+        self.replicas = 0  # of count, the cluster members' replica FETCHes
         self.refused = 0  # waits asked beyond the limit (answered at once)
 
-    def park(self, owner: Any, topic: bytes, request: Any, deadline: float, bounded: bool = True) -> bool:
+    def park(self, owner: Any, topic: bytes, request: Any, deadline: float,
+             replicas: int | None = None) -> bool:
         """Hold ``request`` until its topic is written or ``deadline``; False (nothing held) when full.
-        ``bounded``: the limit applies (False for a cluster member's replica FETCH)."""
-        if bounded:
-            if self.limited >= self.limit:
-                self.refused += 1
-                return False
-            self.limited += 1
-        wait = Wait(owner, topic, request, deadline, next(self._seq), bounded)
+        ``replicas``: a cluster member's replica FETCH, under this bound instead of ``limit``."""
+        full = self.count - self.replicas >= self.limit if replicas is None else self.replicas >= replicas
+        if full:
+            self.refused += 1
+            return False
+        replica = replicas is not None
+        self.replicas += replica
+        wait = Wait(owner, topic, request, deadline, next(self._seq), replica)
         self.by_topic.setdefault(topic, {})[wait.seq] = wait
         self.by_owner.setdefault(owner, {})[wait.seq] = wait
         heapq.heappush(self._deadlines, wait)
@@ -76,7 +79,7 @@ class Waits:
     def _remove(self, wait: Wait) -> None:
         wait.done = True
         self.count -= 1
-        self.limited -= wait.bounded
+        self.replicas -= wait.replica
         for index, key in ((self.by_topic, wait.topic), (self.by_owner, wait.owner)):
             waits = index[key]
             del waits[wait.seq]

@@ -755,6 +755,10 @@ class Cluster:
             self._changed.set()
         return released
 
+    def replica_waits(self) -> int:
+        # Every topic, not only the persistent ones: counted at once, on the path of every copied message.
+        return (self.size - 1) * max(1, len(self.engine.topics))
+
     def replica_extra(self, topic: bytes, start: int, count: int, known: bytes | None) -> dict[bytes, bytes]:
         local = self.engine.topics.get(topic)
         if local is None or local.log is None:
