@@ -114,7 +114,7 @@ class ClusterGate(Protocol):
         ...
 
     def replica_waits(self) -> int:
-        """How many replica FETCHes may wait at once: one per topic for each other member."""
+        """How many replica FETCHes may wait at once: a few per topic for each other member."""
         ...
 
     def replica_extra(self, topic: bytes, start: int, count: int, known: bytes | None) -> dict[bytes, bytes]:

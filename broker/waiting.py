@@ -7,8 +7,8 @@ there) or when its wait ends (answered as it is then: empty). Like Kafka's fetch
 
 Bounded: at most ``limit`` clients' waits across the broker (a FETCH beyond it is answered at once, as if it
 had asked for no wait), and each at most ``FETCH_MAX_WAIT_MS`` long. Forgetting a gone client's waits frees
-their places. A cluster member's replica FETCHes have a bound of their own, which the caller gives (one per
-persistent topic for each other member): answered at once, a follower would ask again at once and the two
+their places. A cluster member's replica FETCHes have a bound of their own, which the caller gives (a few
+per persistent topic for each other member): answered at once, a follower would ask again at once and the two
 brokers would spin, so they must not compete with clients for places; and bounded still, since without
 CURVE a member's claim cannot be checked.
 

@@ -757,7 +757,8 @@ class Cluster:
 
     def replica_waits(self) -> int:
         # Every topic, not only the persistent ones: counted at once, on the path of every copied message.
-        return (self.size - 1) * max(1, len(self.engine.topics))
+        # Twice that: a member that connected again while its old connection's waits are not yet forgotten.
+        return 2 * (self.size - 1) * max(1, len(self.engine.topics))
 
     def replica_extra(self, topic: bytes, start: int, count: int, known: bytes | None) -> dict[bytes, bytes]:
         local = self.engine.topics.get(topic)
