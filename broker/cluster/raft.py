@@ -64,12 +64,22 @@ class _ReplicatedState(SyncObjConsumer):
 
     def __init__(self, applied: Callable[[tuple[Any, ...], ClusterState], None]) -> None:
         self._applied = applied
+        self._unknown: set[tuple[Any, ...]] = set()  # kinds of command passed over, each said once
         super().__init__()  # what exists now is not serialized with the state (PySyncObj's rule)
         self.state = ClusterState()
 
     @replicated
     def command(self, command: tuple[Any, ...]) -> bool:
-        changed = self.state.apply(command)
+        try:
+            changed = self.state.apply(command)
+        except ValueError as error:
+            # A command of a newer broker (a rolling upgrade): raised here, it would stop this member's Raft.
+            # Passed over; applied when this member, upgraded, applies its journal again at its start.
+            if command[:1] not in self._unknown:
+                self._unknown.add(command[:1])
+                log.warning("passing over a cluster command this broker does not know (%s): the member that "
+                            "sent it runs a newer mc0; upgrade this one too", error)
+            return False
         self._applied(command, self.state.copy())
         return changed
 

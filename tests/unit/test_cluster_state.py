@@ -4,11 +4,14 @@ configuration. No processes, no sockets."""
 
 from __future__ import annotations
 
+import logging
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from broker.cluster.raft import _ReplicatedState
 from broker.cluster.state import (
     ClusterState,
     ReplicaEnd,
@@ -184,3 +187,19 @@ def test_a_broker_bound_everywhere_must_say_where_it_is_reached() -> None:
     with pytest.raises(ConfigError, match="advertise"):
         DEFAULTS.replace(cluster_node="127.0.0.1:7001").advertised("tcp://*:61616")
     assert raft_address("[::1]:7001", "x") == "[::1]:7001"
+
+
+def test_a_command_of_a_newer_broker_is_passed_over_once_said(caplog: pytest.LogCaptureFixture) -> None:
+    """In a rolling upgrade a newer leader may submit a kind of command this broker does not know: its Raft
+    passes it over (saying so once per kind) instead of stopping, and applies the ones it knows."""
+    applied: list[tuple[Any, ...]] = []
+    replicated = _ReplicatedState(lambda command, state: applied.append(command))
+    with caplog.at_level(logging.WARNING, logger="mc0.cluster"):
+        assert replicated.command(("from_the_future", 1), _doApply=True) is False
+        assert replicated.command(("from_the_future", 2), _doApply=True) is False
+        assert replicated.command(("join", "a:1", "tcp://a:2"), _doApply=True) is True
+    assert applied == [("join", "a:1", "tcp://a:2")]
+    assert replicated.state.endpoints == {"a:1": "tcp://a:2"}
+    said = [record.getMessage() for record in caplog.records]
+    assert len(said) == 1
+    assert "does not know" in said[0]
