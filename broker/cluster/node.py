@@ -689,9 +689,8 @@ class Cluster:
         name_hex = topic.hex()
         if not self.serving or self.raft is None or name_hex not in self.state.topics:
             return False
-        raft = self.raft
         forget = ("forget_topic", name_hex, (incarnation or mc0.NO_INCARNATION).decode("ascii"))
-        raft.submit(forget, lambda _, why: done(why))
+        self.raft.submit(forget, lambda _, why: done(why))
         return True
 
     def _delete_copy(self, topic: bytes, incarnation: str) -> None:
@@ -699,9 +698,7 @@ class Cluster:
         that log. Only of that one: a restarted member's Raft applies its whole journal again, and the topic
         may have been made again since (a new log, another incarnation), which must stay."""
         local = self.engine.topics.get(topic)
-        if local is None or local.log is None:
-            return
-        if not _same_log(local.log.identity, incarnation):
+        if local is None or local.log is None or not _same_log(local.log.identity, incarnation):
             return
         try:
             self.engine.delete(topic)

@@ -10,9 +10,9 @@ follower checks and appends the records (the store checks every CRC), commits th
 says (a strong topic fsyncs), and only then asks for more: the FROM of that next FETCH tells the leader that
 everything below it is as durable here as the topic promises. It leaves right after the commit, inside the
 hub's turn, before the rest of that turn (answers and deliveries to this broker's own clients), which the
-leader does not wait for. If the leader's log is another one than
-the follower's (a new epoch), the follower finds where the two logs part from both lineages (the leader's
-comes with its answer), cuts its log there, durably, takes the leader's log identity, and copies on.
+leader does not wait for. If the leader's log is another one than the follower's (a new epoch), the follower
+finds where the two logs part from both lineages (the leader's comes with its answer), cuts its log there,
+durably, takes the leader's log identity, and copies on.
 
 Idempotent publishers' batches travel with the records (``PRODUCERS``), so the producer window of a
 follower that becomes leader is the one the old leader had for the same messages.
