@@ -20,6 +20,9 @@ against a single broker, same run, and how long a failover takes.
    leader and the other follower (1,000 in flight), then let go; how many messages a second it copies until
    the leader counts it as holding them all (no target: how fast a replica that was away is back in the
    majority).
+6. **Idle**: ``--idle-topics`` strong topics made (one message each), then each broker's CPU while nothing
+   happens, as a share of one core, leader and followers (no target: what a cluster with many topics costs
+   when nobody publishes; Linux only, from ``/proc``).
 
 The brokers are ``mc0 broker`` processes of this checkout (``ClusterProcesses``, which ``tests/cluster`` uses
 too) on loopback ports, each with its own data directory, every door but mc0 off.
@@ -302,6 +305,30 @@ def catch_up_rate(cluster: Cluster, count: int) -> float:
     return count / (time.perf_counter() - started)
 
 
+def _cpu_seconds(member: Member) -> float:
+    """The CPU time (user and system) the member's process has used so far."""
+    assert member.process is not None
+    with open(f"/proc/{member.process.pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu(cluster: Cluster, topics: int, seconds: float = 5.0) -> dict[str, float]:
+    """Each member's CPU, as a share of one core, while nothing is published, after ``topics`` strong topics
+    were made: the leader's, and the busier follower's."""
+    leader = cluster.settled()
+    with Client(cluster.endpoints, **cluster.client_options(), timeout=60) as client:
+        for future in [client.publish_async(f"durable.idle{n}", b"x") for n in range(topics)]:
+            future.result(60)
+    time.sleep(2.0)  # the followers' copies of the last ones done, every wait parked
+    before = [_cpu_seconds(member) for member in cluster.members]
+    time.sleep(seconds)
+    used = {index: (_cpu_seconds(member) - before[index]) / seconds
+            for index, member in enumerate(cluster.members)}
+    return {"leader": used[leader.index],
+            "follower": max(share for index, share in used.items() if index != leader.index)}
+
+
 def _until_holds(cluster: Cluster, leader: Member, follower: Member, last: int, within: float) -> None:
     """Until the leader counts ``follower`` as holding :data:`TOPIC` up to id ``last``."""
     deadline = time.monotonic() + within
@@ -364,15 +391,17 @@ class Report:
     handover_failures: int = 0
     freezes: list[float] = field(default_factory=list)
     catch_up: float | None = None  # messages a second (None: not measured)
+    idle: dict[str, float] = field(default_factory=dict)  # "leader", "follower" -> share of a core, idle
 
     def ratio(self, in_flight: int) -> float:
         return self.rates[f"cluster {in_flight}"] / self.rates[f"single {in_flight}"]
 
 
 def run(*, confirms: int, pipelined: int, trials: int, repeat: int, base: Path | None = None,
-        engine: str | None = None, catch_up: int = 0, freezes: int = 0) -> Report:
+        engine: str | None = None, catch_up: int = 0, freezes: int = 0, idle_topics: int = 0) -> Report:
     """``engine``: the brokers' ``mc0_engine`` (None: their default); ``catch_up``: messages for the
-    catching-up figure (0: not measured); ``freezes``: leader freezes timed."""
+    catching-up figure (0: not measured); ``freezes``: leader freezes timed; ``idle_topics``: topics for the
+    idle figure (0: not measured)."""
     report = Report()
     runs: dict[str, list[float]] = {}
     settings = f'mc0_engine = "{engine}"\n' if engine else ""
@@ -392,6 +421,8 @@ def run(*, confirms: int, pipelined: int, trials: int, repeat: int, base: Path |
                         report.durable = report.durable and durable
             if catch_up:
                 report.catch_up = catch_up_rate(cluster, catch_up)
+            if idle_topics:
+                report.idle = idle_cpu(cluster, idle_topics)
             with Client(cluster.endpoints, **cluster.client_options(), timeout=10) as client:
                 for _ in range(trials):
                     report.failovers.append(failover_seconds(cluster, client)[0])
@@ -420,13 +451,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
     parser.add_argument("--catch-up", type=int, default=200_000,
                         help="messages a stopped follower copies for the catching-up figure (0: none)")
+    parser.add_argument("--idle-topics", type=int, default=500,
+                        help="strong topics made for the idle figure (0: not measured)")
     parser.add_argument("--mc0-engine", choices=("auto", "native", "zeromq"),
                         help="what serves every broker's mc0 port (default: the brokers' own default, auto)")
     args = parser.parse_args(argv)
     print(f"python {platform.python_version()}, pyzmq {zmq.pyzmq_version()}, {BODY_SIZE}-byte messages into "
           f"a strong topic, 3 brokers on one machine ({os.cpu_count()} cores), median of {args.repeat}")
     report = run(confirms=args.confirms, pipelined=args.pipelined, trials=args.trials, repeat=args.repeat,
-                 engine=args.mc0_engine, catch_up=args.catch_up, freezes=args.freezes)
+                 engine=args.mc0_engine, catch_up=args.catch_up, freezes=args.freezes,
+                 idle_topics=args.idle_topics)
     for label, rate in report.rates.items():
         print(f"{'confirmed, ' + label.replace(' ', ', ', 1) + ' in flight':<40}{rate:>12,.0f} msg/s")
     for label, times, what in (
@@ -441,6 +475,9 @@ def main(argv: list[str]) -> int:
     if report.catch_up is not None:
         print(f"{'a stopped follower catching up':<40}{report.catch_up:>12,.0f} msg/s "
               f"({args.catch_up:,} messages)")
+    if report.idle:
+        idle, shares = f"idle, {args.idle_topics:,} strong topics", report.idle
+        print(f"{idle:<40}leader {shares['leader']:.1%} of a core, a follower {shares['follower']:.1%}")
     if not report.durable:
         print("WRONG: confirmations without DURABILITY fsync")
     print()

@@ -1,6 +1,6 @@
 """A smoke test of ``python -m bench cluster`` with tiny counts: every figure positive, every confirmation
 fsync, failovers, handovers and a frozen leader timed, no publish failed during a handover, a stopped
-follower's catching up timed. It measures nothing (the counts
+follower's catching up timed, each member's idle CPU taken. It measures nothing (the counts
 are far too small for the ratios to mean anything); it proves that the benchmark still runs against the
 current brokers and connector."""
 
@@ -14,7 +14,7 @@ from bench import cluster
 @pytest.mark.timeout(180)
 def test_cluster_benchmark_runs(tmp_path):
     report = cluster.run(confirms=30, pipelined=300, trials=2, repeat=1, base=tmp_path, catch_up=2_000,
-                         freezes=1)
+                         freezes=1, idle_topics=5)
     assert report.durable
     assert set(report.rates) == {"single 1", "single 100", "cluster 1", "cluster 100"}
     assert all(rate > 0 for rate in report.rates.values())
@@ -27,6 +27,8 @@ def test_cluster_benchmark_runs(tmp_path):
     assert 0 < report.freezes[0] < 60
     assert report.catch_up is not None
     assert report.catch_up > 0
+    assert set(report.idle) == {"leader", "follower"}
+    assert all(0 <= share < 2 for share in report.idle.values())  # a share of one core (two at most here)
     assert report.ratio(1) > 0
     assert report.ratio(100) > 0
     assert list(tmp_path.iterdir()) == []  # the brokers' folders are removed afterwards
