@@ -44,7 +44,7 @@ import msgpack
 import zmq
 
 from broker.config import ConfigError, declared_spec
-from broker.engine import EngineError, Message, RangeRead
+from broker.engine import CREATES_PER_TURN, EngineError, Message, RangeRead
 from broker.hub import Hub
 from broker.sessions import Session, Sessions, heartbeat_tick
 from broker.waiting import DEFAULT_LIMIT, Wait, Waits
@@ -326,12 +326,16 @@ class RouterShell:
         # Asking before each read costs a getsockopt; reading until zmq.Again would cost an exception object
         # (and pyzmq's errno enum) at the end of every turn, several times more.
         size = 0
+        engine = self.engine
+        created = engine.logs_created + CREATES_PER_TURN
         while taken < budget:
             if not ready():
                 break
             frames, self.peer = take()
             size += len(frames[-1])  # the payload: a summing of every frame cost 8x as much per message
             taken += self.handle(frames, now, wall)
+            if engine.logs_created >= created:
+                self.end_turn = True  # new topics cost fsyncs: the other clients get their turn first
             if self.end_turn:
                 self.end_turn = False
                 self.receive_exhausted = True  # more may wait: the flush's recheck comes back for it
