@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 import zmq
 
-from bench.throughput import BODY_SIZE, free_ports
+from bench.throughput import BODY_SIZE, free_ports, process_cpu_seconds
 from connector import Client, ConnectorError
 from connector import keys as key_files
 
@@ -305,14 +305,6 @@ def catch_up_rate(cluster: Cluster, count: int) -> float:
     return count / (time.perf_counter() - started)
 
 
-def _cpu_seconds(member: Member) -> float:
-    """The CPU time (user and system) the member's process has used so far."""
-    assert member.process is not None
-    with open(f"/proc/{member.process.pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def idle_cpu(cluster: Cluster, topics: int, seconds: float = 5.0) -> dict[str, float]:
     """Each member's CPU, as a share of one core, while nothing is published, after ``topics`` strong topics
     were made: the leader's, and the busier follower's."""
@@ -325,10 +317,11 @@ def idle_cpu(cluster: Cluster, topics: int, seconds: float = 5.0) -> dict[str, f
                            for n in range(first, min(topics, first + 8))]:
                 future.result(60)
     time.sleep(2.0)  # the followers' copies of the last ones done, every wait parked
-    before = [_cpu_seconds(member) for member in cluster.members]
+    pids = [member.process.pid for member in cluster.members if member.process is not None]
+    before = [process_cpu_seconds(pid) or 0.0 for pid in pids]
     time.sleep(seconds)
-    used = {index: (_cpu_seconds(member) - before[index]) / seconds
-            for index, member in enumerate(cluster.members)}
+    used = {index: ((process_cpu_seconds(pid) or 0.0) - before[index]) / seconds
+            for index, pid in enumerate(pids)}
     return {"leader": used[leader.index],
             "follower": max(share for index, share in used.items() if index != leader.index)}
 

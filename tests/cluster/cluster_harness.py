@@ -8,7 +8,7 @@ make one member's writes fail by path), and a publish sent again until confirmed
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from broker.server import Broker
 from broker.topics import Persistence, Sync, TopicRule, TopicSpec
 from connector import Client, ConnectorError
 
-__all__ = ["Cluster", "Member", "careful_publish", "cluster_factory", "member_here"]
+__all__ = ["Cluster", "Member", "careful_publish", "cluster_factory", "holds", "member_here", "until"]
 
 #: The topics of a member started in this process: ``durable.*`` strong, as the processes' configuration.
 STRONG = (TopicRule("durable.*", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG)),)
@@ -44,6 +44,22 @@ def careful_publish(client: Client, topic: str, body: str, within: float = 30.0)
         except ConnectorError:
             assert time.monotonic() < deadline, f"{body!r} was never confirmed"
             time.sleep(0.05)
+
+
+def until(check: Callable[[], object], what: str, within: float = 30.0) -> None:
+    """Wait until ``check()`` is true; fail saying ``what`` never happened after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.05)
+
+
+def holds(cluster: Cluster, member: Member, topic: str, last: int) -> bool:
+    """Whether ``member`` holds ``topic`` up to id ``last``, as the leader counts (the leader itself does)."""
+    leader = cluster.leader()
+    if member is leader:
+        return True
+    return cluster.cluster_view(leader)["replicas"].get(topic, {}).get(member.raft, 0) > last
 
 
 @pytest.fixture

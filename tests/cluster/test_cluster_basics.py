@@ -10,7 +10,7 @@ import time
 
 import pytest
 import zmq
-from cluster_harness import Cluster, Member, careful_publish, cluster_factory  # noqa: F401 - the fixture
+from cluster_harness import Cluster, Member, careful_publish, cluster_factory, holds, until  # noqa: F401 - the fixture
 
 from broker.store.files import FileStore
 from broker.topics import Persistence, Sync, TopicSpec
@@ -37,17 +37,6 @@ def _ask_by_hand(cluster: Cluster, endpoint: str, command: list[bytes]) -> list[
         return socket.recv_multipart()
     finally:
         socket.close(linger=0)
-
-
-def _until_copied(cluster: Cluster, replica: Member, topic: str, last: int, within: float = 30.0) -> None:
-    """Wait until the leader says ``replica`` holds ``topic`` up to id ``last``."""
-    deadline = time.monotonic() + within
-    while True:
-        replicas = cluster.cluster_view(cluster.leader())["replicas"].get(topic, {})
-        if replicas.get(replica.raft, 0) > last:
-            return
-        assert time.monotonic() < deadline, f"the replica did not catch up: {replicas}"
-        time.sleep(0.2)
 
 
 @pytest.mark.timeout(90)
@@ -172,7 +161,7 @@ def test_a_restarted_replica_catches_up(cluster_factory) -> None:  # noqa: F811
         futures = [client.publish_async("durable.restart", f"m{n}") for n in range(500)]
         last = max(int(future.result(20)["MESSAGE-ID"]) for future in futures)
         cluster.start(victim)
-    _until_copied(cluster, victim, "durable.restart", last)
+    until(lambda: holds(cluster, victim, "durable.restart", last), "the replica catches up")
 
 
 @pytest.mark.timeout(150)
@@ -199,7 +188,7 @@ def test_a_member_whose_disk_was_replaced_copies_everything_and_carries_the_majo
         replaced.data_dir.mkdir()
         last = publish(100)
         cluster.start(replaced)
-        _until_copied(cluster, replaced, topic, last)
+        until(lambda: holds(cluster, replaced, topic, last), "the replica catches up")
         cluster.kill(other)  # from here the leader's majority is the replaced member
         publish(50)
         cluster.start(other)
@@ -236,7 +225,7 @@ def test_a_replica_back_after_the_leaders_retention_moved_past_it_copies_on(clus
             assert time.monotonic() < deadline, "the leader's retention deleted nothing"
             time.sleep(0.2)
         cluster.start(victim)
-        _until_copied(cluster, victim, "kept.r", last)
+        until(lambda: holds(cluster, victim, "kept.r", last), "the replica catches up")
         kept = client.fetch("kept.r", first, max_messages=1000)
     assert "older messages here dropped, copying on from there" in victim.log()
     cluster.kill(victim)

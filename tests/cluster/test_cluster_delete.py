@@ -4,11 +4,8 @@ restarted member keeps (its Raft replays the deletion of the old one only). Real
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import pytest
-from cluster_harness import Cluster, Member, careful_publish, cluster_factory  # noqa: F401 - the fixture
+from cluster_harness import Cluster, Member, careful_publish, cluster_factory, holds, until  # noqa: F401 - the fixture
 
 from connector import Client
 
@@ -17,18 +14,6 @@ def _topics(cluster: Cluster, member: Member) -> set[str]:
     stats = cluster.stats(member, timeout=5)
     assert stats is not None, f"broker {member.index} does not answer"
     return set(stats["topics"])
-
-
-def _until(condition: Callable[[], bool], what: str, within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
-
-
-def _holds(cluster: Cluster, follower: Member, topic: str, next_id: int) -> bool:
-    """Whether the leader says ``follower`` acknowledged ``topic`` up to (not including) ``next_id``."""
-    return cluster.cluster_view(cluster.leader())["replicas"].get(topic, {}).get(follower.raft, 0) >= next_id
 
 
 @pytest.mark.timeout(150)
@@ -41,10 +26,10 @@ def test_a_deleted_topic_goes_from_every_member_and_stays_gone_after_a_failover(
         for n in range(5):
             client.publish("durable.gone", f"old{n}", confirm=True)
         client.publish("durable.kept", "stays", confirm=True)
-        _until(lambda: all(_holds(cluster, follower, "durable.gone", 6) for follower in followers),
+        until(lambda: all(holds(cluster, follower, "durable.gone", 5) for follower in followers),
                "the followers did not copy the topic")
         client.delete("durable.gone")  # answered once Raft's log holds the deletion
-        _until(lambda: all("durable.gone" not in _topics(cluster, member) for member in cluster.members),
+        until(lambda: all("durable.gone" not in _topics(cluster, member) for member in cluster.members),
                "a member kept its copy of the deleted topic")
         assert all("durable.kept" in _topics(cluster, member) for member in cluster.members)
 
@@ -58,14 +43,14 @@ def test_a_deleted_topic_goes_from_every_member_and_stays_gone_after_a_failover(
 
     # The follower restarts: its Raft applies the deletion of the old log again, which must leave the new one.
     follower = next(member for member in cluster.members if member not in (leader, successor))
-    _until(lambda: _holds(cluster, follower, "durable.gone", 2), "the follower did not copy the new log")
+    until(lambda: holds(cluster, follower, "durable.gone", 1), "the follower did not copy the new log")
     cluster.kill(follower)
     cluster.start(follower)
     cluster.settled()
-    _until(lambda: "durable.gone" in _topics(cluster, follower), "the restarted follower lost the new log")
+    until(lambda: "durable.gone" in _topics(cluster, follower), "the restarted follower lost the new log")
     with Client(cluster.endpoints, **cluster.client_options(), timeout=10) as client:
         careful_publish(client, "durable.gone", "newer")
-    _until(lambda: _holds(cluster, follower, "durable.gone", 3), "the restarted follower does not copy on")
+    until(lambda: holds(cluster, follower, "durable.gone", 2), "the restarted follower does not copy on")
     # Deleted once, when Raft first carried the deletion; replayed at the restart, it left the new log alone
     # (deleting that, the follower would copy it again from the leader, and hold less meanwhile).
     assert follower.log().count("'durable.gone' deleted, as on the leader") == 1

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from cluster_harness import Cluster, Member, cluster_factory  # noqa: F401 - the fixture
+from cluster_harness import Cluster, Member, cluster_factory, holds, until  # noqa: F401 - the fixture
 
 from connector import Client, ConnectorError
 
@@ -48,13 +48,6 @@ class Publisher(threading.Thread):
         return len(self.confirmed)
 
 
-def _until(check: object, what: str, within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.05)
-
-
 @pytest.mark.timeout(180)
 def test_a_leader_asked_to_stop_hands_over_and_no_publish_fails(cluster_factory) -> None:  # noqa: F811
     cluster: Cluster = cluster_factory()
@@ -66,14 +59,14 @@ def test_a_leader_asked_to_stop_hands_over_and_no_publish_fails(cluster_factory)
             leader: Member = cluster.settled()
             epoch = cluster.cluster_view(leader)["epoch"]
             before = publisher.count()
-            _until(lambda before=before: publisher.count() >= before + AROUND or publisher.errors,
+            until(lambda before=before: publisher.count() >= before + AROUND or publisher.errors,
                    "publishes confirmed before the stop")
             assert leader.process is not None
             stopped = time.monotonic()
             leader.process.send_signal(signal.SIGTERM)
             assert leader.process.wait(15) == 0, leader.log()[-3000:]
             at_stop = publisher.count()
-            _until(lambda at_stop=at_stop: publisher.count() >= at_stop + AROUND or publisher.errors,
+            until(lambda at_stop=at_stop: publisher.count() >= at_stop + AROUND or publisher.errors,
                    "publishes confirmed after the stop")
             assert publisher.errors == [], publisher.errors
             log = leader.log()
@@ -110,17 +103,17 @@ def test_a_rolling_restart_of_every_member_fails_no_publish(cluster_factory) -> 
     try:
         for member in [*(other for other in cluster.members if other is not first), first]:
             before = publisher.count()
-            _until(lambda before=before: publisher.count() >= before + AROUND or publisher.errors,
+            until(lambda before=before: publisher.count() >= before + AROUND or publisher.errors,
                    "publishes confirmed before the stop")
             assert member.process is not None
             member.process.send_signal(signal.SIGTERM)
             assert member.process.wait(15) == 0, member.log()[-3000:]
             at_stop = publisher.count()
-            _until(lambda at_stop=at_stop: publisher.count() >= at_stop + AROUND or publisher.errors,
+            until(lambda at_stop=at_stop: publisher.count() >= at_stop + AROUND or publisher.errors,
                    "publishes confirmed while a member is down")
             cluster.start(member)
             last = publisher.confirmed[-1][1]
-            _until(lambda member=member, last=last: _holds(cluster, member, last),
+            until(lambda member=member, last=last: holds(cluster, member, TOPIC, last),
                    f"broker {member.index} back in the majority")
     finally:
         publisher.stop.set()
@@ -132,12 +125,7 @@ def test_a_rolling_restart_of_every_member_fails_no_publish(cluster_factory) -> 
         stored = client.fetch(TOPIC, ids[0], max_messages=len(ids) + 10).messages
     assert [message.body.decode() for message in stored] == [str(n) for n in range(len(ids))]
     last = ids[-1]
-    _until(lambda: all(_holds(cluster, member, last) for member in cluster.members), "every member holds all")
+    until(lambda: all(holds(cluster, member, TOPIC, last) for member in cluster.members),
+          "every member holds all")
 
 
-def _holds(cluster: Cluster, member: Member, last: int) -> bool:
-    """Whether ``member`` holds message ``last`` of TOPIC, as the leader counts (the leader itself does)."""
-    leader = cluster.settled()
-    if member is leader:
-        return True
-    return cluster.cluster_view(leader)["replicas"].get(TOPIC, {}).get(member.raft, 0) > last

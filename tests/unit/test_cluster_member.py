@@ -23,7 +23,7 @@ from broker.cluster.node import HAND_OVER_RETRY_MS, RETRY_MS, STARTING_FOR, Clus
 from broker.cluster.raft import Role
 from broker.cluster.state import ClusterState
 from broker.config import BrokerConfig
-from broker.engine import Engine
+from broker.engine import Engine, Topic
 from broker.store.files import FileStore, spec_to_json
 from broker.topics import Delivery, Persistence, TopicSpec
 from protocol import mc0
@@ -268,16 +268,21 @@ def test_a_deleted_topic_is_forgotten_through_raft_with_its_acknowledgements() -
     assert len(raft.commands) == 1
 
 
+def _queue(engine: Engine, jobs: int) -> Topic:
+    """A persistent round-robin topic ``q`` holding ``jobs`` messages, none acked."""
+    topic = engine.declare(b"q", TopicSpec(delivery=Delivery.ROUND_ROBIN, persistence=Persistence.PERSISTENT))
+    for n in range(jobs):
+        engine.publish(b"q", b"job%d" % n, {}, 0)
+    engine.commit()
+    return topic
+
+
 def test_a_queue_takes_the_leaders_position_only_in_the_log_it_was_reported_for(tmp_path: Path) -> None:
     """A follower takes each reported position of a queue (what the leader's consumers acked); replayed at a
     restart, a position of a deleted log must leave a queue made again since under the name alone."""
     cluster = member(tmp_path)
-    queue = TopicSpec(delivery=Delivery.ROUND_ROBIN, persistence=Persistence.PERSISTENT)
     engine = cluster.engine
-    topic = engine.declare(b"q", queue)
-    for n in range(10):
-        engine.publish(b"q", b"job%d" % n, {}, 0)
-    engine.commit()
+    topic = _queue(engine, 10)
     assert topic.log is not None
     mine = topic.log.identity.incarnation
     try:
@@ -299,10 +304,7 @@ def test_a_loaded_dump_gives_a_follower_every_queue_position(tmp_path: Path) -> 
     compacted the reports it missed finds an idle queue's position in the dump alone."""
     cluster = member(tmp_path)
     engine = cluster.engine
-    topic = engine.declare(b"q", TopicSpec(delivery=Delivery.ROUND_ROBIN, persistence=Persistence.PERSISTENT))
-    for n in range(5):
-        engine.publish(b"q", b"job%d" % n, {}, 0)
-    engine.commit()
+    topic = _queue(engine, 5)
     assert topic.log is not None
     try:
         state = ClusterState(acked={b"q".hex(): (topic.log.identity.incarnation, 3)})
