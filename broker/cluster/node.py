@@ -53,7 +53,7 @@ from broker.cluster.state import (
     shared_until,
 )
 from broker.config import BrokerConfig
-from broker.engine import Engine, EngineError, Topic
+from broker.engine import CREATES_PER_TURN, Engine, EngineError, Topic
 from broker.store import LogIdentity, StoreError, SyncFailed
 from broker.store.files import FileStore, spec_from_json, spec_to_json
 from broker.topics import Sync
@@ -291,9 +291,15 @@ class Cluster:
             # PySyncObj may still name this broker for a tick after it stopped leading.
             self._step_down(f"Raft elected {role.leader if role.leader != self.node else 'nobody yet'}")
 
-    def on_state(self, command: tuple[Any, ...], state: ClusterState) -> None:
+    def on_state(self, command: tuple[Any, ...], snapshot: ClusterState | None = None) -> None:
+        """Raft applied ``command``: this broker's copy of the state takes it too (in the same order, so it
+        stays what Raft's thread holds), or, with a full dump loaded, becomes ``snapshot``."""
         before = self.state.epoch
-        self.state = state
+        if snapshot is not None:
+            self.state = snapshot
+        else:
+            self.state.apply(command)
+        state = self.state
         self._changed.set()
         kind = command[0]
         if kind == "take_over" and state.leader != self.node and self.serving:
@@ -316,10 +322,14 @@ class Cluster:
                 self.schedule()  # written with the next commit
         if kind == "join" and len(command) > 3:
             self._compare_members(command[1], tuple(command[3]))
-        if state.leader not in (self.node, None) and not self._settle_due:
+        if state.leader not in (self.node, None):
             # Once the commands Raft applied meanwhile have all reached the loop (they come in bursts: a
             # restarted broker's Raft applies its whole journal at once, and following each take-over in it
             # in turn started a copy from every leader the cluster ever had, each fetching with its epoch).
+            self._settle_soon()
+
+    def _settle_soon(self) -> None:
+        if not self._settle_due:
             self._settle_due = True
             asyncio.get_running_loop().call_soon(self._settle)
 
@@ -349,9 +359,17 @@ class Cluster:
         self._settle_due = False
         self._follow()
         if self._topics_changed and self.replicator is not None:
+            engine = self.engine
+            until = engine.logs_created + CREATES_PER_TURN
             for name_hex, spec in state.topics.items():
-                self._ensure_topic(bytes.fromhex(name_hex), spec)
-                self.replicator.follow(bytes.fromhex(name_hex))
+                name = bytes.fromhex(name_hex)
+                if engine.logs_created >= until and name not in engine.topics:
+                    # Each new copy costs fsyncs: a few at a time, the loop free in between (Raft's callbacks,
+                    # the copies' fetches, a burst of hundreds of topics the leader made).
+                    self._settle_soon()
+                    return
+                self._ensure_topic(name, spec)
+                self.replicator.follow(name)
         self._topics_changed = False
 
     # --------------------------------------------------------------------------------------- following
@@ -373,11 +391,11 @@ class Cluster:
                                      epoch=self.state.epoch, flush=self.flush, fail=self.fail,
                                      set_identity=self.store.set_identity,
                                      fenced=lambda: self.fence)
-        for name_hex, spec in self.state.topics.items():
-            self._ensure_topic(bytes.fromhex(name_hex), spec)
         for topic in list(self.engine.topics.values()):
             if topic.log is not None:
                 self.replicator.follow(topic.name)
+        self._topics_changed = True  # the copies this member lacks: made by _settle, a few at a time
+        self._settle_soon()
         log.info("following %s (%s), epoch %d", self.state.leader, endpoint, self.state.epoch)
 
     def _link(self, endpoint: str) -> Link:

@@ -20,10 +20,10 @@ from memory_log import MemoryStore
 
 from bench.throughput import free_ports
 from broker.cluster.node import HAND_OVER_RETRY_MS, RETRY_MS, STARTING_FOR, Cluster
-from broker.cluster.raft import Role
+from broker.cluster.raft import Role, _ReplicatedState
 from broker.cluster.state import ClusterState
 from broker.config import BrokerConfig
-from broker.engine import Engine, Topic
+from broker.engine import CREATES_PER_TURN, Engine, Topic
 from broker.store.files import FileStore, spec_to_json
 from broker.topics import Delivery, Persistence, TopicSpec
 from protocol import mc0
@@ -313,3 +313,77 @@ def test_a_loaded_dump_gives_a_follower_every_queue_position(tmp_path: Path) -> 
     finally:
         cluster.close()
         engine.close()
+
+
+def test_the_loop_keeps_its_own_copy_of_the_state_from_the_commands_alone(tmp_path: Path) -> None:
+    """Raft's thread passes each applied command, not a copy of the whole state (which cost each command time
+    in proportion to the topics, under the GIL): the member applies it to its own state, which stays what
+    Raft's thread holds. A dump loaded comes whole."""
+    cluster = member(tmp_path)
+    posted: list[ClusterState | None] = []
+
+    def applied(command: tuple[Any, ...], snapshot: ClusterState | None) -> None:
+        posted.append(snapshot)
+        cluster.on_state(command, snapshot)
+
+    raft_side = _ReplicatedState(applied)
+    spec = spec_to_json(TopicSpec(persistence=Persistence.PERSISTENT))
+    commands: list[tuple[Any, ...]] = [
+        ("join", PEERS[0], "tcp://127.0.0.1:1"), ("join", PEERS[1], "tcp://127.0.0.1:2"),
+        ("topic", b"a".hex(), spec), ("topic", b"b".hex(), spec),
+        ("positions", PEERS[0], {b"a".hex(): 4}), ("acked", {b"a".hex(): ("ab" * 16, 3)}),
+        ("take_over", "127.0.0.1:7001", 1, {b"a".hex(): ("cd" * 16, ())}),
+        ("take_over", PEERS[0], 1, {}),  # stale: changes nothing on either side
+        ("forget_topic", b"b".hex(), "ef" * 16),
+    ]
+    try:
+        for command in commands:
+            raft_side.command(command, _doApply=True)
+        assert posted == [None] * len(commands)
+        assert cluster.state == raft_side.state
+        assert cluster.state is not raft_side.state
+        assert (cluster.state.epoch, set(cluster.state.topics)) == (1, {b"a".hex()})
+        loaded = ClusterState(epoch=7)
+        cluster.on_state(("snapshot",), loaded)
+        assert cluster.state is loaded
+    finally:
+        cluster.close()
+        cluster.engine.close()
+
+
+def test_a_follower_makes_its_copies_of_many_new_topics_a_few_at_a_time(tmp_path: Path) -> None:
+    """Each new copy costs fsyncs: a follower told of hundreds of topics at once (the leader made them in a
+    burst) makes CREATES_PER_TURN at a time, the loop free in between, until it copies every one."""
+    count = 2 * CREATES_PER_TURN + 3
+    spec = spec_to_json(TopicSpec(persistence=Persistence.PERSISTENT))
+
+    async def run() -> tuple[Cluster, list[int]]:
+        cluster = member(tmp_path)
+        engine = cluster.engine
+        made: list[int] = []
+        settle = cluster._settle
+
+        def counted() -> None:
+            before = engine.logs_created
+            settle()
+            made.append(engine.logs_created - before)
+
+        cluster._settle = counted  # type: ignore[method-assign]
+        state = joined_state()
+        cluster.on_state(("snapshot",), state)
+        for n in range(count):
+            cluster.on_state(("topic", (b"t%d" % n).hex(), spec))
+        cluster.on_state(("take_over", PEERS[0], 1, {}))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        return cluster, made
+
+    cluster, made = asyncio.run(run())
+    try:
+        assert sum(made) == count
+        assert max(made) <= CREATES_PER_TURN
+        assert cluster.replicator is not None
+        assert cluster.replicator.topics == {b"t%d" % n for n in range(count)}
+    finally:
+        cluster.close()
+        cluster.engine.close()
