@@ -339,6 +339,13 @@ class Engine:
             topic = self._create(name, self.rules.spec_for(name))
         return topic
 
+    def unmade_logs(self, items: Iterable[tuple[bytes, bytes, dict[bytes, bytes]]]) -> list[bytes]:
+        """The topics ``(topic, body, headers)`` entries name that do not exist yet and would be persistent
+        (each costs fsyncs to make), once each, in the order the entries name them."""
+        topics = self.topics
+        new = dict.fromkeys(item[0] for item in items if item[0] not in topics)
+        return [name for name in new if self.rules.spec_for(name).persistent]
+
     def declare(self, name: bytes, spec: TopicSpec) -> Topic:
         """Create ``name`` with ``spec``; the same settings again are fine, different ones are an error.
 

@@ -16,6 +16,12 @@ place), never from data the turn has not yet written. Building is bounded per tu
 which comes after the socket has been read again, so a crowd of readers cannot hold the loop, or gigabytes,
 for long.
 
+A persistent topic costs fsyncs to make (its directory, its meta file: milliseconds), so a turn makes a few
+(``CREATES_PER_TURN``) and then lets the others have the loop. A PUTS naming more new persistent topics than
+that waits while they are made, a few each turn (:class:`_Making`); its client's later commands wait behind
+it, in order, and every other client goes on meanwhile. One command naming hundreds of new topics used to
+hold the loop for seconds: heartbeats unanswered, a cluster leader's Raft unattended.
+
 A FETCH with ``WAIT`` that finds nothing past its FROM leaves its client's reply order and waits
 (:mod:`broker.waiting`) until a commit writes its topic or its wait ends; it is answered then, in the step
 after the commit like any FETCH, and may overtake replies to its client's later commands.
@@ -33,6 +39,7 @@ import errno
 import functools
 import json
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -51,7 +58,7 @@ from broker.waiting import DEFAULT_LIMIT, Wait, Waits
 from broker.zmtp_door import PeerMetadata, ZmtpDoor
 from connector.zsock import Again, readable, recv_routed, send_to
 from protocol import ProtocolError, mc0
-from protocol.bodies import entry_topics
+from protocol.bodies import TopicBodies, entry_topics
 
 log = logging.getLogger("mc0.router")
 
@@ -76,6 +83,9 @@ FETCH_TURN_MESSAGES = 16_384
 _BATCH_HEAD = [b"", b"MESSAGES", b""]
 _BATCH_HEAD_BARE = [b"MESSAGES", b""]
 _pack_batch = msgpack.Packer(use_bin_type=True).pack
+
+#: Commands of one client held behind its command that waits for its new topics; past it, each is refused.
+MAX_HELD_COMMANDS = 1_000
 
 #: Weakest first: a batch over several topics promises what its weakest topic achieved.
 DURABILITY_RANK = {b"memory": 0, b"written": 1, b"fsync": 2}
@@ -137,6 +147,24 @@ class _Held:
     deadline: float
     command_id: bytes | None
     delimiter: bool
+
+
+class _TopicsToMake(Exception):
+    """Raised by dispatch before a command does anything: it names more new persistent topics than the turn
+    may still make (``unmade``, in the order the command names them)."""
+
+    def __init__(self, unmade: list[bytes]) -> None:
+        super().__init__()
+        self.unmade = unmade
+
+
+@dataclass(slots=True)
+class _Making:
+    """A client's command waiting while the persistent topics it names are made, a few each turn, and the
+    commands the client sent after it, held in order: each ``(event, frames)``, the waiting one first."""
+
+    unmade: deque[bytes]
+    commands: deque[tuple[mc0.Event, list[bytes]]]
 
 
 @dataclass(slots=True)
@@ -211,7 +239,13 @@ class RouterShell:
         self.peer: zmq.Frame | PeerMetadata | None = None
         self.receive_exhausted = False  # the last receive() stopped at its budget, not at an empty socket
         self.end_turn = False  # a command asks for the flush before anything more is read
+        # Clients whose command waits for its new persistent topics (in the order they began to wait), and
+        # until which count of the engine's logs_created this turn may make logs.
+        self.making: dict[Session, _Making] = {}
+        self._creates_until = 0
+        self._may_wait = True  # False while a command whose topics were made runs: it waits no more
         self._heartbeat_timer: asyncio.TimerHandle | None = None
+        self._heartbeat_due = math.inf  # when the heartbeat timer should fire next (monotonic)
         # What FETCH replies may still read this turn (see FETCH_TURN_BYTES), and whether some had to wait.
         self.fetch_bytes = FETCH_TURN_BYTES
         self.fetch_messages = FETCH_TURN_MESSAGES
@@ -259,6 +293,7 @@ class RouterShell:
             # such thing for a pipe: under it the hub's retry timer, 1 ms doubling to 100 ms, comes back.)
             self.wire.writable = self.hub.schedule
             await self.wire.start()
+        self._heartbeat_due = self.monotonic() + self.tick
         self._heartbeat_timer = loop.call_later(self.tick, self._heartbeat_turn)
         self.hub.after_flush.append(self._recheck)
         self._schedule_turn()  # commands may be waiting already: the descriptor only signals changes
@@ -284,6 +319,8 @@ class RouterShell:
                 self.hub.turn_seconds.observe(perf_counter() - started)
             else:
                 self._sent = False  # receive() just asked: the descriptor is armed again
+            if self.making:
+                self._schedule_turn()  # the next few topics are made on the next loop iteration
         except Exception as error:  # a store failure: the broker stops loudly, not the loop quietly
             self.hub.fail(error)
 
@@ -304,12 +341,16 @@ class RouterShell:
 
     def _heartbeat_turn(self) -> None:
         now = self.monotonic()
+        # Held up longer than a tick (a long turn, a slow disk), the loop has not read what clients sent
+        # meanwhile: this turn drops nobody, the next judges them by what they did send.
+        held_up = now - self._heartbeat_due > self.tick
         try:
-            self.heartbeat(now)
+            self.heartbeat(now, expire=not held_up)
             # An expired round-robin consumer's messages went to others: send them now, not a tick later.
             self.hub.flush(now)
         except Exception as error:
             self.hub.fail(error)
+        self._heartbeat_due = now + self.tick
         if self.loop is not None:
             self._heartbeat_timer = self.loop.call_later(self.tick, self._heartbeat_turn)
 
@@ -327,14 +368,17 @@ class RouterShell:
         # (and pyzmq's errno enum) at the end of every turn, several times more.
         size = 0
         engine = self.engine
-        created = engine.logs_created + CREATES_PER_TURN
+        created = self._creates_until = engine.logs_created + CREATES_PER_TURN
+        if self.making:
+            taken = self._make_topics(wall)
         while taken < budget:
             if not ready():
                 break
             frames, self.peer = take()
             size += len(frames[-1])  # the payload: a summing of every frame cost 8x as much per message
+            made = engine.logs_created
             taken += self.handle(frames, now, wall)
-            if engine.logs_created >= created:
+            if engine.logs_created != made and engine.logs_created >= created:
                 self.end_turn = True  # new topics cost fsyncs: the other clients get their turn first
             if self.end_turn:
                 self.end_turn = False
@@ -364,6 +408,13 @@ class RouterShell:
         except ProtocolError as error:
             self.refuse(session, error, body)
             return 1
+        if self.making and session in self.making:
+            self._wait_behind(session, event, body)
+            return 1
+        return self._run(session, event, body, wall)
+
+    def _run(self, session: Session, event: mc0.Event, body: list[bytes], wall: int) -> int:
+        """Dispatch one decoded command, its errors answered; returns its message count."""
         try:
             self.dispatch(session, event, wall)
         except ProtocolError as error:
@@ -371,8 +422,59 @@ class RouterShell:
         except EngineError as error:
             self.counters["errors"] += 1
             self.reply(session, mc0.Error(str(error).encode(), getattr(event, "id", None)))
+        except _TopicsToMake as making:
+            self.making[session] = _Making(deque(making.unmade), deque([(event, body)]))
+            return 1
         # An empty PUTS still counts: the budget must run out even for a peer flooding empty batches.
         return max(1, len(event.items)) if type(event) is mc0.Puts else 1
+
+    def _wait_behind(self, session: Session, event: mc0.Event, body: list[bytes]) -> None:
+        """``session`` has a command waiting for its topics: this one waits behind it (bounded)."""
+        held = self.making[session].commands
+        if len(held) <= MAX_HELD_COMMANDS:
+            held.append((event, body))
+            return
+        self.counters["errors"] += 1
+        self.reply(session, mc0.Error(
+            f"refused: {MAX_HELD_COMMANDS} commands of this client already wait behind one whose new topics "
+            "are being made; send it again once that one is answered".encode(), getattr(event, "id", None)))
+
+    def _make_topics(self, wall: int) -> int:
+        """Make what this turn may of the topics waiting commands name; run each command whose topics all
+        exist now, then what its client sent after it. Returns the messages run."""
+        engine = self.engine
+        here = self.sessions.by_identity
+        taken = 0
+        for session, making in list(self.making.items()):
+            unmade = making.unmade
+            while unmade and engine.logs_created < self._creates_until:
+                with contextlib.suppress(EngineError):  # the command, run, refuses what cannot be made
+                    engine.topic(unmade.popleft())
+            if unmade:
+                break  # the turn made what it may: the next one goes on
+            del self.making[session]
+            commands = making.commands
+            self._may_wait = False  # a topic still missing could not be made: the command says so
+            try:
+                while commands and here.get(session.identity) is session:
+                    event, body = commands.popleft()
+                    taken += self._run(session, event, body, wall)
+                    self._may_wait = True
+                    if session in self.making:  # a later command waits for topics of its own
+                        self.making[session].commands.extend(commands)
+                        break
+            finally:
+                self._may_wait = True
+        return taken
+
+    def _check_topics(self, items: list[tuple[bytes, bytes, mc0.Headers]]) -> None:
+        """_TopicsToMake if a PUTS names more new persistent topics than this turn may still make."""
+        if not self._may_wait or type(items) is TopicBodies or len(items) < 2:
+            return  # one topic at most: the turn ends after it (receive)
+        engine = self.engine
+        unmade = engine.unmade_logs(items)
+        if len(unmade) > self._creates_until - engine.logs_created:
+            raise _TopicsToMake(unmade)
 
     def dispatch(self, session: Session, event: mc0.Event, wall: int) -> None:
         engine = self.engine
@@ -394,6 +496,7 @@ class RouterShell:
                     self._need(event)
             case mc0.Puts(items=items, id=command_id, confirm_each=True):
                 assert command_id is not None  # the codec refuses CONFIRM each without an ID
+                self._check_topics(items)
                 results = self._publish_each(items, wall)
                 self.reply(session, mc0.confirms_ok(command_id, results))
                 self.confirming.append((len(self.replies) - 1, event, results))
@@ -412,6 +515,7 @@ class RouterShell:
                     self._need(event)
             case mc0.Puts(items, command_id):
                 # The codec checked every entry before this line: a batch is refused whole or published whole.
+                self._check_topics(items)
                 last = engine.publish_batch(items, wall)
                 self.counters["messages_in"] += len(items)
                 if command_id is not None:
@@ -925,9 +1029,9 @@ class RouterShell:
 
     # ----------------------------------------------------------------------------------------------- liveness
 
-    def heartbeat(self, now: float) -> None:
+    def heartbeat(self, now: float, *, expire: bool = True) -> None:
         noop, expired = self.sessions.due(now)
-        for session in expired:
+        for session in expired if expire else ():
             self.counters["expired"] += 1
             self.drop(session, "expired (no traffic for 1.05 x TTL)")
         for session in noop:
@@ -968,7 +1072,8 @@ class RouterShell:
         self._unsubscribe(session)
 
     def _unsubscribe(self, session: Session) -> None:
-        """The session's subscriptions and waiting FETCHes end here."""
+        """The session's subscriptions, waiting FETCHes and commands waiting for topics end here."""
+        self.making.pop(session, None)
         self.engine.detach(session.subscriber)
         self.waits.forget(session)
 

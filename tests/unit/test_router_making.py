@@ -1,0 +1,149 @@
+"""A command naming more new persistent topics than a turn may make waits while they are made, a few each
+turn (broker.router, ``_Making``), driven through a fake socket: the turns it takes, the order of the client's
+answers, the bound on what waits behind it, and a topic that cannot be made."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from broker import router as router_module
+from broker.engine import CREATES_PER_TURN, Engine
+from broker.hub import Hub
+from broker.router import RouterShell
+from broker.store.files import FileStore
+from broker.topics import Persistence, Sync, TopicRule, TopicRules, TopicSpec
+from protocol import mc0
+
+RULES = TopicRules([TopicRule("log.*", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG))])
+NEW = 2 * CREATES_PER_TURN + 3  # three turns of making
+
+
+class Wire:
+    """Stands in for the ROUTER: commands queued by the test, replies recorded per peer."""
+
+    def __init__(self) -> None:
+        self.inbox: deque[list[bytes]] = deque()
+        self.sent: list[tuple[bytes, list[bytes]]] = []
+
+    def readable(self) -> bool:
+        return bool(self.inbox)
+
+    def receive(self) -> tuple[list[bytes], None]:
+        return self.inbox.popleft(), None
+
+    def transmit(self, identity: bytes, frames: list[bytes]) -> None:
+        self.sent.append((identity, frames))
+
+    def command(self, identity: bytes, event: mc0.Event) -> None:
+        self.inbox.append([identity, *mc0.encode(event)])
+
+    def answers(self, identity: bytes) -> list[tuple[bytes, bytes | None]]:
+        """(verb, ID) of every reply ``identity`` got so far, in order."""
+        out = []
+        for to, frames in self.sent:
+            if to == identity:
+                reply = mc0.decode(frames[1:])
+                out.append((frames[1], getattr(reply, "id", None)))
+        return out
+
+
+@pytest.fixture
+def shell(tmp_path: Path) -> Iterator[tuple[RouterShell, Wire]]:
+    context = zmq.asyncio.Context()
+    socket = context.socket(zmq.ROUTER)
+    engine = Engine(RULES, FileStore(tmp_path / "data"), max_topics=CREATES_PER_TURN + 2)
+    hub = Hub(engine, monotonic=lambda: 0.0, wall_ms=lambda: 0)
+    shell = RouterShell(hub, socket)
+    hub.add(shell)
+    wire = Wire()
+    shell._readable, shell._receive = wire.readable, wire.receive  # type: ignore[method-assign]
+    shell.transmit = wire.transmit  # type: ignore[method-assign]
+    yield shell, wire
+    engine.close()
+    socket.close(linger=0)
+    context.term()
+
+
+def turn(router: RouterShell) -> int:
+    """One turn as the loop runs it: read, then flush. Returns the logs it made."""
+    before = router.engine.logs_created
+    router.receive(0.0)
+    router.hub.flush(0.0)
+    return router.engine.logs_created - before
+
+
+def puts(count: int, command_id: bytes, start: int = 0) -> mc0.Puts:
+    return mc0.Puts([(b"log.t%d" % n, b"x", {}) for n in range(start, start + count)], id=command_id)
+
+
+def test_a_puts_waits_while_its_topics_are_made_and_its_clients_later_commands_wait_behind_it(
+    shell: tuple[RouterShell, Wire]
+) -> None:
+    router, wire = shell
+    router.engine.max_topics = 1000
+    wire.command(b"a", puts(NEW, b"many"))
+    wire.command(b"a", mc0.Noop(id=b"after"))
+    wire.command(b"b", mc0.Noop(id=b"other"))
+    made = [turn(router)]
+    assert wire.answers(b"b") == [(b"OK", b"other")], "another client is served at once"
+    assert wire.answers(b"a") == []
+    while router.making:
+        made.append(turn(router))
+    assert made == [0, CREATES_PER_TURN, CREATES_PER_TURN, NEW - 2 * CREATES_PER_TURN]
+    assert wire.answers(b"a") == [(b"OK", b"many"), (b"OK", b"after")]
+    assert all(router.engine.topics[b"log.t%d" % n].next_id == 2 for n in range(NEW))
+
+
+def test_what_waits_behind_a_command_is_bounded(shell: tuple[RouterShell, Wire],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    router, wire = shell
+    router.engine.max_topics = 1000
+    monkeypatch.setattr(router_module, "MAX_HELD_COMMANDS", 2)
+    wire.command(b"a", puts(NEW, b"many"))
+    for n in range(4):
+        wire.command(b"a", mc0.Noop(id=b"n%d" % n))
+    turn(router)
+    refused = wire.answers(b"a")
+    assert [verb for verb, _ in refused] == [b"ERROR", b"ERROR"]
+    assert [command_id for _, command_id in refused] == [b"n2", b"n3"]
+    while router.making:
+        turn(router)
+    assert wire.answers(b"a")[2:] == [(b"OK", b"many"), (b"OK", b"n0"), (b"OK", b"n1")]
+
+
+def test_a_topic_that_cannot_be_made_is_refused_by_the_command_once_the_others_are(
+    shell: tuple[RouterShell, Wire]
+) -> None:
+    """max_topics is CREATES_PER_TURN + 2: the command waits one turn of making, then runs and is refused
+    (a batch is refused whole), instead of waiting for a topic nothing will make."""
+    router, wire = shell
+    wire.command(b"a", puts(NEW, b"many"))
+    turns = 0
+    while turns == 0 or router.making:
+        turn(router)
+        turns += 1
+        assert turns < 10, "the command waits for ever"
+    [(verb, command_id)] = wire.answers(b"a")
+    assert (verb, command_id) == (b"ERROR", b"many")
+    assert len(router.engine.topics) == CREATES_PER_TURN + 2
+
+
+def test_a_client_dropped_while_its_command_waits_leaves_nothing_behind(
+    shell: tuple[RouterShell, Wire]
+) -> None:
+    router, wire = shell
+    router.engine.max_topics = 1000
+    wire.command(b"a", puts(NEW, b"many"))
+    turn(router)
+    assert router.making
+    router.drop(router.sessions.by_identity[b"a"], "gone")
+    assert not router.making
+    turn(router)
+    assert wire.answers(b"a") == []
+    assert len(router.engine.topics) == 0, "nothing made for a client that has gone"
