@@ -339,11 +339,11 @@ class Engine:
             topic = self._create(name, self.rules.spec_for(name))
         return topic
 
-    def unmade_logs(self, items: Iterable[tuple[bytes, bytes, dict[bytes, bytes]]]) -> list[bytes]:
-        """The topics ``(topic, body, headers)`` entries name that do not exist yet and would be persistent
-        (each costs fsyncs to make), once each, in the order the entries name them."""
+    def unmade_logs(self, names: Iterable[bytes]) -> list[bytes]:
+        """Those of ``names`` that are no topic yet and would be persistent ones (each costs fsyncs to make),
+        once each, in the order named."""
         topics = self.topics
-        new = dict.fromkeys(item[0] for item in items if item[0] not in topics)
+        new = dict.fromkeys(name for name in names if name not in topics)
         return [name for name in new if self.rules.spec_for(name).persistent]
 
     def declare(self, name: bytes, spec: TopicSpec) -> Topic:

@@ -467,14 +467,17 @@ class RouterShell:
                 self._may_wait = True
         return taken
 
-    def _check_topics(self, items: list[tuple[bytes, bytes, mc0.Headers]]) -> None:
-        """_TopicsToMake if a PUTS names more new persistent topics than this turn may still make."""
-        if not self._may_wait or type(items) is TopicBodies or len(items) < 2:
-            return  # one topic at most: the turn ends after it (receive)
-        engine = self.engine
-        unmade = engine.unmade_logs(items)
-        if len(unmade) > self._creates_until - engine.logs_created:
-            raise _TopicsToMake(unmade)
+    def _check_entries(self, items: list[tuple[bytes, bytes, mc0.Headers]]) -> None:
+        """_TopicsToMake if a PUTS's entries name more new persistent topics than this turn may still make."""
+        if type(items) is not TopicBodies and len(items) > 1:  # one topic: the turn ends after it (receive)
+            self._check_topics(item[0] for item in items)
+
+    def _check_topics(self, names: Iterable[bytes]) -> None:
+        if self._may_wait:
+            engine = self.engine
+            unmade = engine.unmade_logs(names)
+            if len(unmade) > self._creates_until - engine.logs_created:
+                raise _TopicsToMake(unmade)
 
     def dispatch(self, session: Session, event: mc0.Event, wall: int) -> None:
         engine = self.engine
@@ -496,7 +499,7 @@ class RouterShell:
                     self._need(event)
             case mc0.Puts(items=items, id=command_id, confirm_each=True):
                 assert command_id is not None  # the codec refuses CONFIRM each without an ID
-                self._check_topics(items)
+                self._check_entries(items)
                 results = self._publish_each(items, wall)
                 self.reply(session, mc0.confirms_ok(command_id, results))
                 self.confirming.append((len(self.replies) - 1, event, results))
@@ -515,7 +518,7 @@ class RouterShell:
                     self._need(event)
             case mc0.Puts(items, command_id):
                 # The codec checked every entry before this line: a batch is refused whole or published whole.
-                self._check_topics(items)
+                self._check_entries(items)
                 last = engine.publish_batch(items, wall)
                 self.counters["messages_in"] += len(items)
                 if command_id is not None:
@@ -531,6 +534,8 @@ class RouterShell:
             case mc0.Sub(topics, command_id, _, replay, resume, credit, explicit_acks, incarnation):
                 for topic in topics:  # refused whole: check every topic before subscribing to any
                     engine.check_subscribe(topic, replay)
+                if len(topics) > 1:
+                    self._check_topics(topics)
                 next_ids = []
                 starts = []
                 for topic in topics:

@@ -31,7 +31,7 @@ import ssl
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
-from broker.engine import Message, Subscriber
+from broker.engine import CREATES_PER_TURN, Message, Subscriber
 from broker.hub import Hub
 from protocol import ProtocolError
 
@@ -50,7 +50,9 @@ WRITE_CHUNK = 64 << 10
 TCP_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 #: Events one connection handles before it lets the loop go round (a few milliseconds of work at most: the
-#: slowest event, a publish into a strong topic, costs a few microseconds before the commit).
+#: slowest event, a publish into a strong topic, costs a few microseconds before the commit). A slice also
+#: ends after CREATES_PER_TURN new persistent topics: each costs fsyncs, milliseconds (a Lumberjack window
+#: routed by a field to hundreds of new topics).
 SLICE_EVENTS = 512
 
 
@@ -469,6 +471,8 @@ class Connection(asyncio.Protocol):
         codec = self.codec
         budget = SLICE_EVENTS
         loop = self.hub.loop
+        engine = self.engine
+        created = engine.logs_created + CREATES_PER_TURN
         while not self.closing:
             event = codec.next_event()
             if event is None:
@@ -481,9 +485,12 @@ class Connection(asyncio.Protocol):
             else:
                 self.handle(event)
                 budget -= 1
+                if engine.logs_created >= created:
+                    budget = 0
             if budget <= 0:
                 if loop is None:  # driven by hand (tests): no loop to come back from, go on at once
                     budget = SLICE_EVENTS
+                    created = engine.logs_created + CREATES_PER_TURN
                     continue
                 if not self.draining:
                     self.draining = True

@@ -6,12 +6,16 @@ subscriber.
 
 from __future__ import annotations
 
+from collections import deque
+from pathlib import Path
 from typing import Any
 
-from broker.engine import Engine, Message
+from broker.engine import CREATES_PER_TURN, Engine, Message
 from broker.gateways.tcp import Connection, Gateway
 from broker.hub import Hub
 from broker.store import StoreError
+from broker.store.files import FileStore
+from broker.topics import Persistence, TopicRule, TopicRules, TopicSpec
 from protocol import ProtocolError
 
 
@@ -97,3 +101,57 @@ def test_a_full_transport_pauses_deliveries_and_reading_until_it_drains() -> Non
     echo.connection_lost(None)
     assert gateway.connections == set()
     assert hub.engine.topics[b"t"].subscriptions == []
+
+
+class Prepared:
+    """A codec handing out prepared events: topic names to publish to."""
+
+    def __init__(self, topics: list[bytes]) -> None:
+        self.topics = deque(topics)
+
+    def receive_data(self, data: bytes) -> None: ...
+
+    def next_event(self) -> bytes | None:
+        return self.topics.popleft() if self.topics else None
+
+
+class Publisher(Echo):
+    def handle(self, event: Any) -> None:
+        self.engine.publish(event, b"x", {}, 0)
+
+
+class Loop:
+    def __init__(self) -> None:
+        self.soon: list[Any] = []
+
+    def call_soon(self, callback: Any, *arguments: Any) -> None:
+        self.soon.append((callback, arguments))
+
+
+def test_a_slice_ends_after_a_few_new_persistent_topics(tmp_path: Path) -> None:
+    """Each new persistent topic costs fsyncs: a connection whose events name hundreds (a Lumberjack window
+    routed by a field) lets the loop go round after CREATES_PER_TURN of them, not after SLICE_EVENTS."""
+    rules = TopicRules([TopicRule("log.*", TopicSpec(persistence=Persistence.PERSISTENT))])
+    engine = Engine(rules, FileStore(tmp_path))
+    hub = Hub(engine)
+    loop = Loop()
+    hub.loop = loop  # type: ignore[assignment]
+    gateway = Gateway("publisher", hub, Publisher, host="127.0.0.1", port=0, tick=1.0)
+    publisher = Publisher(gateway)
+    publisher.connection_made(Transport())  # type: ignore[arg-type]
+    new = [b"log.%d" % n for n in range(3 * CREATES_PER_TURN)]
+    events = [*new[:CREATES_PER_TURN], *[b"log.0"] * 20, *new[CREATES_PER_TURN:]]
+    publisher.codec = Prepared(events)  # type: ignore[assignment]
+    try:
+        made = []
+        publisher._drain()
+        made.append(len(engine.topics))
+        while loop.soon:
+            callback, arguments = loop.soon.pop(0)
+            callback(*arguments)
+            if arguments == (publisher._drain,):  # the connection going on with its events
+                made.append(len(engine.topics))
+        assert made == [CREATES_PER_TURN, 2 * CREATES_PER_TURN, 3 * CREATES_PER_TURN, 3 * CREATES_PER_TURN]
+        assert engine.topics[b"log.0"].next_id == 22  # every event handled, in order
+    finally:
+        engine.close()

@@ -147,3 +147,18 @@ def test_a_client_dropped_while_its_command_waits_leaves_nothing_behind(
     turn(router)
     assert wire.answers(b"a") == []
     assert len(router.engine.topics) == 0, "nothing made for a client that has gone"
+
+
+def test_a_sub_naming_many_new_persistent_topics_waits_too(shell: tuple[RouterShell, Wire]) -> None:
+    router, wire = shell
+    router.engine.max_topics = 1000
+    topics = [b"log.s%d" % n for n in range(NEW)]
+    wire.command(b"a", mc0.Sub(topics, id=b"sub"))
+    made = [turn(router)]
+    while router.making:
+        made.append(turn(router))
+    assert made == [0, CREATES_PER_TURN, CREATES_PER_TURN, NEW - 2 * CREATES_PER_TURN]
+    assert wire.answers(b"a") == [(b"OK", b"sub")]
+    router.engine.publish(b"log.s0", b"x", {}, 0)
+    router.hub.flush(0.0)
+    assert wire.answers(b"a")[1][0] == b"MESSAGE", "subscribed once its topics were made"
