@@ -160,9 +160,15 @@ class Gateway:
         """Tick every connection until cancelled (pings, expiry, whatever the dialect's liveness needs, and
         the handshake timeout: a peer that sends nothing at all is not kept)."""
         monotonic = self.hub.monotonic
+        due = monotonic() + self.tick_interval
         while True:
             await asyncio.sleep(self.tick_interval)
             now = monotonic()
+            held_up, due = now - due > self.tick_interval, now + self.tick_interval
+            if held_up:
+                # The loop was held up longer than a tick (a long turn, a slow disk): what peers sent
+                # meanwhile may not have been read yet. Nobody is judged silent now; the next tick judges.
+                continue
             cutoff = now - self.handshake_timeout
             for connection in list(self.connections):
                 if connection.closing:

@@ -6,6 +6,7 @@ subscriber.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -155,3 +156,43 @@ def test_a_slice_ends_after_a_few_new_persistent_topics(tmp_path: Path) -> None:
         assert engine.topics[b"log.0"].next_id == 22  # every event handled, in order
     finally:
         engine.close()
+
+
+class Silent:
+    """A connection that has sent nothing since it opened, long ago."""
+
+    closing = heard = False
+    opened = 0.0
+    why: str | None = None
+
+    def close(self, why: str) -> None:
+        self.why = why
+
+    def tick(self, now: float) -> None: ...
+
+
+def test_a_tick_that_comes_late_judges_nobody_silent() -> None:
+    """The loop held up longer than a tick has not read what peers sent meanwhile: that tick closes nobody
+    for silence; the next one, on time, does."""
+    clock = [100.0]
+    hub = Hub(Engine(), monotonic=lambda: clock[0])
+    gateway = Gateway("echo", hub, Echo, host="127.0.0.1", port=0, tick=0.01)
+    silent = Silent()
+    gateway.connections.add(silent)  # type: ignore[arg-type]
+
+    async def run() -> list[str | None]:
+        ticking = asyncio.create_task(gateway.run())
+        await asyncio.sleep(0)  # its first tick is due a tick from now
+        seen = []
+        clock[0] += 5.0  # held up: the first tick comes seconds late
+        await asyncio.sleep(0.015)
+        seen.append(silent.why)
+        clock[0] += 0.01  # on time
+        await asyncio.sleep(0.01)
+        seen.append(silent.why)
+        ticking.cancel()
+        return seen
+
+    late, on_time = asyncio.run(run())
+    assert late is None
+    assert "nothing received" in (on_time or "")
