@@ -50,6 +50,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any, TypeVar
 
 from broker.names import SortedNames
@@ -63,9 +64,12 @@ FIRST_MESSAGE_ID = 1
 #: In-flight limit of an explicit-ack subscription that named no CREDIT: unacked messages are held in memory.
 DEFAULT_EXPLICIT_CREDIT = 1000
 #: New persistent topics a door makes in one turn, at most, before it lets the loop go round: each costs a few
-#: fsyncs (its directory, its meta file; about 5 ms on an ext4 disk), and a client that made 500 at once (a
-#: burst of publishes to new topics) held every other client of the broker for 2.4 s.
+#: fsyncs (its directory, its meta file; about 3-5 ms on an ext4 disk), and a client that made 500 at once (a
+#: burst of publishes to new topics) held every other client of the broker for 2.4 s. And seconds of making,
+#: at most: on a busy disk (three brokers of a cluster on one) a topic took 7 ms on average, and eight at once
+#: held a leader's loop for up to a second, longer than a client's heartbeat allows (see made_enough).
 CREATES_PER_TURN = 8
+CREATE_SECONDS_PER_TURN = 0.025
 #: Messages moved from logs per :meth:`Engine.pump` call (catch-up and queue dispatch together), and per read.
 #: A turn of live traffic takes up to 8192 messages; replay gets a budget of the same order so that it keeps
 #: pace with live delivery without starving the loop.
@@ -288,8 +292,10 @@ class Engine:
         # Transient topics that may be idle, with their messages_in at the last sweep (None: not swept yet).
         self._idle: dict[Topic, int | None] = {}
         self.reclaimed = 0  # idle transient topics reclaimed so far
-        # Logs opened for new topics so far: a door ends its turn after a few (CREATES_PER_TURN).
+        # Logs opened for new topics so far, and the seconds that took: a door ends its turn after a few
+        # (made_enough).
         self.logs_created = 0
+        self.create_seconds = 0.0
         self._ready: list[Subscriber] = []
         self._dirty: list[Topic] = []
         #: Names of the topics the last :meth:`commit` wrote: what became readable (waiting reads watch it).
@@ -339,6 +345,21 @@ class Engine:
             topic = self._create(name, self.rules.spec_for(name))
         return topic
 
+    def creation_mark(self) -> tuple[int, float]:
+        """Where a turn's making of new logs starts (see :meth:`made_enough`)."""
+        return self.logs_created, self.create_seconds
+
+    def made_enough(self, mark: tuple[int, float]) -> bool:
+        """Whether the logs made since ``mark`` are as many as one turn should make: CREATES_PER_TURN, or
+        CREATE_SECONDS_PER_TURN spent making them (one at least, however slow: the turns make progress)."""
+        made, seconds = mark
+        return self.logs_created - made >= CREATES_PER_TURN or (
+            self.logs_created > made and self.create_seconds - seconds >= CREATE_SECONDS_PER_TURN)
+
+    def room_to_make(self, mark: tuple[int, float], count: int) -> bool:
+        """Whether the turn that began at ``mark`` may still make ``count`` new logs."""
+        return not self.made_enough(mark) and self.logs_created - mark[0] + count <= CREATES_PER_TURN
+
     def unmade_logs(self, names: Iterable[bytes]) -> list[bytes]:
         """Those of ``names`` that are no topic yet and would be persistent ones (each costs fsyncs to make),
         once each, in the order named."""
@@ -380,6 +401,7 @@ class Engine:
         if spec.persistent:
             if self.store is None:
                 raise EngineError(f"topic {name!r} is configured persistent but the broker has no store")
+            started = perf_counter()
             try:
                 self.logs_created += 1
                 log = self.store.open(name, spec, topic_id)
@@ -388,6 +410,8 @@ class Engine:
             except StoreError as error:
                 raise EngineError(f"topic {_shown(name)} is unavailable: its log cannot be opened: "
                                   f"{error}") from None
+            finally:
+                self.create_seconds += perf_counter() - started
             self.unavailable.pop(name, None)
         topic = Topic(name, topic_id, spec, log=log)
         if log is not None:

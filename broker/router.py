@@ -17,10 +17,11 @@ which comes after the socket has been read again, so a crowd of readers cannot h
 for long.
 
 A persistent topic costs fsyncs to make (its directory, its meta file: milliseconds), so a turn makes a few
-(``CREATES_PER_TURN``) and then lets the others have the loop. A PUTS naming more new persistent topics than
-that waits while they are made, a few each turn (:class:`_Making`); its client's later commands wait behind
-it, in order, and every other client goes on meanwhile. One command naming hundreds of new topics used to
-hold the loop for seconds: heartbeats unanswered, a cluster leader's Raft unattended.
+(``CREATES_PER_TURN``, or ``CREATE_SECONDS_PER_TURN`` of them) and then lets the others have the loop. A PUTS
+naming more new persistent topics than that waits while they are made, a few each turn (:class:`_Making`); its
+client's later commands wait behind it, in order, and every other client goes on meanwhile. One command naming
+hundreds of new topics used to hold the loop for seconds: heartbeats unanswered, a cluster leader's Raft
+unattended.
 
 A FETCH with ``WAIT`` that finds nothing past its FROM leaves its client's reply order and waits
 (:mod:`broker.waiting`) until a commit writes its topic or its wait ends; it is answered then, in the step
@@ -51,7 +52,7 @@ import msgpack
 import zmq
 
 from broker.config import ConfigError, declared_spec
-from broker.engine import CREATES_PER_TURN, EngineError, Message, RangeRead
+from broker.engine import EngineError, Message, RangeRead
 from broker.hub import Hub
 from broker.sessions import Session, Sessions, heartbeat_tick
 from broker.waiting import DEFAULT_LIMIT, Wait, Waits
@@ -240,9 +241,9 @@ class RouterShell:
         self.receive_exhausted = False  # the last receive() stopped at its budget, not at an empty socket
         self.end_turn = False  # a command asks for the flush before anything more is read
         # Clients whose command waits for its new persistent topics (in the order they began to wait), and
-        # until which count of the engine's logs_created this turn may make logs.
+        # where this turn's making of new logs began (Engine.made_enough).
         self.making: dict[Session, _Making] = {}
-        self._creates_until = 0
+        self._creation_mark = (0, 0.0)
         self._may_wait = True  # False while a command whose topics were made runs: it waits no more
         self._heartbeat_timer: asyncio.TimerHandle | None = None
         self._heartbeat_due = math.inf  # when the heartbeat timer should fire next (monotonic)
@@ -368,7 +369,7 @@ class RouterShell:
         # (and pyzmq's errno enum) at the end of every turn, several times more.
         size = 0
         engine = self.engine
-        created = self._creates_until = engine.logs_created + CREATES_PER_TURN
+        mark = self._creation_mark = engine.creation_mark()
         if self.making:
             taken = self._make_topics(wall)
         while taken < budget:
@@ -378,7 +379,7 @@ class RouterShell:
             size += len(frames[-1])  # the payload: a summing of every frame cost 8x as much per message
             made = engine.logs_created
             taken += self.handle(frames, now, wall)
-            if engine.logs_created != made and engine.logs_created >= created:
+            if engine.logs_created != made and engine.made_enough(mark):
                 self.end_turn = True  # new topics cost fsyncs: the other clients get their turn first
             if self.end_turn:
                 self.end_turn = False
@@ -447,7 +448,7 @@ class RouterShell:
         taken = 0
         for session, making in list(self.making.items()):
             unmade = making.unmade
-            while unmade and engine.logs_created < self._creates_until:
+            while unmade and not engine.made_enough(self._creation_mark):
                 with contextlib.suppress(EngineError):  # the command, run, refuses what cannot be made
                     engine.topic(unmade.popleft())
             if unmade:
@@ -476,7 +477,7 @@ class RouterShell:
         if self._may_wait:
             engine = self.engine
             unmade = engine.unmade_logs(names)
-            if len(unmade) > self._creates_until - engine.logs_created:
+            if unmade and not engine.room_to_make(self._creation_mark, len(unmade)):
                 raise _TopicsToMake(unmade)
 
     def dispatch(self, session: Session, event: mc0.Event, wall: int) -> None:

@@ -53,7 +53,7 @@ from broker.cluster.state import (
     shared_until,
 )
 from broker.config import BrokerConfig
-from broker.engine import CREATES_PER_TURN, Engine, EngineError, Topic
+from broker.engine import Engine, EngineError, Topic
 from broker.store import LogIdentity, StoreError, SyncFailed
 from broker.store.files import FileStore, spec_from_json, spec_to_json
 from broker.topics import Sync
@@ -360,10 +360,10 @@ class Cluster:
         self._follow()
         if self._topics_changed and self.replicator is not None:
             engine = self.engine
-            until = engine.logs_created + CREATES_PER_TURN
+            mark = engine.creation_mark()
             for name_hex, spec in state.topics.items():
                 name = bytes.fromhex(name_hex)
-                if engine.logs_created >= until and name not in engine.topics:
+                if name not in engine.topics and engine.made_enough(mark):
                     # Each new copy costs fsyncs: a few at a time, the loop free in between (Raft's callbacks,
                     # the copies' fetches, a burst of hundreds of topics the leader made).
                     self._settle_soon()

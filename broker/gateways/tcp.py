@@ -31,7 +31,7 @@ import ssl
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
-from broker.engine import CREATES_PER_TURN, Message, Subscriber
+from broker.engine import Message, Subscriber
 from broker.hub import Hub
 from protocol import ProtocolError
 
@@ -51,8 +51,8 @@ TCP_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 #: Events one connection handles before it lets the loop go round (a few milliseconds of work at most: the
 #: slowest event, a publish into a strong topic, costs a few microseconds before the commit). A slice also
-#: ends after CREATES_PER_TURN new persistent topics: each costs fsyncs, milliseconds (a Lumberjack window
-#: routed by a field to hundreds of new topics).
+#: ends after a few new persistent topics (Engine.made_enough): each costs fsyncs, milliseconds (a Lumberjack
+#: window routed by a field to hundreds of new topics).
 SLICE_EVENTS = 512
 
 
@@ -478,7 +478,7 @@ class Connection(asyncio.Protocol):
         budget = SLICE_EVENTS
         loop = self.hub.loop
         engine = self.engine
-        created = engine.logs_created + CREATES_PER_TURN
+        mark = engine.creation_mark()
         while not self.closing:
             event = codec.next_event()
             if event is None:
@@ -489,14 +489,15 @@ class Connection(asyncio.Protocol):
                     return
                 budget = 0  # the codec spent its own slice
             else:
+                made = engine.logs_created
                 self.handle(event)
                 budget -= 1
-                if engine.logs_created >= created:
+                if engine.logs_created != made and engine.made_enough(mark):
                     budget = 0
             if budget <= 0:
                 if loop is None:  # driven by hand (tests): no loop to come back from, go on at once
                     budget = SLICE_EVENTS
-                    created = engine.logs_created + CREATES_PER_TURN
+                    mark = engine.creation_mark()
                     continue
                 if not self.draining:
                     self.draining = True

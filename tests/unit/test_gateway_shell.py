@@ -11,6 +11,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from broker import engine as engine_module
 from broker.engine import CREATES_PER_TURN, Engine, Message
 from broker.gateways.tcp import Connection, Gateway
 from broker.hub import Hub
@@ -129,9 +132,11 @@ class Loop:
         self.soon.append((callback, arguments))
 
 
-def test_a_slice_ends_after_a_few_new_persistent_topics(tmp_path: Path) -> None:
+def test_a_slice_ends_after_a_few_new_persistent_topics(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Each new persistent topic costs fsyncs: a connection whose events name hundreds (a Lumberjack window
     routed by a field) lets the loop go round after CREATES_PER_TURN of them, not after SLICE_EVENTS."""
+    monkeypatch.setattr(engine_module, "CREATE_SECONDS_PER_TURN", 60.0)  # counted here, not timed
     rules = TopicRules([TopicRule("log.*", TopicSpec(persistence=Persistence.PERSISTENT))])
     engine = Engine(rules, FileStore(tmp_path))
     hub = Hub(engine)

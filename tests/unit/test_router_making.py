@@ -12,6 +12,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from broker import engine as engine_module
 from broker import router as router_module
 from broker.engine import CREATES_PER_TURN, Engine
 from broker.hub import Hub
@@ -54,7 +55,8 @@ class Wire:
 
 
 @pytest.fixture
-def shell(tmp_path: Path) -> Iterator[tuple[RouterShell, Wire]]:
+def shell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RouterShell, Wire]]:
+    monkeypatch.setattr(engine_module, "CREATE_SECONDS_PER_TURN", 60.0)  # counted here, not timed
     context = zmq.asyncio.Context()
     socket = context.socket(zmq.ROUTER)
     engine = Engine(RULES, FileStore(tmp_path / "data"), max_topics=CREATES_PER_TURN + 2)
@@ -162,3 +164,18 @@ def test_a_sub_naming_many_new_persistent_topics_waits_too(shell: tuple[RouterSh
     router.engine.publish(b"log.s0", b"x", {}, 0)
     router.hub.flush(0.0)
     assert wire.answers(b"a")[1][0] == b"MESSAGE", "subscribed once its topics were made"
+
+
+def test_a_slow_disk_makes_fewer_topics_a_turn(shell: tuple[RouterShell, Wire],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn also stops making a waiting command's topics once it has spent CREATE_SECONDS_PER_TURN on them:
+    one at least. (A command naming no more than CREATES_PER_TURN runs at once: it makes its own.)"""
+    router, wire = shell
+    router.engine.max_topics = 1000
+    monkeypatch.setattr(engine_module, "CREATE_SECONDS_PER_TURN", 0.0)  # any topic takes longer than that
+    wire.command(b"a", puts(NEW, b"many"))
+    made = [turn(router)]
+    while router.making:
+        made.append(turn(router))
+    assert made == [0] + [1] * NEW
+    assert wire.answers(b"a") == [(b"OK", b"many")]
