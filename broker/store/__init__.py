@@ -249,4 +249,9 @@ class Store(Protocol):
         """Remove a topic's log and files (closing the log if open); False if it has none."""
         ...
 
+    def sync_created(self) -> None:
+        """Make the topics created since the last call durable (before anything written to them is
+        confirmed)."""
+        ...
+
     def close(self) -> None: ...

@@ -206,6 +206,9 @@ class MemoryStore:
             self.topic_ids[topic] = topic_id
         return log
 
+    def sync_created(self) -> None:
+        pass  # nothing to make durable
+
     def delete(self, topic: bytes) -> bool:
         self.specs.pop(topic, None)
         self.topic_ids.pop(topic, None)

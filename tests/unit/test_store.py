@@ -19,12 +19,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.engine import Message
+from broker.engine import Engine, Message
 from broker.store import StoreError
+from broker.store import files as files_module
 from broker.store.files import FileStore, directory_name, spec_to_json
 from broker.store.log import MAX_OPEN_SEALED, SegmentLog
 from broker.store.segment import RESERVE_STEP
-from broker.topics import Delivery, Persistence, Sync, TopicSpec
+from broker.topics import Delivery, Persistence, Sync, TopicRule, TopicRules, TopicSpec
 
 TOPIC = b"t"
 NOW = 1_700_000_000_000
@@ -860,3 +861,36 @@ def test_a_second_store_on_a_data_directory_in_use_is_refused(tmp_path: Path) ->
     first.close()
     assert [stored.name for stored in second.existing()] == [b"t"], "the lock goes with close()"
     second.close()
+
+
+def test_topics_made_in_one_turn_share_one_fsync_of_the_data_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new topic's directory is built whole under a hidden name (meta file and first segment, one fsync of
+    that directory), then renamed; the renames of every topic a turn made become durable with one fsync of
+    the data directory, which the engine asks for before its commit (so before anything is confirmed)."""
+    synced: list[Path] = []
+    original = files_module.fsync_directory
+    monkeypatch.setattr(files_module, "fsync_directory", lambda path: (synced.append(path), original(path)))
+    store = FileStore(tmp_path / "data")
+    engine = Engine(TopicRules([TopicRule("*", spec())]), store)
+    try:
+        for n in range(5):
+            engine.topic(b"t%d" % n)
+        assert all(path.name.startswith(".new-") for path in synced), "no fsync of the data directory yet"
+        assert len(synced) == 5
+        assert sorted(os.listdir(store.root / directory_name(b"t0"))) == [
+            "00000000000000000001.index", "00000000000000000001.log", "topic.json"]
+        engine.commit()  # nothing published: a DECLARE's OK still needs its topic to exist for good
+        assert synced[5:] == [store.root]
+        engine.publish(b"t0", b"x", {}, NOW)
+        engine.commit()
+        assert synced[5:] == [store.root], "nothing new made: no fsync of it again"
+    finally:
+        engine.close()
+    reopened = FileStore(tmp_path / "data")
+    try:
+        assert [topic.name for topic in reopened.existing()] == [b"t%d" % n for n in range(5)]
+        assert reopened.open(b"t0", spec()).next_id == 2
+    finally:
+        reopened.close()
