@@ -55,7 +55,7 @@ from typing import Any, TypeVar
 
 from broker.names import SortedNames
 from broker.producers import ProducerWindow
-from broker.store import DamagedRange, Store, StoreError, SyncFailed, TopicLog
+from broker.store import DamagedRange, LogIdentity, Store, StoreError, SyncFailed, TopicLog
 from broker.topics import MAX_TOPIC_ID, Delivery, Sync, TopicRules, TopicSpec
 from protocol.bodies import entry_topics
 
@@ -368,10 +368,11 @@ class Engine:
         new = dict.fromkeys(name for name in names if name not in topics)
         return [name for name in new if self.rules.spec_for(name).persistent]
 
-    def declare(self, name: bytes, spec: TopicSpec) -> Topic:
+    def declare(self, name: bytes, spec: TopicSpec, identity: LogIdentity | None = None) -> Topic:
         """Create ``name`` with ``spec``; the same settings again are fine, different ones are an error.
 
-        A topic that a configuration rule already describes counts as existing with the rule's settings.
+        A topic that a configuration rule already describes counts as existing with the rule's settings. A
+        persistent topic's log made now takes ``identity`` if one is given (a cluster follower's copy).
         """
         topic = self.topics.get(name)
         current = topic.spec if topic is not None else None
@@ -382,12 +383,13 @@ class Engine:
             raise EngineError(f"topic {name.decode('utf-8', 'replace')!r} exists with other settings "
                               f"({_settings(current)}); declared {_settings(spec)}")
         if topic is None:
-            topic = self._create(name, spec)
+            topic = self._create(name, spec, identity=identity)
             topic.declared = True
             self._idle.pop(topic, None)
         return topic
 
-    def _create(self, name: bytes, spec: TopicSpec, topic_id: int | None = None) -> Topic:
+    def _create(self, name: bytes, spec: TopicSpec, topic_id: int | None = None,
+                identity: LogIdentity | None = None) -> Topic:
         if not name:
             raise EngineError("topic names must not be empty")
         if len(self.topics) >= self.max_topics:
@@ -405,7 +407,7 @@ class Engine:
             started = perf_counter()
             try:
                 self.logs_created += 1
-                log = self.store.open(name, spec, topic_id)
+                log = self.store.open(name, spec, topic_id, identity)
             except SyncFailed:
                 raise
             except StoreError as error:

@@ -67,8 +67,8 @@ class ClusterState:
                 chain.append((epoch, incarnation, tuple(tuple(entry) for entry in lineage)))
                 del chain[:-MAX_EPOCHS_PER_TOPIC]
             return True
-        if kind == "topic":
-            _, name_hex, spec = command
+        if kind == "topic":  # then, from newer brokers, the identity of the leader's log (for its copies)
+            name_hex, spec = command[1], command[2]
             self.topics[name_hex] = spec
             return True
         if kind == "forget_topic":  # then, from newer brokers, the incarnation of the log deleted

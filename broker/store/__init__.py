@@ -240,9 +240,11 @@ class Store(Protocol):
         """Topics found on disk with the spec and topic id stored with them, sorted by name."""
         ...
 
-    def open(self, topic: bytes, spec: TopicSpec, topic_id: int | None = None) -> TopicLog:
+    def open(self, topic: bytes, spec: TopicSpec, topic_id: int | None = None,
+             identity: LogIdentity | None = None) -> TopicLog:
         """Create or open and recover a topic's log, recording ``topic_id`` with it when one is given; the
-        same object if already open."""
+        same object if already open. A log created now takes ``identity`` when one is given (a cluster
+        follower's copy of its leader's log), a fresh one otherwise."""
         ...
 
     def delete(self, topic: bytes) -> bool:

@@ -432,7 +432,8 @@ class FileStore:
         found.sort(key=lambda item: item.name)
         return found
 
-    def open(self, topic: bytes, spec: TopicSpec, topic_id: int | None = None) -> SegmentLog:
+    def open(self, topic: bytes, spec: TopicSpec, topic_id: int | None = None,
+             identity: LogIdentity | None = None) -> SegmentLog:
         """The log of ``topic``: created if new, recovered if it exists. The same object on every call.
 
         If the meta file records other settings than ``spec`` (the configuration changed), or another
@@ -452,7 +453,7 @@ class FileStore:
             del self._failed[topic]
         self._claim()
         try:
-            opened = self._open(topic, spec, topic_id)
+            opened = self._open(topic, spec, topic_id, identity)
         except SyncFailed:
             self._release_if_idle()
             raise
@@ -469,11 +470,13 @@ class FileStore:
         self.files.use(opened)
         return opened
 
-    def _open(self, topic: bytes, spec: TopicSpec, topic_id: int | None) -> SegmentLog:
+    def _open(self, topic: bytes, spec: TopicSpec, topic_id: int | None,
+              given: LogIdentity | None) -> SegmentLog:
         directory = self.root / directory_name(topic)
         created = not directory.is_dir()
+        identity: LogIdentity | None
         if created:
-            identity: LogIdentity | None = LogIdentity.fresh()
+            identity = given or LogIdentity.fresh()
             lost: list[tuple[int, int]] = []
             self._create_directory(directory, topic, spec, topic_id, identity)
             recorded = (spec, topic_id, identity)

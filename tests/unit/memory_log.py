@@ -195,10 +195,13 @@ class MemoryStore:
         return [StoredTopic(name, spec, self.topic_ids.get(name))
                 for name, spec in sorted(self.specs.items())]
 
-    def open(self, topic: bytes, spec: TopicSpec, topic_id: int | None = None) -> MemoryLog:
+    def open(self, topic: bytes, spec: TopicSpec, topic_id: int | None = None,
+             identity: LogIdentity | None = None) -> MemoryLog:
         log = self.logs.get(topic)
         if log is None:
             log = self.logs[topic] = MemoryLog(spec, self.next_id)
+            if identity is not None:
+                log.identity = identity
         log.spec = spec
         log.closed = False
         self.specs[topic] = spec

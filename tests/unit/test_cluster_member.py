@@ -24,6 +24,7 @@ from broker.cluster.raft import Role, _ReplicatedState
 from broker.cluster.state import ClusterState
 from broker.config import BrokerConfig
 from broker.engine import CREATES_PER_TURN, Engine, Topic
+from broker.store import LogIdentity
 from broker.store.files import FileStore, spec_to_json
 from broker.topics import Delivery, Persistence, TopicSpec
 from protocol import mc0
@@ -384,6 +385,49 @@ def test_a_follower_makes_its_copies_of_many_new_topics_a_few_at_a_time(tmp_path
         assert max(made) <= CREATES_PER_TURN
         assert cluster.replicator is not None
         assert cluster.replicator.topics == {b"t%d" % n for n in range(count)}
+    finally:
+        cluster.close()
+        cluster.engine.close()
+
+
+def test_a_follower_makes_its_copy_of_a_new_topic_with_the_leaders_identity(tmp_path: Path) -> None:
+    """Raft's "topic" command carries the identity of the leader's log: a follower's new copy takes it at
+    once, instead of a fresh one it would replace at the first answer (a meta file written twice). A
+    command from an older leader, without it, still makes a copy (with a fresh identity). The leader names
+    its log's identity when it registers a topic it made."""
+    spec = spec_to_json(TopicSpec(persistence=Persistence.PERSISTENT))
+    leaders = "ab" * 16
+
+    async def run() -> Cluster:
+        cluster = member(tmp_path)
+        cluster.on_state(("snapshot",), joined_state())
+        cluster.on_state(("topic", b"new".hex(), spec, leaders, (("cd" * 16, 5),)))
+        cluster.on_state(("topic", b"old".hex(), spec))
+        cluster.on_state(("take_over", PEERS[0], 1, {}))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return cluster
+
+    leader = member(tmp_path / "leader")
+    raft = leader.raft = Submits()  # type: ignore[assignment]
+    leader.serving = True
+    try:
+        made = leader.engine.declare(b"new", TopicSpec(persistence=Persistence.PERSISTENT))
+        assert made.log is not None
+        assert raft.commands == [("topic", b"new".hex(), spec, made.log.identity.incarnation, ())]
+    finally:
+        leader.raft = None
+        leader.close()
+        leader.engine.close()
+
+    cluster = asyncio.run(run())
+    try:
+        copy, older = cluster.engine.topics[b"new"].log, cluster.engine.topics[b"old"].log
+        assert copy is not None
+        assert older is not None
+        assert copy.identity == LogIdentity(leaders, (("cd" * 16, 5),))
+        assert older.identity.incarnation not in (leaders, "cd" * 16)
+        assert cluster._leader_identities == {}
     finally:
         cluster.close()
         cluster.engine.close()
