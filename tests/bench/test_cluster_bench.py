@@ -1,8 +1,8 @@
 """A smoke test of ``python -m bench cluster`` with tiny counts: every figure positive, every confirmation
 fsync, failovers, handovers and a frozen leader timed, no publish failed during a handover, a stopped
-follower's catching up timed, each member's idle CPU taken. It measures nothing (the counts
-are far too small for the ratios to mean anything); it proves that the benchmark still runs against the
-current brokers and connector."""
+follower's catching up timed, each member's idle CPU taken, failovers timed again with those topics. It
+measures nothing (the counts are far too small for the ratios to mean anything); it proves that the
+benchmark still runs against the current brokers and connector."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ def test_cluster_benchmark_runs(tmp_path):
     assert report.catch_up > 0
     assert set(report.idle) == {"leader", "follower"}
     assert all(0 <= share < 2 for share in report.idle.values())  # a share of one core (two at most here)
+    assert len(report.crowded_failovers) == 2
+    assert all(0 < seconds < 60 for seconds in report.crowded_failovers)
     assert report.ratio(1) > 0
     assert report.ratio(100) > 0
     assert list(tmp_path.iterdir()) == []  # the brokers' folders are removed afterwards
