@@ -59,7 +59,7 @@ def shell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Rou
     monkeypatch.setattr(engine_module, "CREATE_SECONDS_PER_TURN", 60.0)  # counted here, not timed
     context = zmq.asyncio.Context()
     socket = context.socket(zmq.ROUTER)
-    engine = Engine(RULES, FileStore(tmp_path / "data"), max_topics=CREATES_PER_TURN + 2)
+    engine = Engine(RULES, FileStore(tmp_path / "data"))
     hub = Hub(engine, monotonic=lambda: 0.0, wall_ms=lambda: 0)
     shell = RouterShell(hub, socket)
     hub.add(shell)
@@ -80,6 +80,14 @@ def turn(router: RouterShell) -> int:
     return router.engine.logs_created - before
 
 
+def turns_until_made(router: RouterShell) -> list[int]:
+    """Turns until no command waits for its topics: the logs each made."""
+    made = [turn(router)]
+    while router.making:
+        made.append(turn(router))
+    return made
+
+
 def puts(count: int, command_id: bytes, start: int = 0) -> mc0.Puts:
     return mc0.Puts([(b"log.t%d" % n, b"x", {}) for n in range(start, start + count)], id=command_id)
 
@@ -88,16 +96,13 @@ def test_a_puts_waits_while_its_topics_are_made_and_its_clients_later_commands_w
     shell: tuple[RouterShell, Wire]
 ) -> None:
     router, wire = shell
-    router.engine.max_topics = 1000
     wire.command(b"a", puts(NEW, b"many"))
     wire.command(b"a", mc0.Noop(id=b"after"))
     wire.command(b"b", mc0.Noop(id=b"other"))
-    made = [turn(router)]
+    assert turn(router) == 0
     assert wire.answers(b"b") == [(b"OK", b"other")], "another client is served at once"
     assert wire.answers(b"a") == []
-    while router.making:
-        made.append(turn(router))
-    assert made == [0, CREATES_PER_TURN, CREATES_PER_TURN, NEW - 2 * CREATES_PER_TURN]
+    assert turns_until_made(router) == [CREATES_PER_TURN, CREATES_PER_TURN, NEW - 2 * CREATES_PER_TURN]
     assert wire.answers(b"a") == [(b"OK", b"many"), (b"OK", b"after")]
     assert all(router.engine.topics[b"log.t%d" % n].next_id == 2 for n in range(NEW))
 
@@ -105,7 +110,6 @@ def test_a_puts_waits_while_its_topics_are_made_and_its_clients_later_commands_w
 def test_what_waits_behind_a_command_is_bounded(shell: tuple[RouterShell, Wire],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     router, wire = shell
-    router.engine.max_topics = 1000
     monkeypatch.setattr(router_module, "MAX_HELD_COMMANDS", 2)
     wire.command(b"a", puts(NEW, b"many"))
     for n in range(4):
@@ -114,23 +118,19 @@ def test_what_waits_behind_a_command_is_bounded(shell: tuple[RouterShell, Wire],
     refused = wire.answers(b"a")
     assert [verb for verb, _ in refused] == [b"ERROR", b"ERROR"]
     assert [command_id for _, command_id in refused] == [b"n2", b"n3"]
-    while router.making:
-        turn(router)
+    turns_until_made(router)
     assert wire.answers(b"a")[2:] == [(b"OK", b"many"), (b"OK", b"n0"), (b"OK", b"n1")]
 
 
 def test_a_topic_that_cannot_be_made_is_refused_by_the_command_once_the_others_are(
     shell: tuple[RouterShell, Wire]
 ) -> None:
-    """max_topics is CREATES_PER_TURN + 2: the command waits one turn of making, then runs and is refused
-    (a batch is refused whole), instead of waiting for a topic nothing will make."""
+    """With room for CREATES_PER_TURN + 2 topics, the command waits while those are made, then runs and is
+    refused (a batch is refused whole), instead of waiting for topics nothing will make."""
     router, wire = shell
+    router.engine.max_topics = CREATES_PER_TURN + 2
     wire.command(b"a", puts(NEW, b"many"))
-    turns = 0
-    while turns == 0 or router.making:
-        turn(router)
-        turns += 1
-        assert turns < 10, "the command waits for ever"
+    assert turns_until_made(router) == [0, CREATES_PER_TURN, 2], "it waits only while topics can be made"
     [(verb, command_id)] = wire.answers(b"a")
     assert (verb, command_id) == (b"ERROR", b"many")
     assert len(router.engine.topics) == CREATES_PER_TURN + 2
@@ -140,7 +140,6 @@ def test_a_client_dropped_while_its_command_waits_leaves_nothing_behind(
     shell: tuple[RouterShell, Wire]
 ) -> None:
     router, wire = shell
-    router.engine.max_topics = 1000
     wire.command(b"a", puts(NEW, b"many"))
     turn(router)
     assert router.making
@@ -153,13 +152,9 @@ def test_a_client_dropped_while_its_command_waits_leaves_nothing_behind(
 
 def test_a_sub_naming_many_new_persistent_topics_waits_too(shell: tuple[RouterShell, Wire]) -> None:
     router, wire = shell
-    router.engine.max_topics = 1000
     topics = [b"log.s%d" % n for n in range(NEW)]
     wire.command(b"a", mc0.Sub(topics, id=b"sub"))
-    made = [turn(router)]
-    while router.making:
-        made.append(turn(router))
-    assert made == [0, CREATES_PER_TURN, CREATES_PER_TURN, NEW - 2 * CREATES_PER_TURN]
+    assert turns_until_made(router) == [0, CREATES_PER_TURN, CREATES_PER_TURN, NEW - 2 * CREATES_PER_TURN]
     assert wire.answers(b"a") == [(b"OK", b"sub")]
     router.engine.publish(b"log.s0", b"x", {}, 0)
     router.hub.flush(0.0)
@@ -171,11 +166,7 @@ def test_a_slow_disk_makes_fewer_topics_a_turn(shell: tuple[RouterShell, Wire],
     """A turn also stops making a waiting command's topics once it has spent CREATE_SECONDS_PER_TURN on them:
     one at least. (A command naming no more than CREATES_PER_TURN runs at once: it makes its own.)"""
     router, wire = shell
-    router.engine.max_topics = 1000
     monkeypatch.setattr(engine_module, "CREATE_SECONDS_PER_TURN", 0.0)  # any topic takes longer than that
     wire.command(b"a", puts(NEW, b"many"))
-    made = [turn(router)]
-    while router.making:
-        made.append(turn(router))
-    assert made == [0] + [1] * NEW
+    assert turns_until_made(router) == [0] + [1] * NEW
     assert wire.answers(b"a") == [(b"OK", b"many")]
