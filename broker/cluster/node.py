@@ -79,6 +79,8 @@ STARTING_FOR = 3.0
 SILENT_AFTER = 10.0
 #: Seconds a new leader waits for each other broker's answer while it takes over.
 ASK_TIMEOUT = 1.0
+#: Topics a new leader asks each other broker about at once (one request each, all in flight together).
+ASK_AT_ONCE = 256
 #: Milliseconds a client is told to wait before it sends a command again while a leader is being chosen.
 RETRY_MS = 100
 #: The same while this broker hands the cluster over, which takes tens of milliseconds.
@@ -913,18 +915,21 @@ class Cluster:
 
         async def one(node: str, link: Link) -> dict[bytes, ReplicaEnd] | None:
             out = {}
+            ordered = sorted(names)
             try:
-                for name in names:
-                    reply = await link.request(mc0.Fetch(name, max_messages=0, replica=self.node.encode(),
-                                                         epoch=epoch), ASK_TIMEOUT)
-                    if isinstance(reply, mc0.Error):
-                        return None
-                    result = mc0.decode_fetch_reply(reply)
-                    incarnation = result.incarnation.decode("ascii", "replace")
-                    lineage = mc0.decode_lineage(reply.headers.get(mc0.LINEAGE, b""))
-                    if incarnation == mc0.NO_INCARNATION.decode():
-                        incarnation = ""
-                    out[name] = ReplicaEnd(node, result.next_id, incarnation, lineage)
+                for first in range(0, len(ordered), ASK_AT_ONCE):
+                    chunk = ordered[first:first + ASK_AT_ONCE]
+                    # All in flight together: one at a time, a round trip each, 500 topics took a take-over
+                    # a quarter of a second per member asked.
+                    replies = await asyncio.gather(*(
+                        link.request(mc0.Fetch(name, max_messages=0, replica=self.node.encode(), epoch=epoch),
+                                     ASK_TIMEOUT) for name in chunk), return_exceptions=True)
+                    for name, reply in zip(chunk, replies, strict=True):
+                        if isinstance(reply, BaseException):
+                            raise reply
+                        if isinstance(reply, mc0.Error):
+                            return None
+                        out[name] = _replica_end(node, reply)
             except (LinkError, ProtocolError):
                 return None
             return out
@@ -1008,6 +1013,17 @@ class Cluster:
                          for name, replicas in self.positions.items()},
             "heard": {node: round(now - when, 3) for node, when in self.heard.items()},
         }
+
+
+def _replica_end(node: str, reply: mc0.Ok) -> ReplicaEnd:
+    """What ``node`` holds of a topic, from its answer to a replica FETCH of nothing (ProtocolError if that
+    answer is not one)."""
+    result = mc0.decode_fetch_reply(reply)
+    incarnation = result.incarnation.decode("ascii", "replace")
+    if incarnation == mc0.NO_INCARNATION.decode():
+        incarnation = ""
+    lineage = mc0.decode_lineage(reply.headers.get(mc0.LINEAGE, b""))
+    return ReplicaEnd(node, result.next_id, incarnation, lineage)
 
 
 def _same_log(identity: LogIdentity, incarnation: str) -> bool:
