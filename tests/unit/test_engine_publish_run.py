@@ -13,7 +13,7 @@ import pytest
 from memory_log import MemoryLog, MemoryStore
 
 from broker.engine import Engine, EngineError, Message, Subscriber
-from broker.store import StoreError
+from broker.store import LogIdentity, StoreError
 from broker.store.files import FileStore, directory_name
 from broker.topics import Persistence, Sync, TopicRule, TopicRules, TopicSpec
 
@@ -120,7 +120,8 @@ class FailingLog(MemoryLog):
 
 
 class FailingStore(MemoryStore):
-    def open(self, topic: bytes, spec: TopicSpec, topic_id: int | None = None) -> MemoryLog:
+    def open(self, topic: bytes, spec: TopicSpec, topic_id: int | None = None,
+             identity: LogIdentity | None = None) -> MemoryLog:
         log = self.logs.get(topic)
         if log is None:
             log = self.logs[topic] = FailingLog(spec, self.next_id)
