@@ -296,7 +296,6 @@ class Engine:
         # (made_enough).
         self.logs_created = 0
         self.create_seconds = 0.0
-        self._logs_synced = 0  # logs_created when the store last made its new topics durable
         self._ready: list[Subscriber] = []
         self._dirty: list[Topic] = []
         #: Names of the topics the last :meth:`commit` wrote: what became readable (waiting reads watch it).
@@ -1010,8 +1009,7 @@ class Engine:
             self.failed = {}
         if self._ahead:
             self._ahead.clear()
-        if self.logs_created != self._logs_synced and self.store is not None:
-            self._logs_synced = self.logs_created
+        if self.store is not None:
             self.store.sync_created()  # the new topics exist for good before anything in them is confirmed
         dirty = self._dirty
         released, self._released = self._released, []
