@@ -1,9 +1,11 @@
 """mc0 client sessions and their heartbeat rules, with time as an argument (no clock, no socket).
 
 A session exists for every ROUTER identity we have heard from (the reference brokers create state lazily, so
-the first command may be any verb). The rules come from the reference brokers: the broker sends NOOP to a
-client it has sent nothing to for 0.95 x TTL, and forgets a client it has heard nothing from for 1.05 x TTL.
-A client that gave no TTL never expires.
+the first command may be any verb). The broker forgets a client it has heard nothing from for 1.05 x TTL
+(the reference brokers' rule), and sends NOOP to a client it has sent nothing to for half its TTL (our
+choice: the reference brokers wait 0.95 x TTL, which leaves a client that gives up at 1.05 x TTL a tenth of
+its TTL of slack, less than one turn held up by a slow disk or a busy machine; see ``docs/mc0.md``). A client
+that gave no TTL never expires.
 
 A client that gave no TTL is not expired by these rules, but it is not kept forever either (our rule, see
 ``docs/mc0.md``): once nothing has been heard from it for ``session_idle`` seconds it is probed with a NOOP,
@@ -26,11 +28,14 @@ from broker.engine import Message, Subscriber
 if TYPE_CHECKING:
     from broker.router import RouterShell
 
-#: Fractions of the client's TTL from the reference brokers (mc0d.rb and the C++ broker).
-NOOP_AFTER = 0.95
+#: Fractions of the client's TTL. Expiry is the reference brokers' (mc0d.rb and the C++ broker); they send
+#: NOOP at 0.95 x TTL, we at half of it, as RabbitMQ sends its heartbeats: a three-broker cluster's clients
+#: (TTL 3 s) left a leader whose NOOP a loaded machine delayed by 0.3 s past 0.95 x TTL, and failed a thousand
+#: publishes in flight with them.
+NOOP_AFTER = 0.5
 EXPIRE_AFTER = 1.05
-#: Heartbeat checks run at least every 5% of the shortest TTL, so a NOOP leaves between 0.95 and 1.0 x TTL,
-#: before the client's own patience (1.05 x TTL) runs out; never more often than every 2 ms.
+#: Heartbeat checks run at least every 5% of the shortest TTL, so a NOOP leaves between 0.5 and 0.55 x TTL,
+#: long before the client's own patience (1.05 x TTL) runs out; never more often than every 2 ms.
 TICK_FRACTION = 0.05
 MIN_TICK = 0.002
 

@@ -56,7 +56,7 @@ LEADER_GONE_FOR = 0.3
 #: The heartbeat TTL (ms) when a client is not given one (``ttl="auto"``): a broker that falls silent is left
 #: after 1.05 x it. One broker: 30 s. A cluster's members: 3 s, so that a leader whose machine died, froze or
 #: was cut off (its connections never close, as a killed process's do) is left for the new leader within
-#: seconds of the election (0.5-1 s), not half a minute later; the NOOPs it costs, one each way every 2.85 s
+#: seconds of the election (0.5-1 s), not half a minute later; the NOOPs it costs, one each way every 1.5 s
 #: on an idle connection, are nothing to either side.
 TTL_MS = 30_000
 CLUSTER_TTL_MS = 3_000

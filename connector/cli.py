@@ -34,7 +34,7 @@ from connector.msgq_client import DEFAULT_PORT as MSGQ_PORT
 from connector.rstreams_client import DEFAULT_PORT as RSTREAMS_PORT
 from connector.sexp_client import DEFAULT_PORT as SEXP_PORT
 
-#: ``mc0 sub`` heartbeats at 0.95 x this and the broker drops it after 1.05 x this of silence: a killed
+#: ``mc0 sub`` heartbeats at half this and the broker drops it after 1.05 x this of silence: a killed
 #: subscriber leaves the topics' subscriber counts within about 5 s (the library's default is 30 s).
 SUBSCRIBER_TTL_MS = 5_000
 #: Runs at least this long get a progress bar on stderr.

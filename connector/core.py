@@ -36,6 +36,12 @@ COLUMNS_MIN = 256
 #: Message ids per ACK frame set at most: one frame per id, and a consumer acking a huge backlog at once
 #: should not build a single frame set of a million frames.
 ACK_MAX_IDS = 1024
+#: Heartbeats, as fractions of the TTL: a NOOP after half of it without sending (the reference connector waits
+#: 0.95 x TTL, a tenth of a TTL short of the broker's patience: a client whose process is busy elsewhere, its
+#: I/O thread waiting for the interpreter, would be dropped), and the broker taken for gone after 1.05 x TTL
+#: without a frame from it (the reference rule).
+NOOP_AFTER = 0.5
+SILENT_AFTER = 1.05
 #: Where a subscription may start (see mc0.Sub.replay).
 REPLAY_WORDS = (mc0.REPLAY_BEGINNING, mc0.REPLAY_CURRENT)
 
@@ -668,13 +674,14 @@ class ClientCore:
         self.last_sent = now
 
     def noop_due(self, now: float) -> bool:
-        return self.ttl is not None and now - self.last_sent >= 0.95 * self.ttl
+        return self.ttl is not None and now - self.last_sent >= NOOP_AFTER * self.ttl
 
     def broker_silent(self, now: float) -> bool:
-        return self.ttl is not None and now - self.last_heard > 1.05 * self.ttl
+        return self.ttl is not None and now - self.last_heard > SILENT_AFTER * self.ttl
 
     def next_timer(self, now: float) -> float | None:
         """Seconds until a heartbeat decision is due (None: no TTL, no timers)."""
         if self.ttl is None:
             return None
-        return max(0.0, min(self.last_sent + 0.95 * self.ttl, self.last_heard + 1.05 * self.ttl) - now)
+        due = min(self.last_sent + NOOP_AFTER * self.ttl, self.last_heard + SILENT_AFTER * self.ttl)
+        return max(0.0, due - now)

@@ -1,4 +1,4 @@
-"""TTL heartbeats on real sockets: the broker's NOOP after 0.95 x TTL of silence towards a client, and the
+"""TTL heartbeats on real sockets: the broker's NOOP after half a TTL of silence towards a client, and the
 drop of a client (with all its subscriptions) after 1.05 x TTL of silence from it. A client without TTL never
 expires.
 
@@ -47,14 +47,14 @@ def keep_alive(peer: Peer, seconds: float, every: float) -> list[bytes]:
     return verbs
 
 
-def test_noop_after_095_ttl_of_silence_towards_the_client(fast_broker: Broker, dealer: DealerFactory) -> None:
+def test_noop_after_half_a_ttl_of_silence(fast_broker: Broker, dealer: DealerFactory) -> None:
     peer = dealer(fast_broker.endpoint)
     peer.connect(ttl=400)  # the OK is the last thing the broker sent
     sent_ok = time.monotonic()
     frames = peer.recv_raw(1.0)
     waited = time.monotonic() - sent_ok
     assert frames == [b"", b"NOOP"]
-    assert 0.95 * 0.4 - 0.03 <= waited <= 0.95 * 0.4 + 0.3, waited
+    assert 0.5 * 0.4 - 0.03 <= waited <= 0.5 * 0.4 + 0.3, waited
 
 
 def test_noop_keeps_the_clients_framing(fast_broker: Broker, dealer: DealerFactory) -> None:
@@ -157,9 +157,9 @@ def test_client_that_keeps_sending_noop_stays(fast_broker: Broker, dealer: Deale
     publisher = dealer(fast_broker.endpoint)
     publisher.connect()
     verbs = keep_alive(lively, seconds=1.6, every=0.15)
-    # It never went quiet, so it stays; the broker had nothing to say, so it sent NOOP about every 0.475 s.
+    # It never went quiet, so it stays; the broker had nothing to say, so it sent NOOP about every 0.25 s.
     assert set(verbs) == {b"NOOP"}
-    assert 2 <= len(verbs) <= 4, verbs
+    assert 4 <= len(verbs) <= 7, verbs
     stats = publisher.stats()
     assert stats["doors"]["mc0"]["expired"] == 0
     assert stats["topics"]["hb"]["subscribers"] == 1
@@ -174,6 +174,6 @@ def test_noop_with_id_is_answered_and_counts_as_traffic(fast_broker: Broker, dea
     while time.monotonic() < end:
         reply = peer.ok("NOOP")  # the OK is traffic towards the client too, so no NOOP from the broker
         assert reply.frames == [b"OK", b"ID", reply.header("ID")]
-        time.sleep(0.1)
-    peer.expect_silence(0.2)
+        time.sleep(0.05)
+    peer.expect_silence(0.1)  # the last OK 0.15 s ago at the end of it; a NOOP would be due at 0.2
     assert peer.stats()["doors"]["mc0"]["expired"] == 0

@@ -829,22 +829,22 @@ def test_receive_random_batches_never_raises(entries: list[object]) -> None:
 # ------------------------------------------------------------------------------------------------- heartbeats
 
 
-def test_noop_due_at_095_ttl_since_the_last_send() -> None:
+def test_noop_due_at_half_the_ttl_since_the_last_send() -> None:
     core = ClientCore(1000)
     core.connect(100.0)
     assert not core.noop_due(100.0)
-    assert not core.noop_due(100.0 + 0.949)
-    assert core.noop_due(100.0 + 0.95)
+    assert not core.noop_due(100.0 + 0.499)
+    assert core.noop_due(100.0 + 0.5)
     core.sent(100.5)
-    assert not core.noop_due(100.5 + 0.949)
-    assert core.noop_due(100.5 + 0.951)
+    assert not core.noop_due(100.5 + 0.499)
+    assert core.noop_due(100.5 + 0.501)
 
 
 def test_hearing_from_the_broker_does_not_postpone_our_noop() -> None:
     core = ClientCore(1000)
     core.connect(0.0)
-    core.receive([b"", b"NOOP"], 0.9)
-    assert core.noop_due(0.96)
+    core.receive([b"", b"NOOP"], 0.4)
+    assert core.noop_due(0.51)
 
 
 def test_broker_silent_after_105_ttl_since_last_heard() -> None:
@@ -876,11 +876,11 @@ def test_any_frame_set_counts_as_hearing_from_the_broker() -> None:
 def test_next_timer_is_the_earlier_of_noop_and_silence() -> None:
     core = ClientCore(1000)
     core.connect(10.0)
-    assert core.next_timer(10.0) == pytest.approx(0.95)
-    core.sent(10.5)
-    assert core.next_timer(10.5) == pytest.approx(1.05 - 0.5)  # silence deadline at 11.05 comes first
-    core.receive([b"", b"NOOP"], 10.6)
-    assert core.next_timer(10.6) == pytest.approx(0.95 - 0.1)  # noop deadline at 11.45 now comes first
+    assert core.next_timer(10.0) == pytest.approx(0.5)
+    core.sent(10.8)
+    assert core.next_timer(10.8) == pytest.approx(1.05 - 0.8)  # silence deadline at 11.05 comes first
+    core.receive([b"", b"NOOP"], 10.9)
+    assert core.next_timer(10.9) == pytest.approx(0.5 - 0.1)  # noop deadline at 11.3 now comes first
     assert core.next_timer(20.0) == 0.0  # overdue: never negative
 
 

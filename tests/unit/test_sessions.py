@@ -21,9 +21,9 @@ def make(ttl: float | None = TTL, identity: bytes = b"client") -> tuple[Sessions
     return sessions, session
 
 
-def test_the_fractions_are_the_reference_brokers() -> None:
-    assert NOOP_AFTER == 0.95
+def test_expiry_is_the_reference_brokers_and_the_noop_leaves_half_a_ttl_of_slack() -> None:
     assert EXPIRE_AFTER == 1.05
+    assert NOOP_AFTER == 0.5
 
 
 def test_get_or_create_makes_one_session_per_identity() -> None:
