@@ -9,9 +9,10 @@ in who leads or how many brokers this one reaches (``on_role``). The loop submit
 same way, and asks for a leadership transfer with :meth:`RaftNode.transfer`, which PySyncObj's thread makes
 on its next tick.
 
-What PySyncObj's Raft lacks, this module adds around it: pre-vote (:mod:`broker.cluster.prevote`), and a
-leader that appends nothing others forward while its leadership transfer is under way
-(:meth:`RaftNode._receive`).
+What PySyncObj's Raft lacks, this module adds around it: pre-vote (:mod:`broker.cluster.prevote`), a leader
+that appends nothing others forward while its leadership transfer is under way (:meth:`RaftNode._receive`),
+and a follower that cuts no entries it holds for an appendEntries that repeats them
+(:mod:`broker.cluster.appends`).
 
 Raft's own log lives in the data directory (``.cluster/raft.journal`` and ``.cluster/raft.dump``), so a
 restarted broker keeps its term, its vote and the state. With CURVE on, PySyncObj's ``password`` option
@@ -37,6 +38,7 @@ from typing import Any
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, journal, replicated
 from pysyncobj import pickle as pysyncobj_pickle
 
+from broker.cluster.appends import without_held_entries
 from broker.cluster.prevote import PreVote, raft_now
 from broker.cluster.state import ClusterState
 from broker.repeats import hold_repeats
@@ -270,16 +272,23 @@ class RaftNode:
             self._post(self._on_role, role)
 
     def _receive(self, node: Any, message: Any) -> None:
-        """Raft messages from the other brokers. While a transfer this leader asked for may be under way, a
-        command another broker forwards is refused at once (Raft's rule for a leader handing over: the
-        thesis, section 3.10): appended after the TimeoutNow left, it would make the target's log shorter than
-        the others', they would refuse it their votes, and the hand-over would wait an election timeout. The
-        sender's callback gets the refusal and the broker sends it again later (a join, a position report)."""
+        """Raft messages from the other brokers. An appendEntries overlapping entries this broker holds loses
+        those entries, so PySyncObj cuts none it need not (:mod:`broker.cluster.appends`). While a transfer
+        this leader asked for may be under way, a command another broker forwards is refused at once (Raft's
+        rule for a leader handing over: the thesis, section 3.10): appended after the TimeoutNow left, it
+        would make the target's log shorter than the others', they would refuse it their votes, and the
+        hand-over would wait an election timeout. The sender's callback gets the refusal and the broker sends
+        it again later (a join, a position report)."""
         if (isinstance(message, dict) and message.get("type") == "apply_command" and "request_id" in message
                 and time.monotonic() < self._transferring_until and self._sync._isLeader()):
             self._transport.send(node, {"type": "apply_command_response", "request_id": message["request_id"],
                                         "error": FAIL_REASON.REQUEST_DENIED})
             return
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            entries = self._sync._SyncObj__raftLog  # type: ignore[attr-defined] - PySyncObj's own log
+            first, last = entries[0][1], entries[-1][1]
+            message = without_held_entries(
+                message, last, lambda index: entries[index - first][2] if first <= index <= last else None)
         self.prevote.receive(node, message)
 
     def _post(self, callback: Callable[..., None], *arguments: Any) -> None:
