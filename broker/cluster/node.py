@@ -965,6 +965,10 @@ class Cluster:
             self.engine.truncate(name, cut)
             log.warning("taking over: cut topic %r from id %d (the most up-to-date replica, %s, does not "
                         "hold that suffix)", name.decode("utf-8", "replace"), cut, best.node)
+        # Before the copy: the store records an identity before anything written under it, and what is copied
+        # next is that replica's.
+        self.store.set_identity(name, LogIdentity(best.incarnation, best.lineage) if best.incarnation
+                                else topic.log.identity)
         link = links[best.node]
         while topic.next_id < best.next_id:
             reply = await link.request(
@@ -983,8 +987,6 @@ class Cluster:
             self.flush()
             if name in self.engine.failed:  # not stored (a full disk): asking again would fail the same way
                 raise StoreError(self.engine.failed[name])
-        self.store.set_identity(name, LogIdentity(best.incarnation, best.lineage) if best.incarnation
-                                else topic.log.identity)
         log.info("taking over: topic %r copied from %s up to id %d", name.decode("utf-8", "replace"),
                  best.node, topic.next_id - 1)
 

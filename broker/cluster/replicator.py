@@ -121,7 +121,8 @@ class Replicator:
         self.templates: dict[bytes, tuple[tuple[bytes, bool, int], mc0.FetchTemplate]] = {}
         self.retries: dict[bytes, asyncio.TimerHandle] = {}
         self.failing: dict[bytes, int] = {}  # topics whose last writes failed, and how many in a row
-        self.copied = 0  # records appended so far
+        self.copied = 0  # records copied and committed so far
+        self._appended: dict[bytes, int] = {}  # records appended per topic, their commit under way
         self.closed = False
         # FETCHes go PACKED (6 frames instead of 22, and 8 instead of 18 back) until the leader refuses one
         # before it answered any: a broker from before PACKED, which refuses it for want of a TOPIC; then
@@ -177,9 +178,11 @@ class Replicator:
     def _committed(self, topic: bytes) -> None:
         """What was copied is committed: ask for more at once. Unless the commit failed (the log says why,
         once): see :meth:`_after_failure`."""
+        appended = self._appended.pop(topic, 0)
         if topic in self.engine.failed:
             self._after_failure(topic)
             return
+        self.copied += appended
         self.failing.pop(topic, None)
         self._ask(topic)
 
@@ -273,7 +276,7 @@ class Replicator:
             record_producers(local.log, reply.headers.get(mc0.PRODUCERS), records.start_id,
                              records.start_id + records.count)
             self.engine.append_replicated(topic, records.payload, records.start_id, records.count)
-            self.copied += records.count
+            self._appended[topic] = records.count
         return True
 
     def close(self) -> None:

@@ -145,6 +145,10 @@ class SegmentLog:
         self._segment_bytes = spec.segment_bytes
         self._pack = msgpack.Packer(use_bin_type=True).pack
         self.identity = LogIdentity.fresh()  # the store sets the one recorded with the log
+        # Set by the store when ``identity`` changed and its meta file does not say so yet: it records it, and
+        # runs before anything else is written to this log (its records must never sit under the identity
+        # they replaced), or at close.
+        self.identity_owed: Callable[[], None] | None = None
         self.created = False  # no segment was found at open: a new log (or one whose files were lost)
         self._closed = False
         self._failure: StoreError | None = None  # why the log could not be opened again after a failure
@@ -622,6 +626,7 @@ class SegmentLog:
         """Delete or cut the segments from ``from_id`` on and fsync them and the directory; with nothing
         left, an empty segment goes on at ``go_on_at``. Then the state is read back from the files."""
         self._use()
+        self._record_identity()
         self.sync()  # what is buffered goes to the files first: one state to cut, the files'
         self._forget_places()
         kept = 0
@@ -687,6 +692,7 @@ class SegmentLog:
         """Write everything buffered: full segments first (sealing them), then the active one, then acks."""
         if self._closed:
             raise StoreError(f"{self.directory}: the log is closed")
+        self._record_identity()
         producers = self.producers
         if producers.pending:
             # Before the messages they describe: a message on disk must never lack its producer record, or a
@@ -712,6 +718,14 @@ class SegmentLog:
             active.last_timestamp = self._last_timestamp
         self._written_next_id = self._next_id
         self._acks.write()
+
+    def _record_identity(self) -> None:
+        """The store's record of a new identity, if one is owed: before this log's files change again. Kept
+        owed when it fails (StoreError), so that the write it came before fails too, and the next one tries
+        again."""
+        if self.identity_owed is not None:
+            self.identity_owed()
+            self.identity_owed = None
 
     def _seal(self, segment: Segment) -> None:
         """Make a full segment durable with its index before anything lands in the next one."""
@@ -815,6 +829,7 @@ class SegmentLog:
             return
         try:
             if self._failure is None:
+                self._record_identity()
                 self._trim()
                 self.sync()
         finally:

@@ -88,7 +88,7 @@ def test_a_member_elected_that_cannot_write_gives_the_leadership_away(
         start_broker: BrokerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     """Raft elects a member whose disk is full (here: the leader hands it Raft's leadership): it cannot copy
-    what it lacks nor record its logs' new identity, so it cannot take the cluster over. It hands Raft's
+    what it lacks, so it cannot take the cluster over. It hands Raft's
     leadership to another member at once, instead of staying Raft's leader without serving while nobody else
     can lead, and says so once."""
     caplog.set_level(logging.INFO, logger="mc0.cluster")
@@ -122,9 +122,11 @@ def test_a_member_elected_that_cannot_write_gives_the_leadership_away(
 def test_with_every_disk_full_the_leadership_is_not_passed_round_and_comes_back_with_room(
         start_broker: BrokerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    """Every member's writes fail: the leader hands over once, the member elected gives Raft's leadership
-    away once, and then a member elected again tries to take over again instead of passing it on (a few
-    lines in the logs, not a line per election); with room again, the cluster serves and nothing is lost."""
+    """Every member's writes fail: the leader hands over once; the member elected takes over (it lacks
+    nothing: its logs' new identities are recorded at their next write, which fails as any write does) or
+    gives Raft's leadership away once, and a member elected again tries to take over again instead of
+    passing it on (a few lines in the logs, not a line per election); with room again, the cluster serves
+    and nothing is lost."""
     caplog.set_level(logging.INFO, logger="mc0.cluster")
     brokers = _three(start_broker, tmp_path)
     _leader(brokers)
@@ -141,4 +143,4 @@ def test_with_every_disk_full_the_leadership_is_not_passed_round_and_comes_back_
     handed = [line for line in said if "handing the cluster to a follower" in line]
     gave_way = [line for line in said if "cannot take the cluster over" in line]
     assert len(handed) == 1, handed
-    assert 1 <= len(gave_way) <= 2, gave_way  # at most once for each of the other two in 30 s
+    assert len(gave_way) <= 2, gave_way  # at most once for each of the other two in 30 s

@@ -269,19 +269,20 @@ def test_a_copy_that_cannot_record_the_leaders_identity_waits_and_the_broker_goe
         leader: Engine, follower: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
         tmp_path: Path) -> None:
     """The first answer from a leader makes the copy take its log identity, written in the topic's meta
-    file: on a full disk that fails. The copy waits and tries again (it used to stop the broker as a failed
-    fsync does), said once; with room again it copies."""
+    file before the records copied under it: on a full disk that fails, and so does the commit of the
+    records. The copy waits and tries again (it used to stop the broker as a failed fsync does), said once;
+    with room again it copies."""
     monkeypatch.setattr(replicator_module, "RETRY", 0.02)
-    caplog.set_level(logging.DEBUG, logger="mc0.cluster")
+    caplog.set_level(logging.DEBUG)
 
     async def run() -> None:
         link, failures, replicator = following(follower, leader)
         await _answered_on_a_full_disk(link, leader, 2, 1, monkeypatch, tmp_path / "follower")
         assert not failures  # the broker goes on
-        said = [r for r in caplog.records if r.name == "mc0.cluster" and r.levelno >= logging.WARNING]
+        said = [r for r in caplog.records if r.name.startswith("mc0.") and r.levelno >= logging.WARNING]
         assert len(said) == 1
+        assert "topic.json" in said[0].getMessage()
         assert "No space left on device" in said[0].getMessage()
-        assert "trying again" in said[0].getMessage()
         link.asked[-1][1](answer_from(leader, link.asked[-1][0]))
         assert link.asked[-1][0].start == 2
         assert replicator.copied == 1

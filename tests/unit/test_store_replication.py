@@ -13,6 +13,7 @@ import pytest
 
 from broker.engine import Message
 from broker.store import LogIdentity, StoreError
+from broker.store import files as files_module
 from broker.store import log as log_module
 from broker.store.files import FileStore, read_topic_meta
 from broker.store.log import COPY_BULK_MIN, COPY_UNIFORM_MIN, SegmentLog
@@ -324,16 +325,76 @@ def test_producer_entries_for_a_range(tmp_path: Path) -> None:
     assert again.producers.entries(1, 20) == []
 
 
-def test_a_log_takes_another_identity_durably(tmp_path: Path) -> None:
+def test_a_log_takes_another_identity_recorded_before_its_next_write(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    log = store.open(TOPIC, SPEC)
+    first = log.identity
+    log.append(Message(TOPIC, 1, b"before", {}, 1000))
+    log.commit()
+    successor = first.successor(2)
+    store.set_identity(TOPIC, successor)
+    assert log.identity == successor  # answered at once
+    assert read_topic_meta(tmp_path / "t").identity == first  # the files hold a prefix of both logs
+    log.append(Message(TOPIC, 2, b"after", {}, 1000))
+    log.commit()
+    assert read_topic_meta(tmp_path / "t").identity == successor
+    store.close()
+    again = FileStore(tmp_path)
+    reopened = again.open(TOPIC, SPEC)
+    assert reopened.identity == successor
+    assert bodies(reopened) == [(1, b"before"), (2, b"after")]
+    with pytest.raises(StoreError):
+        again.set_identity(b"never-opened", LogIdentity.fresh())
+    again.close()
+
+
+def test_an_identity_nothing_was_written_under_is_recorded_at_close(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     log = store.open(TOPIC, SPEC)
     successor = log.identity.successor(1)
     store.set_identity(TOPIC, successor)
-    assert log.identity == successor
+    store.close()
+    assert read_topic_meta(tmp_path / "t").identity == successor
+
+
+def test_an_identity_that_cannot_be_recorded_stops_the_write_under_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FileStore(tmp_path)
+    log = store.open(TOPIC, SPEC)
+    first = log.identity
+    successor = first.successor(1)
+    store.set_identity(TOPIC, successor)
+    real = files_module.write_file_atomically
+
+    def full_disk(path: Path, data: bytes) -> None:
+        raise StoreError(f"{path}: cannot write: [Errno 28] No space left on device")
+
+    monkeypatch.setattr(files_module, "write_file_atomically", full_disk)
+    log.append(Message(TOPIC, 1, b"x", {}, 1000))
+    with pytest.raises(StoreError, match="No space left"):
+        log.commit()
+    assert log.next_id == 1  # nothing of it reached the files under the old identity
+    assert read_topic_meta(tmp_path / "t").identity == first
+    monkeypatch.setattr(files_module, "write_file_atomically", real)
+    log.append(Message(TOPIC, 1, b"x", {}, 1000))
+    log.commit()  # owed still: recorded now, before the record
+    assert read_topic_meta(tmp_path / "t").identity == successor
+    assert bodies(log) == [(1, b"x")]
+    store.close()
+
+
+@pytest.mark.parametrize("cut", ["truncate", "restart_at"])
+def test_a_cut_under_a_new_identity_records_it_first(tmp_path: Path, cut: str) -> None:
+    store = FileStore(tmp_path)
+    log = store.open(TOPIC, SPEC)
+    for n in range(1, 6):
+        log.append(Message(TOPIC, n, b"y", {}, 1000))
+    log.commit()
+    successor = log.identity.successor(3)
+    store.set_identity(TOPIC, successor)
+    if cut == "truncate":
+        log.truncate(3)
+    else:
+        log.restart_at(20)
     assert read_topic_meta(tmp_path / "t").identity == successor
     store.close()
-    again = FileStore(tmp_path)
-    assert again.open(TOPIC, SPEC).identity == successor
-    with pytest.raises(StoreError):
-        again.set_identity(b"never-opened", LogIdentity.fresh())
-    again.close()
