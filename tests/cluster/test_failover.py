@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_harness import Cluster, cluster_factory  # noqa: F401 - the fixture
+from cluster_harness import Cluster, careful_publish, cluster_factory  # noqa: F401 - the fixture
 
-from broker.store.files import FileStore
+from broker.store.files import FileStore, directory_name, read_topic_meta
 from broker.topics import Persistence, Sync, TopicSpec
 from connector import Client, ConnectorError
 from connector.base import CLUSTER_TTL_MS
@@ -190,6 +190,42 @@ def test_sigkill_the_leader_ten_times_loses_and_repeats_nothing(cluster_factory)
     failovers.sort()
     print(f"\n{KILLS} failovers (kill -> first confirmed publish): p50 {statistics.median(failovers):.2f} s, "
           f"max {failovers[-1]:.2f} s; publisher retries {publisher.retries}; {len(log)} messages")
+
+
+@pytest.mark.timeout(180)
+def test_a_new_leader_killed_before_it_wrote_anything_comes_back_under_the_old_identity(
+    cluster_factory,  # noqa: F811
+) -> None:
+    """A take-over gives the topic's log a new identity, recorded in its files only before the next write
+    (docs/storage.md, "Log identity"). A new leader killed before it wrote anything comes back with the old
+    identity in its files, which hold a prefix of both logs: it rejoins, and nothing confirmed is lost or
+    repeated, no id names two messages, every replica agrees."""
+    cluster: Cluster = cluster_factory()
+    first = cluster.settled()
+    with Client(cluster.endpoints, **cluster.client_options(), timeout=10) as client:
+        for n in range(5):
+            client.publish(TOPIC, f"{n}", confirm=True)
+        old = client.fetch(TOPIC, 1).incarnation
+    cluster.kill(first)
+    second = cluster.leader(exclude=(first,))
+    with Client(second.endpoint, **cluster.client_options(), timeout=10) as client:
+        taken = client.fetch(TOPIC, 1).incarnation
+    assert taken != old  # the new epoch's identity, answered at once
+    cluster.kill(second)
+    meta = read_topic_meta(second.data_dir / directory_name(TOPIC.encode()))
+    assert meta.identity.incarnation == old  # never recorded: nothing was written under it
+    cluster.start(first)
+    cluster.start(second)
+    cluster.settled()
+    with Client(cluster.endpoints, **cluster.client_options(), timeout=10) as client:
+        for n in range(5, 10):
+            careful_publish(client, TOPIC, f"{n}")
+        log = [(message.id, message.body) for message in client.fetch(TOPIC, 1).messages]
+    assert log == [(n + 1, b"%d" % n) for n in range(10)]
+    cluster.stop_all()
+    for member in cluster.members:
+        held = _stored(member.data_dir)
+        assert held == log[:len(held)], f"broker {member.index} holds other messages"
 
 
 @pytest.mark.timeout(240)
