@@ -150,7 +150,6 @@ class DescriptorWatch:
         """One count, and the doors paused or resumed by it; returns the seconds until the next count."""
         started = time.perf_counter()
         used = self.count()
-        cost = time.perf_counter() - started
         if used is None:
             return SLOWEST
         if used == NONE_LEFT:  # not one left to count with: as when the store cannot open a file
@@ -159,6 +158,9 @@ class DescriptorWatch:
             return FASTEST
         self.in_use = used
         others = used - self.store_open()  # the store's own are within its bound
+        # The store's count is part of the cost: a sum over every open log, as long as the listing itself
+        # (0.45 ms each with 500 persistent topics open).
+        cost = time.perf_counter() - started
         shares = self.shares
         if not self.paused and others >= shares.pause_at:
             self._pause(f"{used} of {shares.limit} descriptors in use")
