@@ -22,7 +22,7 @@ before the first conflict. Where every entry is held and the follower holds more
   nothing is cut and nothing is claimed that the leader lacks;
 - otherwise (entries of an older term beyond the message, while a new leader sets the follower's log right)
   the message is left as it is: claiming those entries could claim some the leader does not have, and
-  PySyncObj cuts them, as Raft would at the next message if they conflict.
+  PySyncObj cuts them (Raft would keep those that match and cut the rest at the next message).
 
 Pure: the log is given as its last index and a lookup of terms; :class:`broker.cluster.raft.RaftNode` applies
 it in PySyncObj's thread, to PySyncObj's own log.

@@ -512,7 +512,7 @@ class FileStore:
         new identity, and writing them all at once (two fsyncs each) made it grow with the topics, 0.5 s for
         500 on each broker. Until then the files hold a prefix of both identities' logs (the new one's lineage
         says so), so a broker that stops before it is recorded comes back under the old one with nothing
-        wrong: what neither may have in common, messages it writes next, waits for the record."""
+        misnamed; what only the new one may claim, the messages written next, waits for the record."""
         segment_log = self._logs.get(topic)
         if segment_log is None:
             raise StoreError(f"topic {topic!r} has no open log")
