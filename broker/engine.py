@@ -1020,16 +1020,22 @@ class Engine:
         self._dirty = []
         messages = 0
         self.committed = [topic.name for topic in dirty] + released
+        failures: dict[Topic, StoreError] = {}
+        committing: list[Topic] = []
         for topic in dirty:
             topic.dirty = False
-            try:
-                failed = self._ahead_failed.pop(topic, None) if self._ahead_failed else None
-                if failed is not None:
-                    raise failed
-                topic.log.commit()  # type: ignore[union-attr] - only topics with a log are marked dirty
-            except SyncFailed:
-                raise
-            except StoreError as error:
+            failed = self._ahead_failed.pop(topic, None) if self._ahead_failed else None
+            if failed is not None:
+                failures[topic] = failed
+            else:
+                committing.append(topic)
+        assert self.store is not None  # only topics with a log are marked dirty, and logs come from the store
+        logs = [topic.log for topic in committing]
+        for position, error in self.store.commit_many(logs).items():  # type: ignore[arg-type] - logs, not None
+            failures[committing[position]] = error
+        for topic in dirty:
+            error = failures.get(topic)
+            if error is not None:
                 self._take_back(topic, error)
                 topic.committed_id = topic.next_id  # taken back: nothing of the turn was stored
                 continue

@@ -256,4 +256,9 @@ class Store(Protocol):
         confirmed)."""
         ...
 
+    def commit_many(self, logs: Sequence[TopicLog]) -> dict[int, StoreError]:
+        """Commit each of ``logs`` (the turn's group commit, :meth:`TopicLog.commit`); the positions of
+        those whose commit failed, and why. SyncFailed is raised."""
+        ...
+
     def close(self) -> None: ...

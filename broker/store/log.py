@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -98,6 +99,8 @@ COPY_BULK_MIN = 32
 READ_CHUNK_MESSAGES = 4096
 #: Read positions remembered for sequential readers (each may hold a chunk of up to MAX_READ_CHUNK).
 MAX_CURSORS = 4
+#: Taken around the fsync-time histogram: FileStore.commit_many fsyncs several logs at once.
+_OBSERVING = threading.Lock()
 #: The ack journal, beside the segments.
 ACK_FILE = "queue.acks"
 
@@ -752,7 +755,8 @@ class SegmentLog:
         assert segment.fd is not None
         started = perf_counter()
         fsync(segment.fd, segment.path)
-        self.fsync_seconds.observe(perf_counter() - started)
+        with _OBSERVING:  # the store's histogram, shared by logs fsynced at once in threads
+            self.fsync_seconds.observe(perf_counter() - started)
         self.fsyncs += 1
 
     def _fsync_written(self) -> None:
@@ -783,6 +787,21 @@ class SegmentLog:
             self._write()
         if self._strong and self._unsynced_files():
             self._fsync_written()
+
+    def finish_commit(self) -> None:
+        """The fsyncs of :meth:`commit` after :meth:`write_ahead` wrote everything (a strong topic's; nothing
+        for the others). It touches this log's own files and state only, not the store's list of logs
+        holding files open, so the store runs several logs' at once, in threads (FileStore.commit_many); a
+        failure other than a failed fsync reads the log back from its files, as a failed commit does."""
+        if not (self._strong and self._unsynced_files()):
+            return
+        try:
+            self._fsync_written()
+        except SyncFailed:
+            raise
+        except StoreError as error:
+            self._recover(error)
+            raise
 
     def write_ahead(self) -> None:
         """Write what is buffered without fsyncing it (readers see it); the next :meth:`commit` fsyncs. A

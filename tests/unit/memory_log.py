@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 from broker.engine import FIRST_MESSAGE_ID, Message
 from broker.producers import ProducerWindow
-from broker.store import LogIdentity, StoredTopic, StoreError
+from broker.store import LogIdentity, StoredTopic, StoreError, SyncFailed
 from broker.topics import Sync, TopicSpec
 
 
@@ -211,6 +211,17 @@ class MemoryStore:
 
     def sync_created(self) -> None:
         pass  # nothing to make durable
+
+    def commit_many(self, logs: Sequence[MemoryLog]) -> dict[int, StoreError]:
+        failed: dict[int, StoreError] = {}
+        for position, log in enumerate(logs):
+            try:
+                log.commit()
+            except SyncFailed:
+                raise
+            except StoreError as error:
+                failed[position] = error
+        return failed
 
     def delete(self, topic: bytes) -> bool:
         self.specs.pop(topic, None)
