@@ -793,15 +793,8 @@ class SegmentLog:
         for the others). It touches this log's own files and state only, not the store's list of logs
         holding files open, so the store runs several logs' at once, in threads (FileStore.commit_many); a
         failure other than a failed fsync reads the log back from its files, as a failed commit does."""
-        if not (self._strong and self._unsynced_files()):
-            return
-        try:
-            self._fsync_written()
-        except SyncFailed:
-            raise
-        except StoreError as error:
-            self._recover(error)
-            raise
+        if self._strong and self._unsynced_files():
+            self._mend(self._fsync_written)
 
     def write_ahead(self) -> None:
         """Write what is buffered without fsyncing it (readers see it); the next :meth:`commit` fsyncs. A
@@ -831,6 +824,10 @@ class SegmentLog:
         """Run a step that writes: if it fails (a fsync apart), the log reads itself back from its files and
         the failure goes to the caller (see the module docstring)."""
         self._use()
+        self._mend(step)
+
+    def _mend(self, step: Callable[[], None]) -> None:
+        """:meth:`_mending` without telling the store the log is in use (a step run in one of its threads)."""
         try:
             step()
         except SyncFailed:

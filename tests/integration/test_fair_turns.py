@@ -21,7 +21,7 @@ from broker.zmtp_door import RUN
 from protocol import mc0
 
 if TYPE_CHECKING:
-    from conftest import BrokerFactory, DealerFactory
+    from conftest import BrokerFactory, DealerFactory, Peer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,12 +30,20 @@ BURST = 300
 NEW_TOPICS = 300
 
 
-def test_a_burst_of_new_topics_does_not_hold_another_client_behind_it(start_broker: BrokerFactory,
-                                                                      dealer: DealerFactory) -> None:
+def burst_and_other(start_broker: BrokerFactory, dealer: DealerFactory,
+                    other_topic: str) -> tuple[Peer, Peer]:
+    """A broker making every topic strong, and two clients: the one that bursts, and another already
+    connected whose topic ``other_topic`` is made."""
     broker = start_broker(topics=RULES)
     burst, other = dealer(broker.endpoint), dealer(broker.endpoint)
-    other.send("PUT", "TOPIC", "fair.other", "ID", "warm", "", "x")  # connected, its topic made
+    other.send("PUT", "TOPIC", other_topic, "ID", "warm", "", "x")
     assert other.recv().verb == b"OK"
+    return burst, other
+
+
+def test_a_burst_of_new_topics_does_not_hold_another_client_behind_it(start_broker: BrokerFactory,
+                                                                      dealer: DealerFactory) -> None:
+    burst, other = burst_and_other(start_broker, dealer, "fair.other")
     for n in range(BURST):
         burst.send("PUT", "TOPIC", f"fair.new{n}", "ID", f"b{n}", "", "x")
     time.sleep(0.05)  # the burst is in the broker's hands
@@ -52,10 +60,7 @@ def test_a_burst_of_new_topics_does_not_hold_another_client_behind_it(start_brok
 
 def test_a_puts_naming_hundreds_of_new_topics_lets_the_others_go_first(start_broker: BrokerFactory,
                                                                         dealer: DealerFactory) -> None:
-    broker = start_broker(topics=RULES)
-    burst, other = dealer(broker.endpoint), dealer(broker.endpoint)
-    other.send("PUT", "TOPIC", "making.other", "ID", "warm", "", "x")  # connected, its topic made
-    assert other.recv().verb == b"OK"
+    burst, other = burst_and_other(start_broker, dealer, "making.other")
     items = [(f"making.new{n}".encode(), b"x", {}) for n in range(NEW_TOPICS)]
     burst.send_raw(*mc0.encode(mc0.Puts(items, id=b"many")))
     burst.send("NOOP", "ID", "after")  # the same client's next command: answered after the PUTS, not before
