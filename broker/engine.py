@@ -296,6 +296,8 @@ class Engine:
         # (made_enough).
         self.logs_created = 0
         self.create_seconds = 0.0
+        # New persistent topics whose logs the store is making ahead, with the topic ids kept for them.
+        self._logs_ahead: dict[bytes, int] = {}
         self._ready: list[Subscriber] = []
         self._dirty: list[Topic] = []
         #: Names of the topics the last :meth:`commit` wrote: what became readable (waiting reads watch it).
@@ -345,6 +347,39 @@ class Engine:
             topic = self._create(name, self.rules.spec_for(name))
         return topic
 
+    def make_ahead(self, name: bytes, done: Callable[[], None], spec: TopicSpec | None = None,
+                   identity: LogIdentity | None = None) -> None:
+        """Have the store start making the log of ``name``, a persistent topic yet to be created with
+        ``spec`` (the one its name matches if None) and ``identity`` (a fresh one if None), in its own
+        threads, when it can (see :mod:`broker.store.making`); creating the topic takes that log. ``done()``
+        is called from another thread once it is made: :meth:`ready` says so. Nothing happens for a topic that
+        exists, or is transient, or when the store makes nothing ahead now (its bound): such a topic's log is
+        made when the topic is created, as always."""
+        store = self.store
+        if store is None or not name or name in self.topics or name in self._logs_ahead:
+            return
+        spec = spec or self.rules.spec_for(name)
+        if (not spec.persistent or len(self.topics) + len(self._logs_ahead) >= self.max_topics
+                or self._next_topic_id > MAX_TOPIC_ID):
+            return
+        try:
+            started = store.make_ahead(name, spec, self._next_topic_id, identity or LogIdentity.fresh(), done)
+        except StoreError:
+            return  # the data directory cannot be used: the creation says why
+        if started:
+            self._logs_ahead[name] = self._next_topic_id
+            self._next_topic_id += 1
+
+    def ready(self, name: bytes) -> bool:
+        """Whether creating ``name`` now would not wait for its log being made ahead (:meth:`make_ahead`)."""
+        return name not in self._logs_ahead or self.store is None or self.store.made(name)
+
+    def forget_ahead(self, names: Iterable[bytes]) -> None:
+        """``names`` will not be created after all (their client went away): what is made ahead goes."""
+        for name in names:
+            if self._logs_ahead.pop(name, None) is not None and self.store is not None:
+                self.store.forget_made(name)
+
     def creation_mark(self) -> tuple[int, float]:
         """Where a turn's making of new logs starts (see :meth:`made_enough`)."""
         return self.logs_created, self.create_seconds
@@ -389,6 +424,15 @@ class Engine:
 
     def _create(self, name: bytes, spec: TopicSpec, topic_id: int | None = None,
                 identity: LogIdentity | None = None) -> Topic:
+        ahead_id = self._logs_ahead.pop(name, None)
+        try:
+            return self._create_topic(name, spec, topic_id if topic_id is not None else ahead_id, identity)
+        finally:
+            if ahead_id is not None and self.store is not None:
+                self.store.forget_made(name)  # made ahead with other settings, or refused (once taken: none)
+
+    def _create_topic(self, name: bytes, spec: TopicSpec, topic_id: int | None,
+                      identity: LogIdentity | None) -> Topic:
         if not name:
             raise EngineError("topic names must not be empty")
         if len(self.topics) >= self.max_topics:

@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import errno
 import functools
+import itertools
 import json
 import logging
 import math
@@ -55,6 +56,7 @@ from broker.config import ConfigError, declared_spec
 from broker.engine import EngineError, Message, RangeRead
 from broker.hub import Hub
 from broker.sessions import Session, Sessions, heartbeat_tick
+from broker.store.making import MAKE_AHEAD
 from broker.waiting import DEFAULT_LIMIT, Wait, Waits
 from broker.zmtp_door import PeerMetadata, ZmtpDoor
 from connector.zsock import Again, readable, recv_routed, send_to
@@ -320,7 +322,7 @@ class RouterShell:
                 self.hub.turn_seconds.observe(perf_counter() - started)
             else:
                 self._sent = False  # receive() just asked: the descriptor is armed again
-            if self.making:
+            if self.making and self._may_make():
                 self._schedule_turn()  # the next few topics are made on the next loop iteration
         except Exception as error:  # a store failure: the broker stops loudly, not the loop quietly
             self.hub.fail(error)
@@ -424,7 +426,8 @@ class RouterShell:
             self.counters["errors"] += 1
             self.reply(session, mc0.Error(str(error).encode(), getattr(event, "id", None)))
         except _TopicsToMake as making:
-            self.making[session] = _Making(deque(making.unmade), deque([(event, body)]))
+            waiting = self.making[session] = _Making(deque(making.unmade), deque([(event, body)]))
+            self._make_ahead(waiting)
             return 1
         # An empty PUTS still counts: the budget must run out even for a peer flooding empty batches.
         return max(1, len(event.items)) if type(event) is mc0.Puts else 1
@@ -441,18 +444,23 @@ class RouterShell:
             "are being made; send it again once that one is answered".encode(), getattr(event, "id", None)))
 
     def _make_topics(self, wall: int) -> int:
-        """Make what this turn may of the topics waiting commands name; run each command whose topics all
-        exist now, then what its client sent after it. Returns the messages run."""
+        """Make what this turn may of the topics waiting commands name, each once the store has made its log
+        ahead in its threads (:meth:`Engine.make_ahead`: the next ``MAKE_AHEAD`` a command names are being
+        made while the loop goes on); run each command whose topics all exist now, then what its client sent
+        after it. Returns the messages run."""
         engine = self.engine
         here = self.sessions.by_identity
         taken = 0
         for session, making in list(self.making.items()):
             unmade = making.unmade
-            while unmade and not engine.made_enough(self._creation_mark):
+            self._make_ahead(making)
+            while unmade and not engine.made_enough(self._creation_mark) and engine.ready(unmade[0]):
                 with contextlib.suppress(EngineError):  # the command, run, refuses what cannot be made
                     engine.topic(unmade.popleft())
             if unmade:
-                break  # the turn made what it may: the next one goes on
+                if engine.made_enough(self._creation_mark):
+                    break  # the turn made what it may: the next one goes on
+                continue  # its next topic is still being made: the maker's call brings the next turn
             del self.making[session]
             commands = making.commands
             self._may_wait = False  # a topic still missing could not be made: the command says so
@@ -467,6 +475,24 @@ class RouterShell:
             finally:
                 self._may_wait = True
         return taken
+
+    def _make_ahead(self, making: _Making) -> None:
+        """Have the store make the next topics ``making`` waits for in its threads, as many as it takes."""
+        make_ahead = self.engine.make_ahead
+        for name in itertools.islice(making.unmade, MAKE_AHEAD):
+            make_ahead(name, self._made_ahead)
+
+    def _may_make(self) -> bool:
+        """Whether a command waiting for topics can go on now (the next topic it needs is made ahead, or
+        not being made ahead at all), rather than when a maker thread calls :meth:`_made_ahead`."""
+        ready = self.engine.ready
+        return any(not making.unmade or ready(making.unmade[0]) for making in self.making.values())
+
+    def _made_ahead(self) -> None:
+        """From a maker thread: a topic's log is made; the loop's next turn goes on with what waits for it."""
+        if self.loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the broker is stopping
+                self.loop.call_soon_threadsafe(self._schedule_turn)
 
     def _check_entries(self, items: list[tuple[bytes, bytes, mc0.Headers]]) -> None:
         """_TopicsToMake if a PUTS's entries name more new persistent topics than this turn may still make."""
@@ -1079,7 +1105,9 @@ class RouterShell:
 
     def _unsubscribe(self, session: Session) -> None:
         """The session's subscriptions, waiting FETCHes and commands waiting for topics end here."""
-        self.making.pop(session, None)
+        making = self.making.pop(session, None)
+        if making is not None:
+            self.engine.forget_ahead(making.unmade)
         self.engine.detach(session.subscriber)
         self.waits.forget(session)
 

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
+import itertools
 import logging
 import math
 import time
@@ -56,6 +58,7 @@ from broker.config import BrokerConfig
 from broker.engine import Engine, EngineError, Topic
 from broker.store import LogIdentity, StoreError, SyncFailed
 from broker.store.files import FileStore, spec_from_json, spec_to_json
+from broker.store.making import MAKE_AHEAD
 from broker.topics import Sync
 from broker.zmtp_door import PeerMetadata
 from connector import keys
@@ -175,6 +178,9 @@ class Cluster:
         self._said_members: set[str] = set()  # members whose list differs, said (see on_state)
         self._settle_due = False  # _settle is scheduled (after the state commands waiting on the loop)
         self._topics_changed = False  # a command since the last _settle may have named new topics
+        # The topics the state names that this member has no copy of yet, in the state's order, with their
+        # settings (None: to be counted again from the state, see _count_lacking).
+        self._lacking: dict[bytes, Any] | None = None
         # The identity the leader gave each topic it made lately (from Raft's "topic" command), until this
         # member makes its copy with it.
         self._leader_identities: dict[bytes, LogIdentity] = {}
@@ -316,6 +322,14 @@ class Cluster:
             self._serve()
         if kind in ("topic", "snapshot", "take_over"):
             self._topics_changed = True
+        if kind in ("snapshot", "take_over"):
+            self._lacking = None
+        elif kind == "topic" and self._lacking is not None and command[1] in state.topics:
+            self._lacking[bytes.fromhex(command[1])] = state.topics[command[1]]
+        elif kind == "forget_topic":
+            if self._lacking is not None:
+                self._lacking.pop(bytes.fromhex(command[1]), None)
+            self.engine.forget_ahead([bytes.fromhex(command[1])])
         if kind == "topic" and len(command) > 4 and not self.serving:
             self._leader_identities[bytes.fromhex(command[1])] = LogIdentity(
                 command[3], tuple((old, until) for old, until in command[4]))
@@ -369,18 +383,64 @@ class Cluster:
         self._settle_due = False
         self._follow()
         if self._topics_changed and self.replicator is not None:
-            engine = self.engine
-            mark = engine.creation_mark()
-            for name_hex, spec in state.topics.items():
-                name = bytes.fromhex(name_hex)
-                if name not in engine.topics and engine.made_enough(mark):
-                    # Each new copy costs fsyncs: a few at a time, the loop free in between (Raft's callbacks,
-                    # the copies' fetches, a burst of hundreds of topics the leader made).
-                    self._settle_soon()
-                    return
-                self._ensure_topic(name, spec)
-                self.replicator.follow(name)
+            if self._lacking is None:
+                self._lacking = self._count_lacking(self.replicator)
+            if not self._copy_lacking(self._lacking, self.replicator):
+                return
         self._topics_changed = False
+
+    def _count_lacking(self, replicator: Replicator) -> dict[bytes, Any]:
+        """The topics the state names that this member has no copy of, with their settings, in the state's
+        order; those it has are copied from the leader (``replicator``)."""
+        lacking = {}
+        for name_hex, spec in self.state.topics.items():
+            name = bytes.fromhex(name_hex)
+            if name in self.engine.topics:
+                replicator.follow(name)
+            else:
+                lacking[name] = spec
+        return lacking
+
+    def _copy_lacking(self, lacking: dict[bytes, Any], replicator: Replicator) -> bool:
+        """Make the copies this member lacks, as many as a turn may, and copy each from the leader. False if
+        some are left for later: the next turn, or a maker thread's call once the next one's log is made."""
+        engine = self.engine
+        mark = engine.creation_mark()
+        self._make_ahead(lacking)
+        made = []
+        try:
+            for name, spec in lacking.items():
+                if name not in engine.topics:
+                    if not engine.ready(name):
+                        return False  # its log is still being made: the maker's call settles again
+                    if engine.made_enough(mark):
+                        # Each new copy costs fsyncs: a few at a time, the loop free in between (Raft's
+                        # callbacks, the copies' fetches, a burst of hundreds of topics the leader made).
+                        self._settle_soon()
+                        return False
+                    self._ensure_topic(name, spec)
+                replicator.follow(name)
+                if name in engine.topics:
+                    made.append(name)  # (one that could not be made is tried again when the state changes)
+        finally:
+            for name in made:
+                del lacking[name]
+        return True
+
+    def _make_ahead(self, lacking: dict[bytes, Any]) -> None:
+        """Have the store make the logs of the next copies this member lacks in its threads
+        (:meth:`Engine.make_ahead`), with the settings and identity their creation will give them."""
+        engine = self.engine
+        done = functools.partial(self._made_ahead, asyncio.get_running_loop())
+        for name, spec in itertools.islice(lacking.items(), MAKE_AHEAD):
+            if name not in engine.topics:
+                with contextlib.suppress(ValueError, TypeError):  # unreadable settings: _ensure_topic says so
+                    engine.make_ahead(name, done, spec_from_json(spec), self._leader_identities.get(name))
+
+    def _made_ahead(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From a maker thread: a copy's log is made; settle again on the loop."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the broker is stopping
+            loop.call_soon_threadsafe(self._settle_soon)
 
     # --------------------------------------------------------------------------------------- following
 

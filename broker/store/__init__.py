@@ -17,7 +17,7 @@ This module must not import the engine at run time (the engine imports it).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
@@ -245,6 +245,20 @@ class Store(Protocol):
         """Create or open and recover a topic's log, recording ``topic_id`` with it when one is given; the
         same object if already open. A log created now takes ``identity`` when one is given (a cluster
         follower's copy of its leader's log), a fresh one otherwise."""
+        ...
+
+    def make_ahead(self, topic: bytes, spec: TopicSpec, topic_id: int | None, identity: LogIdentity,
+                   done: Callable[[], None]) -> bool:
+        """Start making new topic ``topic``'s log in the background, for :meth:`open` with the same settings
+        to take; ``done()`` is called from another thread when it is made. False if nothing is made ahead."""
+        ...
+
+    def made(self, topic: bytes) -> bool:
+        """Whether opening ``topic`` would not wait for its log being made ahead."""
+        ...
+
+    def forget_made(self, topic: bytes) -> None:
+        """What is made ahead for ``topic`` will not be opened: let it go."""
         ...
 
     def delete(self, topic: bytes) -> bool:

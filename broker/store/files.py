@@ -31,7 +31,7 @@ import re
 import shutil
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -41,6 +41,7 @@ from broker.histogram import FSYNC_SECONDS, Histogram
 from broker.store import LogIdentity, StoredTopic, StoreError, SyncFailed
 from broker.store.buffers import ReadBuffers
 from broker.store.log import SegmentLog
+from broker.store.making import Maker
 from broker.store.segment import Segment, fsync, fsync_directory, open_file, write_all
 from broker.topics import MAX_TOPIC_ID, Delivery, Persistence, Sync, TopicSpec
 
@@ -316,6 +317,7 @@ class FileStore:
         self._failed: dict[bytes, tuple[float, StoreError]] = {}  # recent failures to open, by topic
         self._created_unsynced = False  # topic directories made since the data directory's last fsync
         self._fsync_pool: ThreadPoolExecutor | None = None  # made by the first commit of many strong logs
+        self.maker = Maker(self.root, self._build_directory)  # new topics' directories made ahead
         self._lock_fd: int | None = None
         # Set when the data directory is claimed: did the last broker stop uncleanly, and on this boot?
         self.unclean = False
@@ -394,7 +396,7 @@ class FileStore:
         fsync(fd, path)
 
     def _release_if_idle(self, clean: bool = False) -> None:
-        if self._lock_fd is not None and not self._logs:
+        if self._lock_fd is not None and not self._logs and not self.maker:
             if clean:  # every log is written, fsynced and closed: the next start need not doubt any of them
                 with contextlib.suppress(OSError):
                     os.ftruncate(self._lock_fd, 0)
@@ -422,9 +424,11 @@ class FileStore:
             raise StoreError(f"{self.root}: cannot list: {exc}") from exc
         for entry in entries:
             # Leading-dot names are topic directories still being created or deleted (directory_name encodes
-            # a leading "."); names it cannot produce and plain files are not ours.
-            if entry.name.startswith(DELETED_PREFIX):
-                self._remove_deleted(Path(entry.path))
+            # a leading "."): a creation or deletion a stop cut short is finished by removing them. Names it
+            # cannot produce and plain files are not ours.
+            if entry.name.startswith((DELETED_PREFIX, NEW_PREFIX)):
+                if not self.maker.holds(Path(entry.path)):
+                    self._remove_deleted(Path(entry.path))
                 continue
             if not _TOPIC_DIRECTORY.fullmatch(entry.name) or not entry.is_dir():
                 continue
@@ -485,11 +489,17 @@ class FileStore:
         created = not directory.is_dir()
         identity: LogIdentity | None
         if created:
-            identity = given or LogIdentity.fresh()
             lost: list[tuple[int, int]] = []
-            self._create_directory(directory, topic, spec, topic_id, identity)
+            ahead = self.maker.take(topic, spec, topic_id, given)
+            if ahead is not None:
+                identity = ahead.identity
+                self._rename_created(ahead.path, directory)
+            else:
+                identity = given or LogIdentity.fresh()
+                self._create_directory(directory, topic, spec, topic_id, identity)
             recorded = (spec, topic_id, identity)
         else:
+            self.maker.discard(topic)  # (none: a topic's directory is never made ahead once it exists)
             stored, identity, lost = read_topic_meta(directory)
             if stored.name != topic:
                 raise StoreError(f"{directory}: holds topic {stored.name!r}, not {topic!r}")
@@ -558,6 +568,31 @@ class FileStore:
                 return identity.successor(segment_log.next_id)
         return identity
 
+    def make_ahead(self, topic: bytes, spec: TopicSpec, topic_id: int | None, identity: LogIdentity,
+                   done: Callable[[], None]) -> bool:
+        """Start making the directory of new topic ``topic`` in a maker thread (:mod:`broker.store.making`),
+        for :meth:`open` to take: ``done()`` is called from that thread when it is made (or failed). False
+        if it is not made ahead: it is open, or as many as the bound allows are being made. (Whether its
+        directory exists is not asked: a lookup in the data directory waits for the makers' creations in it.
+        The engine asks only for topics it lacks; one whose directory exists all the same, one that could not
+        be opened at start, is opened from it, and what was made ahead is removed.)"""
+        if topic in self._logs or not spec.persistent:
+            return False
+        self._claim()
+        started = self.maker.start(topic, spec, topic_id, identity, done)
+        if not started:
+            self._release_if_idle()
+        return started
+
+    def made(self, topic: bytes) -> bool:
+        """Whether opening ``topic`` would not wait for a directory being made ahead."""
+        return self.maker.ready(topic)
+
+    def forget_made(self, topic: bytes) -> None:
+        """The directory made ahead for ``topic`` will not be opened: removed (and its place in the bound)."""
+        self.maker.discard(topic)
+        self._release_if_idle()
+
     def _create_directory(
         self, directory: Path, topic: bytes, spec: TopicSpec, topic_id: int | None, identity: LogIdentity
     ) -> None:
@@ -567,7 +602,18 @@ class FileStore:
         new = self.root / (NEW_PREFIX + directory.name)
         try:
             if new.exists():
-                shutil.rmtree(new)  # left by a crash during an earlier creation
+                shutil.rmtree(new)  # left by a failed creation
+        except OSError as exc:
+            raise StoreError(f"{new}: cannot create the topic directory: {exc}") from exc
+        self._build_directory(new, topic, spec, topic_id, identity)
+        self._rename_created(new, directory)
+
+    def _build_directory(
+        self, new: Path, topic: bytes, spec: TopicSpec, topic_id: int | None, identity: LogIdentity
+    ) -> None:
+        """The topic directory's content, under the hidden name ``new``, fsynced: its meta file and first
+        segment, then the directory itself."""
+        try:
             new.mkdir()
             fd = open_file(new / META_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             try:
@@ -579,6 +625,8 @@ class FileStore:
             raise StoreError(f"{new}: cannot create the topic directory: {exc}") from exc
         Segment(new, 1).create_empty()  # in the same directory fsync: none of its own once renamed
         fsync_directory(new)
+
+    def _rename_created(self, new: Path, directory: Path) -> None:
         try:
             os.rename(new, directory)
         except OSError as exc:
@@ -665,6 +713,7 @@ class FileStore:
         if self._fsync_pool is not None:
             self._fsync_pool.shutdown()
             self._fsync_pool = None
+        self.maker.close()
         try:
             self.sync_created()
         except SyncFailed as exc:

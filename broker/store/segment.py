@@ -15,6 +15,7 @@ import logging
 import os
 import struct
 import sys
+import threading
 import time
 from array import array
 from collections.abc import Callable, Sequence
@@ -101,13 +102,24 @@ RETRIES = 5
 RETRY_PAUSE = 0.01
 
 
+#: Threads other than the loop's (the store's makers) do not call :data:`when_out_of_descriptors`, which acts
+#: on the loop's doors: they fail, and the loop tries again.
+_thread = threading.local()
+
+
+def without_descriptor_retries() -> None:
+    """In the calling thread, a call that finds no descriptor left fails at once (no retries)."""
+    _thread.no_retries = True
+
+
 def _with_descriptors(call: Callable[[], T]) -> T:
     """``call()`` (a system call that needs a descriptor), tried again after :data:`when_out_of_descriptors`
     when none was left."""
     try:
         return call()
     except OSError as error:
-        if error.errno not in (errno.EMFILE, errno.ENFILE) or when_out_of_descriptors is None:
+        if (error.errno not in (errno.EMFILE, errno.ENFILE) or when_out_of_descriptors is None
+                or getattr(_thread, "no_retries", False)):
             raise
         when_out_of_descriptors()
         for _ in range(RETRIES - 1):

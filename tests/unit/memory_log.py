@@ -13,7 +13,7 @@ It counts what a test wants to check: commits, syncs, fsyncs, reads, ack calls.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from broker.engine import FIRST_MESSAGE_ID, Message
 from broker.producers import ProducerWindow
@@ -208,6 +208,16 @@ class MemoryStore:
         if topic_id is not None:
             self.topic_ids[topic] = topic_id
         return log
+
+    def make_ahead(self, topic: bytes, spec: TopicSpec, topic_id: int | None, identity: LogIdentity,
+                   done: Callable[[], None]) -> bool:
+        return False  # a memory log costs nothing to make
+
+    def made(self, topic: bytes) -> bool:
+        return True
+
+    def forget_made(self, topic: bytes) -> None:
+        pass
 
     def sync_created(self) -> None:
         pass  # nothing to make durable

@@ -405,8 +405,10 @@ def test_a_follower_makes_its_copy_of_a_new_topic_with_the_leaders_identity(tmp_
         cluster.on_state(("topic", b"new".hex(), spec, leaders, (("cd" * 16, 5),)))
         cluster.on_state(("topic", b"old".hex(), spec))
         cluster.on_state(("take_over", PEERS[0], 1, {}))
-        for _ in range(5):
-            await asyncio.sleep(0)
+        deadline = time.monotonic() + 10  # the copies' logs are made in the store's threads
+        while not {b"new", b"old"} <= cluster.engine.topics.keys():
+            assert time.monotonic() < deadline, "the copies were not made in 10 s"
+            await asyncio.sleep(0.005)
         return cluster
 
     leader = member(tmp_path / "leader")
