@@ -37,7 +37,7 @@ AHEAD_PREFIX = ".new-."
 #: against 1.2-1.25) and held the other client's publishes less (p90 5-6 ms against 15-19): every fsync on
 #: the file system waits for the journal the makers keep busy.
 MAKER_THREADS = 2
-#: Directories made ahead and not yet taken, at most (each holds two small files).
+#: Directories made ahead and not yet taken, at most (each holds three small files).
 MAKE_AHEAD = 64
 
 #: How a directory is built: (where, topic, spec, topic id, identity); it raises what the store raises.
