@@ -6,7 +6,8 @@ for about 2 s, the time the broker took to make all 500 topics.
 One command naming hundreds of new persistent topics does not hold the broker either: the topics are made a
 few each turn while the command waits, the other clients are served meanwhile, and the client's own later
 commands are answered after it, in the order it sent them. Before, one PUTS naming 500 new strong topics
-held every other client for 1.7 s on one broker, and in a cluster outlasted the clients' 3 s heartbeat."""
+held every other client for 1.7 s on one broker, and in a cluster outlasted the clients' 3 s heartbeat. Their
+directories are built ahead in the store's threads; a client that goes away meanwhile leaves none behind."""
 
 from __future__ import annotations
 
@@ -76,3 +77,42 @@ def test_a_puts_naming_hundreds_of_new_topics_lets_the_others_go_first(start_bro
     for n in (0, NEW_TOPICS // 2, NEW_TOPICS - 1):  # every topic made, holding its message
         fetched = burst.ok("FETCH", "TOPIC", f"making.new{n}", "FROM", "1")
         assert fetched.header("COUNT") == b"1", (n, fetched.frames)
+
+
+def test_a_client_gone_while_its_new_topics_are_made_leaves_no_half_made_topic(
+    start_broker: BrokerFactory, dealer: DealerFactory
+) -> None:
+    """The store builds the directories of the topics a waiting command names ahead, in its threads: when the
+    client goes away first, what was built for it and not yet made a topic is removed, and every directory
+    left is a whole topic the broker serves."""
+    broker = start_broker(topics=RULES)
+    data = broker.config.data_dir
+    burst = dealer(broker.endpoint)
+    burst.send("CONNECT", "VERSION", "0.3", "TTL", "500", "ID", "hello")  # silent for 0.525 s: dropped
+    assert burst.recv_skipping_noop().verb == b"OK"
+    count = 5_000  # seconds of making: the client is dropped long before the last
+    burst.send_raw(*mc0.encode(mc0.Puts([(b"gone.t%d" % n, b"x", {}) for n in range(count)], id=b"many")))
+    other = dealer(broker.endpoint)
+
+    def entries() -> tuple[set[str], list[str]]:
+        """The topic directories made, and the hidden ones (being made or made ahead)."""
+        names = [entry.name for entry in data.iterdir()] if data.exists() else []
+        hidden = [name for name in names if name.startswith(".new-")]
+        return {name for name in names if name.startswith("gone.")}, hidden
+
+    deadline = time.monotonic() + 20
+    while not entries()[0]:
+        assert time.monotonic() < deadline, "no topic made in 20 s"
+        time.sleep(0.01)
+    before: tuple[set[str], list[str]] = (set(), [])
+    while (now := entries()) != before or now[1]:  # until the making has stopped, and cleaned up
+        assert time.monotonic() < deadline, f"still making or cleaning up after 20 s: {len(now[0])}, {now[1]}"
+        other.ok("NOOP")  # served all the while
+        before = now
+        time.sleep(0.3)
+    made = now[0]
+    assert len(made) < count, "the client was dropped while its topics were being made"
+    served = {name for name in other.stats()["topics"] if name.startswith("gone.")}
+    assert served == made
+    for name in (min(made), max(made)):
+        assert other.ok("FETCH", "TOPIC", name, "FROM", "1").header("COUNT") == b"0"  # whole, and empty
