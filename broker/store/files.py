@@ -499,7 +499,7 @@ class FileStore:
                 self._create_directory(directory, topic, spec, topic_id, identity)
             recorded = (spec, topic_id, identity)
         else:
-            self.maker.discard(topic)  # (none: a topic's directory is never made ahead once it exists)
+            self.maker.discard(topic)  # made ahead all the same (a topic found unavailable at start): unused
             stored, identity, lost = read_topic_meta(directory)
             if stored.name != topic:
                 raise StoreError(f"{directory}: holds topic {stored.name!r}, not {topic!r}")
