@@ -4,6 +4,7 @@ answers, the bound on what waits behind it, and a topic that cannot be made."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -108,6 +109,14 @@ def test_a_puts_waits_while_its_topics_are_made_and_its_clients_later_commands_w
     shell: tuple[RouterShell, Wire]
 ) -> None:
     router, wire = shell
+    maker = router.engine.store.maker  # type: ignore[union-attr]
+    build, builders = maker.build, []
+
+    def recorded(*args: object) -> None:
+        builders.append(threading.current_thread().name[:8])
+        build(*args)
+
+    maker.build = recorded
     wire.command(b"a", puts(NEW, b"many"))
     wire.command(b"a", mc0.Noop(id=b"after"))
     wire.command(b"b", mc0.Noop(id=b"other"))
@@ -117,6 +126,7 @@ def test_a_puts_waits_while_its_topics_are_made_and_its_clients_later_commands_w
     assert turns_until_made(router) == [CREATES_PER_TURN, CREATES_PER_TURN, NEW - 2 * CREATES_PER_TURN]
     assert wire.answers(b"a") == [(b"OK", b"many"), (b"OK", b"after")]
     assert all(router.engine.topics[b"log.t%d" % n].next_id == 2 for n in range(NEW))
+    assert builders == ["mc0-make"] * NEW, "every directory built in the store's threads, none by the loop"
 
 
 def test_what_waits_behind_a_command_is_bounded(shell: tuple[RouterShell, Wire],
