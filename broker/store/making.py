@@ -10,7 +10,9 @@ and only renames it. What it made and nobody took (the client went away, the top
 removed; what a crash leaves is removed at the next start (:data:`AHEAD_PREFIX`): it was never a topic.
 
 Owns: its threads, the directories it is making or has made until one is taken or discarded, and their
-bound. It knows nothing of logs: the store says how a directory is built (``build``).
+bound. It knows nothing of logs: the store says how a directory is built (``build``). Its threads are not the
+store's fsync threads (FileStore.commit_many): a turn's commit, which the loop waits for, must never queue
+behind directories being made.
 """
 
 from __future__ import annotations
