@@ -20,11 +20,17 @@ against a single broker, same run, and how long a failover takes.
    leader and the other follower (1,000 in flight), then let go; how many messages a second it copies until
    the leader counts it as holding them all (no target: how fast a replica that was away is back in the
    majority).
-6. **Idle**: ``--idle-topics`` strong topics made (one message each), then each broker's CPU while nothing
-   happens, as a share of one core, leader and followers (no target: what a cluster with many topics costs
-   when nobody publishes; Linux only, from ``/proc``). Then the failover again, a few kills, with those
-   topics: a new leader gives each persistent topic's log a new identity, so its take-over grows with them.
-   The failovers above are timed before the idle topics are made.
+6. **Making many topics**: one client's confirmed publishes to ``--idle-topics`` new strong topics, all in
+   flight at once (one PUTS naming them: they are made a few each turn, their directories built ahead in the
+   store's threads), while another client publishes confirmed to a strong topic of its own every 10 ms; on
+   the single broker and on the cluster: the seconds until all are confirmed, and the other client's
+   publishes meanwhile, p50 / p90 / slowest (no target: how much one client's burst of new topics holds the
+   others).
+7. **Idle**: those topics made (one message each), then each broker's CPU while nothing happens, as a share
+   of one core, leader and followers (no target: what a cluster with many topics costs when nobody
+   publishes; Linux only, from ``/proc``). Then the failover again, a few kills, with those topics: a new
+   leader gives each persistent topic's log a new identity, so its take-over grows with them. The failovers
+   above are timed before the idle topics are made.
 
 The brokers are ``mc0 broker`` processes of this checkout (``ClusterProcesses``, which ``tests/cluster`` uses
 too) on loopback ports, each with its own data directory, every door but mc0 off.
@@ -41,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -307,14 +314,48 @@ def catch_up_rate(cluster: Cluster, count: int) -> float:
     return count / (time.perf_counter() - started)
 
 
-def idle_cpu(cluster: Cluster, topics: int, seconds: float = 5.0) -> dict[str, float]:
-    """Each member's CPU, as a share of one core, while nothing is published, after ``topics`` strong topics
-    were made: the leader's, and the busier follower's."""
+#: How often the other client publishes while one client's new topics are made (seconds between publishes).
+OTHER_EVERY = 0.01
+
+
+def making_topics(group: Cluster, topics: int) -> tuple[float, list[float]]:
+    """One client's confirmed publishes to ``topics`` new strong topics, all in flight at once (one PUTS
+    naming them, whose topics the broker makes a few each turn), while another client publishes confirmed
+    to :data:`TOPIC` every :data:`OTHER_EVERY` seconds: the seconds until all are confirmed, and the other
+    client's confirmation times meanwhile."""
+    waits: list[float] = []
+    started, stop = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with Client(group.endpoints, **group.client_options(), timeout=60) as client:
+            client.publish(TOPIC, b"warm", confirm=True)
+            started.set()
+            while not stop.wait(OTHER_EVERY):
+                sent = time.perf_counter()
+                client.publish(TOPIC, b"x" * BODY_SIZE, confirm=True)
+                waits.append(time.perf_counter() - sent)
+
+    publisher = threading.Thread(target=other, name="bench-other-client")
+    publisher.start()
+    try:
+        if not started.wait(60):
+            raise RuntimeError("the other client did not publish within 60 s")
+        with Client(group.endpoints, **group.client_options(), timeout=60) as client:
+            begun = time.perf_counter()
+            for future in [client.publish_async(f"durable.idle{n}", b"x") for n in range(topics)]:
+                future.result(120)
+            seconds = time.perf_counter() - begun
+        during = len(waits)
+    finally:
+        stop.set()
+        publisher.join(60)
+    return seconds, waits[:during]
+
+
+def idle_cpu(cluster: Cluster, seconds: float = 5.0) -> dict[str, float]:
+    """Each member's CPU, as a share of one core, while nothing is published (after :func:`making_topics`):
+    the leader's, and the busier follower's."""
     leader = cluster.settled()
-    with Client(cluster.endpoints, **cluster.client_options(), timeout=60) as client:
-        # All in flight at once: one PUTS naming them, whose topics the leader makes a few each turn.
-        for future in [client.publish_async(f"durable.idle{n}", b"x") for n in range(topics)]:
-            future.result(120)
     time.sleep(2.0)  # the followers' copies of the last ones done, every wait parked
     pids = [member.process.pid for member in cluster.members if member.process is not None]
     before = [process_cpu_seconds(pid) or 0.0 for pid in pids]
@@ -391,6 +432,8 @@ class Report:
     handover_failures: int = 0
     freezes: list[float] = field(default_factory=list)
     catch_up: float | None = None  # messages a second (None: not measured)
+    # "single", "cluster" -> seconds to make the topics, and the other client's confirmation times meanwhile
+    making: dict[str, tuple[float, list[float]]] = field(default_factory=dict)
     idle: dict[str, float] = field(default_factory=dict)  # "leader", "follower" -> share of a core, idle
     crowded_failovers: list[float] = field(default_factory=list)  # with the idle figure's topics
 
@@ -432,7 +475,9 @@ def run(*, confirms: int, pipelined: int, trials: int, repeat: int, base: Path |
                 for _ in range(freezes):
                     report.freezes.append(failover_seconds(cluster, client, "freeze")[0])
             if idle_topics:
-                report.idle = idle_cpu(cluster, idle_topics)
+                for label, group in (("single", single), ("cluster", cluster)):
+                    report.making[label] = making_topics(group, idle_topics)
+                report.idle = idle_cpu(cluster)
                 with Client(cluster.endpoints, **cluster.client_options(), timeout=10) as client:
                     for _ in range(min(trials, CROWDED_TRIALS)):
                         report.crowded_failovers.append(failover_seconds(cluster, client)[0])
@@ -456,7 +501,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--catch-up", type=int, default=200_000,
                         help="messages a stopped follower copies for the catching-up figure (0: none)")
     parser.add_argument("--idle-topics", type=int, default=500,
-                        help="strong topics made for the idle figure (0: not measured)")
+                        help="new strong topics for the making and idle figures (0: not measured)")
     parser.add_argument("--mc0-engine", choices=("auto", "native", "zeromq"),
                         help="what serves every broker's mc0 port (default: the brokers' own default, auto)")
     args = parser.parse_args(argv)
@@ -480,6 +525,12 @@ def main(argv: list[str]) -> int:
     if report.catch_up is not None:
         print(f"{'a stopped follower catching up':<40}{report.catch_up:>12,.0f} msg/s "
               f"({args.catch_up:,} messages)")
+    for label, (seconds, waits) in report.making.items():
+        making = f"{args.idle_topics:,} new topics, {label}"
+        print(f"{making:<40}all confirmed in {seconds:.2f} s; another client's meanwhile: p50 "
+              f"{percentile(waits, 0.5) * 1000:.0f} ms, p90 {percentile(waits, 0.9) * 1000:.0f} ms, slowest "
+              f"{max(waits) * 1000:.0f} ms over {len(waits)}" if waits else
+              f"{making:<40}all confirmed in {seconds:.2f} s (the other client published nothing meanwhile)")
     if report.idle:
         idle, shares = f"idle, {args.idle_topics:,} strong topics", report.idle
         print(f"{idle:<40}leader {shares['leader']:.1%} of a core, a follower {shares['follower']:.1%}")

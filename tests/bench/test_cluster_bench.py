@@ -1,6 +1,7 @@
 """A smoke test of ``python -m bench cluster`` with tiny counts: every figure positive, every confirmation
 fsync, failovers, handovers and a frozen leader timed, no publish failed during a handover, a stopped
-follower's catching up timed, each member's idle CPU taken, failovers timed again with those topics. It
+follower's catching up timed, new topics made while another client publishes, each member's idle CPU
+taken, failovers timed again with those topics. It
 measures nothing (the counts are far too small for the ratios to mean anything); it proves that the
 benchmark still runs against the current brokers and connector."""
 
@@ -27,6 +28,9 @@ def test_cluster_benchmark_runs(tmp_path):
     assert 0 < report.freezes[0] < 60
     assert report.catch_up is not None
     assert report.catch_up > 0
+    assert set(report.making) == {"single", "cluster"}
+    assert all(0 < seconds < 60 for seconds, _ in report.making.values())
+    assert all(0 < wait < 60 for _, waits in report.making.values() for wait in waits)
     assert set(report.idle) == {"leader", "follower"}
     assert all(0 <= share < 2 for share in report.idle.values())  # a share of one core (two at most here)
     assert len(report.crowded_failovers) == 2
