@@ -807,6 +807,8 @@ class RouterShell:
             return
         self.replies = []
         for session, reply in replies:
+            if reply is PARKED:
+                continue  # answered ahead of the commit (_replica_replies_ahead)
             if not session.stalled:
                 if type(reply) is _Held:
                     frames = self._held(reply, now)
@@ -949,6 +951,28 @@ class RouterShell:
         self.fetch_messages = FETCH_TURN_MESSAGES
         if self.waits.count:
             self._answer_waits(now, written)
+        if self.replies:
+            self._replica_replies_ahead(written, now)
+
+    def _replica_replies_ahead(self, written: list[bytes], now: float) -> None:
+        """This turn's own replica FETCHes of a topic it wrote, answered ahead like the waiting ones. Such a
+        FETCH came in the same turn as the messages it now finds: the follower that acknowledged last (its
+        FETCH arriving with the client's next publish) would otherwise get them only after the leader's
+        fsync, a whole fsync behind the other follower, every message. A follower matches answers by ID, so
+        this reply may leave before the session's other replies of the turn."""
+        topics = set(written)
+        replies = self.replies
+        for index, (session, reply) in enumerate(replies):
+            if (type(reply) is _FetchReply and reply.event.replica is not None and reply.event.topic in topics
+                    and not session.stalled):
+                frames = self._build(reply, session, now)
+                if frames is None:
+                    return  # the turn's fetch budget is spent: the rest in their places, after the commit
+                if frames is not PARKED and not self.send(session, frames, now):
+                    replies[index] = (session, frames)  # for a full pipe: in its place, as any reply
+                    continue
+                # Answered (or parked again): its place stays, empty, since held OKs are found by index.
+                replies[index] = (session, PARKED)
 
     def _answer_waits(self, now: float, written: list[bytes] | None = None) -> None:
         """Waiting FETCHes whose topic this turn's commit wrote (or ``written`` names), or whose wait is

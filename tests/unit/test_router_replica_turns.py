@@ -4,6 +4,7 @@
   ends there, before anything more is read), or as an ERROR when its deadline comes (one timer), not by the
   hub's backing-off retry meant for full pipes;
 - a long-polling FETCH at the end of the log parks without an OK being built for it;
+- a replica FETCH read in the same turn as the messages it asks for gets them before the leader's fsync;
 - a replica's FETCH reply carries the log's LINEAGE only to a reader that did not name this log;
 - only the cluster's other members may fetch as a replica (what a replica says moves the majority), and with
   CURVE only over a connection that presented the brokers' key;
@@ -250,6 +251,34 @@ def test_a_fetch_at_the_end_of_the_log_parks_without_building_an_ok(
     answers = {frames[0]: frames for frames in pipe.sent}
     assert built == [b"f"]
     assert answers[b"reader"][answers[b"reader"].index(b"COUNT") + 1] == b"1"
+    assert shell.waits.count == 0
+
+
+def test_a_replica_fetch_read_with_the_messages_it_asks_for_is_answered_before_the_fsync(
+    leader: tuple[RouterShell, Pipe, Loop, Gate], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A follower's FETCH for the next id, read in the same turn as the publish that stores it (the follower
+    that acknowledged last: its FETCH comes with the client's next publish), gets the message ahead of the
+    leader's fsync, as a parked one does, not a whole commit later."""
+    shell, pipe, loop, _ = leader
+    engine = shell.hub.engine
+    shell.hub.ahead.append(shell.answer_ahead)  # as a cluster member's server wires it
+    engine.gate(engine.topic(TOPIC), 1)
+    sent_at_commit: list[list[bytes]] = []
+    commit = engine.commit
+
+    def committing() -> bool:
+        sent_at_commit.extend(pipe.sent)
+        return commit()
+
+    monkeypatch.setattr(engine, "commit", committing)
+    fetch = mc0.encode(mc0.Fetch(TOPIC, 1, 100, 1 << 20, wait=30_000, id=b"f", records=True,
+                                 replica=b"127.0.0.1:3", epoch=1))
+    turn(shell, loop, put(b"publisher", b"1"), [b"follower", *fetch])
+    (answer,) = sent_at_commit
+    assert answer[0] == b"follower"
+    assert answer[answer.index(b"COUNT") + 1] == b"1"
+    assert [frames[0] for frames in pipe.sent] == [b"follower"], "sent once; the OK is held for the majority"
     assert shell.waits.count == 0
 
 
