@@ -78,6 +78,11 @@ class LumberjackConnection(Connection):
         self.gateway.counters["events"] += 1
         self.hold(self.window.event(event, now))
 
+    def names_topics(self, event: Any) -> tuple[bytes, ...]:
+        if isinstance(event, lumberjack.Event):
+            return (self.topic_of(event.fields),)
+        return ()
+
     def hold(self, acks: list[lumberjack.Ack]) -> None:
         if acks:
             self.held.extend(acks)

@@ -129,6 +129,11 @@ class MsgqConnection(Connection):
             case _:  # a reply (getlname's, stats') is the router's to send
                 raise ProtocolError(f"a client does not send {type(event).__name__} messages")
 
+    def names_topics(self, event: msgq.Event) -> tuple[bytes, ...]:
+        if self.lname is not None and isinstance(event, msgq.Send | msgq.Subscribe):
+            return (event.group,)
+        return ()
+
     def publish(self, group: bytes, msg: msgq.Item, headers: dict[bytes, bytes], repl: bytes | None,
                 extra: dict[bytes, msgq.Item]) -> None:
         if repl is not None:

@@ -182,6 +182,17 @@ class RStreamsConnection(Connection):
             case _:
                 raise ProtocolError(f"a client does not send {type(event).__name__}")
 
+    def names_topics(self, event: object) -> tuple[bytes, ...]:
+        if isinstance(event, rstreams.OnNext | rstreams.OnNextPacked | rstreams.OnNextLastPart):
+            offered = self.offered.get(event.subscriber)  # the broker's subscription: the offer's id
+            return (offered.topic,) if offered is not None else ()
+        if isinstance(event, rstreams.Subscribe):
+            try:
+                return (parse_publisher(event.publisher)[0],)
+            except ValueError:
+                return ()
+        return ()
+
     def subscribe(self, publisher: str, stream_id: int, initial: int) -> None:
         if stream_id in self.streams:
             raise ProtocolError(f"subscriber id {stream_id} is in use")

@@ -88,6 +88,11 @@ class SexpConnection(Connection):
             case sexp.Ack():
                 pass  # the answer to a Ping: that something arrived is all the liveness rule needs
 
+    def names_topics(self, event: object) -> tuple[bytes, ...]:
+        if self.client_id is not None and isinstance(event, sexp.Publish | sexp.Subscribe):
+            return (event.topic,)
+        return ()
+
     def refuse(self, why: str) -> None:
         """An Error frame saying why, then the connection closes."""
         if self.codec.state == "open":

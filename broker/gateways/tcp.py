@@ -19,16 +19,24 @@ One connection holds the loop for a bounded slice at a time: it handles at most 
 a go (a compressed Lumberjack frame may hold thousands), and a codec with long work of its own (a long sexp
 line, a large inflation) does it in steps and says so with ``busy``. Either way the connection stops reading
 its peer, and goes on from a loop callback after the other connections and the hub have had their turn.
+
+An event that would create a persistent topic (a dialect says which topics an event names:
+:meth:`Connection.names_topics`) does not make its log on the loop: the store's threads make it ahead
+(:meth:`~broker.engine.Engine.make_ahead`) while the connection waits, not reading its peer, and the loop
+serves everyone else; the maker's call brings the event back, and creating the topic then only renames the
+directory made for it. A log shipper routing a window to hundreds of new topics used to hold every other
+client for the fsyncs of a few of them at each of its slices.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
 from broker.engine import Message, Subscriber
@@ -105,9 +113,10 @@ class Gateway:
         # paused: times a connection's transport was full (the peer reads slower than we write). A dialect
         # adds its own counters by naming them in its connection class's ``counters``.
         # messages_*: published through this door and deliveries written to it; bytes_*: read and written.
+        # parked: events that waited for the logs of their new topics to be made ahead.
         self.counters = {"accepted": 0, "errors": 0, "closed": 0, "expired": 0, "paused": 0,
-                         "over_budget": 0, "silent": 0, "messages_in": 0, "messages_out": 0, "bytes_in": 0,
-                         "bytes_out": 0}
+                         "over_budget": 0, "silent": 0, "parked": 0, "messages_in": 0, "messages_out": 0,
+                         "bytes_in": 0, "bytes_out": 0}
         self.counters.update(dict.fromkeys(getattr(connection, "counters", ()), 0))
         #: Why this door takes no connection now (a cluster member that does not lead), or None to take them.
         self.refusing: Callable[[], str | None] | None = None
@@ -293,6 +302,10 @@ class Connection(asyncio.Protocol):
         self.last_heard = self.opened = self.hub.monotonic()
         self.heard = False  # anything at all received (see Gateway.handshake_timeout)
         self.quickack: Any = None  # the connection's socket, while TCP_QUICKACK is to be re-armed on it
+        self.parked: Any = None  # an event waiting for its new topics' logs to be made (see _park)
+        # The topics made ahead for the event being handled: let go if the connection is lost first (a
+        # refusal that closes it, a peer gone while the event waits).
+        self.asked: list[bytes] = []
 
     # ------------------------------------------------------------------------------------ asyncio callbacks
 
@@ -358,6 +371,10 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self.gateway.input_budget.forget(self)
+        if self.asked:  # its event will not create them: what was made ahead for it goes
+            self.engine.forget_ahead(self.asked)
+            self.asked = []
+        self.parked = None
         # What the peer sent and we had not read goes now, not whenever the garbage collector breaks this
         # connection's reference cycles (its subscribers point back at it): megabytes, for a long line.
         self.codec = _GONE
@@ -480,7 +497,9 @@ class Connection(asyncio.Protocol):
         engine = self.engine
         mark = engine.creation_mark()
         while not self.closing:
-            event = codec.next_event()
+            event = self.parked
+            if event is None:
+                event = codec.next_event()
             if event is None:
                 if not getattr(codec, "busy", False):
                     if self.draining:
@@ -489,8 +508,12 @@ class Connection(asyncio.Protocol):
                     return
                 budget = 0  # the codec spent its own slice
             else:
+                if loop is not None and self._park(event):
+                    return  # the maker's call comes back here
                 made = engine.logs_created
                 self.handle(event)
+                if self.asked:
+                    self.asked = []  # created now (a creation that failed let go of its own)
                 budget -= 1
                 if engine.logs_created != made and engine.made_enough(mark):
                     budget = 0
@@ -508,6 +531,54 @@ class Connection(asyncio.Protocol):
     def handle(self, event: Any) -> None:
         """Act on one event of the dialect's codec."""
         raise NotImplementedError
+
+    def names_topics(self, event: Any) -> Sequence[bytes]:
+        """The topics handling ``event`` would create if they did not exist (what it publishes or subscribes
+        to), as far as the dialect can tell cheaply before handling it; empty when none."""
+        return ()
+
+    def _park(self, event: Any) -> bool:
+        """Whether ``event`` must wait for the logs of new persistent topics it names, which the store's
+        threads are making ahead (asked here): it is then kept in :attr:`parked`, the peer is not read, and
+        :meth:`_made_ahead` brings it back once one is made. A topic the store makes nothing ahead for (a
+        transient one, the maker's bound reached, no store) is created on the loop as before."""
+        names = self.names_topics(event)
+        topics = self.engine.topics
+        for name in names:
+            if name not in topics:
+                break
+        else:
+            self.parked = None
+            return False
+        engine = self.engine
+        waiting = False
+        for name in engine.unmade_logs(names):
+            engine.make_ahead(name, self._made_ahead)
+            if name not in self.asked:
+                self.asked.append(name)
+            waiting = waiting or not engine.ready(name)
+        if not waiting:
+            self.parked = None
+            return False
+        if self.parked is None:
+            self.parked = event
+            self.gateway.counters["parked"] += 1
+            if not self.draining:
+                self.draining = True
+                self._update_reading()
+        return True
+
+    def _made_ahead(self) -> None:
+        """From a maker thread: a log is made; a parked event goes on from the loop."""
+        loop = self.hub.loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the broker is stopping
+                loop.call_soon_threadsafe(self._unpark)
+
+    def _unpark(self) -> None:
+        if self.parked is not None and not self.closing:
+            self._guarded(self._drain)
+
 
     def subscribers(self) -> list[Subscriber]:
         """The engine subscribers this connection owns: one, or (a dialect with streams) one per stream."""
