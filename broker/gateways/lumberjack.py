@@ -83,6 +83,11 @@ class LumberjackConnection(Connection):
             return (self.topic_of(event.fields),)
         return ()
 
+    def event_size(self, event: Any) -> int:
+        if isinstance(event, lumberjack.Event):
+            return len(event.text) if event.text else sum(len(k) + len(v) for k, v in event.fields.items())
+        return 0
+
     def hold(self, acks: list[lumberjack.Ack]) -> None:
         if acks:
             self.held.extend(acks)

@@ -134,6 +134,11 @@ class MsgqConnection(Connection):
             return (event.group,)
         return ()
 
+    def event_size(self, event: msgq.Event) -> int | None:
+        if isinstance(event, msgq.Send):
+            return len(event.msg) if isinstance(event.msg, bytes) else None  # a decoded item: size unknown
+        return None if isinstance(event, msgq.Unknown) else 0
+
     def publish(self, group: bytes, msg: msgq.Item, headers: dict[bytes, bytes], repl: bytes | None,
                 extra: dict[bytes, msgq.Item]) -> None:
         if repl is not None:

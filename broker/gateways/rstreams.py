@@ -136,7 +136,7 @@ class RStreamsConnection(Connection):
         return [stream.subscriber for stream in self.streams.values()]
 
     def input_held(self) -> int:
-        return self.codec.buffered + self.reassembler.held
+        return super().input_held() + self.reassembler.held
 
     def close(self, why: str) -> None:
         """Every close says goodbye first (the draft's orderly close); a protocol error says which."""
@@ -192,6 +192,15 @@ class RStreamsConnection(Connection):
             except ValueError:
                 return ()
         return ()
+
+    def event_size(self, event: object) -> int:
+        if isinstance(event, rstreams.OnNext):
+            return len(event.element)
+        if isinstance(event, rstreams.OnNextPacked):
+            return sum(map(len, event.elements))
+        if isinstance(event, rstreams.OnNextPart | rstreams.OnNextLastPart):
+            return len(event.data)
+        return 0
 
     def subscribe(self, publisher: str, stream_id: int, initial: int) -> None:
         if stream_id in self.streams:

@@ -93,6 +93,11 @@ class SexpConnection(Connection):
             return (event.topic,)
         return ()
 
+    def event_size(self, event: object) -> int:
+        if isinstance(event, sexp.Publish):
+            return len(event.topic) + len(event.body)
+        return 0  # the rest are a few words each (a subscription, a version, an error's reason)
+
     def refuse(self, why: str) -> None:
         """An Error frame saying why, then the connection closes."""
         if self.codec.state == "open":

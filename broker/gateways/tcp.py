@@ -24,8 +24,10 @@ An event that would create a persistent topic (a dialect says which topics an ev
 :meth:`Connection.names_topics`) does not make its log on the loop: the store's threads make it ahead
 (:meth:`~broker.engine.Engine.make_ahead`) while the connection waits, not reading its peer, and the loop
 serves everyone else; the maker's call brings the event back, and creating the topic then only renames the
-directory made for it. A log shipper routing a window to hundreds of new topics used to hold every other
-client for the fsyncs of a few of them at each of its slices.
+directory made for it. Meanwhile the connection decodes the events after it (at most ``LOOK_AHEAD`` of them
+and ``LOOK_AHEAD_BYTES``, counted as the connection's input), so that their new topics are made too, by the
+store's threads together; they are handled in order after it. A log shipper routing a window to hundreds of
+new topics used to hold every other client for the fsyncs of a few of them at each of its slices.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import logging
 import os
 import socket
 import ssl
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
@@ -62,6 +65,11 @@ TCP_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 #: ends after a few new persistent topics (Engine.made_enough): each costs fsyncs, milliseconds (a Lumberjack
 #: window routed by a field to hundreds of new topics).
 SLICE_EVENTS = 512
+#: An event waiting for the logs of its new topics has the connection decode at most this many events after
+#: it, and at most this many bytes of them, to have their new topics made at the same time (the store makes
+#: up to 64 ahead, in two threads: broker.store.making).
+LOOK_AHEAD = 64
+LOOK_AHEAD_BYTES = 1 << 20
 
 
 class Replication(Protocol):
@@ -271,6 +279,15 @@ class _Gone:
 _GONE: Any = _Gone()
 
 
+class _Refused:
+    """In a connection's decoded-ahead events: the codec's error, in the place where it came."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: ProtocolError) -> None:
+        self.error = error
+
+
 class _Codec(Protocol):
     """The byte-stream codec shape every dialect module in ``protocol/`` has. A codec whose work on buffered
     input comes in steps also has ``busy``: True when ``next_event`` returned None with work left to do."""
@@ -303,9 +320,12 @@ class Connection(asyncio.Protocol):
         self.heard = False  # anything at all received (see Gateway.handshake_timeout)
         self.quickack: Any = None  # the connection's socket, while TCP_QUICKACK is to be re-armed on it
         self.parked: Any = None  # an event waiting for its new topics' logs to be made (see _park)
-        # The topics made ahead for the event being handled: let go if the connection is lost first (a
-        # refusal that closes it, a peer gone while the event waits).
-        self.asked: list[bytes] = []
+        # The events decoded after it (see _look_ahead), each with the bytes it holds, and their sum.
+        self.upcoming: deque[tuple[Any, int]] = deque()
+        self.upcoming_bytes = 0
+        # The topics made ahead for the parked and upcoming events: let go if the connection is lost before
+        # they are handled (a refusal that closes it, a peer gone while an event waits).
+        self.asked: set[bytes] = set()
 
     # ------------------------------------------------------------------------------------ asyncio callbacks
 
@@ -361,8 +381,9 @@ class Connection(asyncio.Protocol):
         self.hub.schedule()
 
     def input_held(self) -> int:
-        """Bytes of input this connection holds unfinished (what the input budget counts)."""
-        return getattr(getattr(self, "codec", None), "buffered", 0)
+        """Bytes of input this connection holds unfinished (what the input budget counts): its codec's, and
+        the events decoded ahead of their turn."""
+        return getattr(getattr(self, "codec", None), "buffered", 0) + self.upcoming_bytes
 
     def refuse(self, why: str) -> None:
         """Close for a reason of the broker's (a limit reached), saying so the dialect's way if it can."""
@@ -371,10 +392,12 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self.gateway.input_budget.forget(self)
-        if self.asked:  # its event will not create them: what was made ahead for it goes
+        if self.asked:  # its events will not create them: what was made ahead for them goes
             self.engine.forget_ahead(self.asked)
-            self.asked = []
+            self.asked = set()
         self.parked = None
+        self.upcoming.clear()
+        self.upcoming_bytes = 0
         # What the peer sent and we had not read goes now, not whenever the garbage collector breaks this
         # connection's reference cycles (its subscribers point back at it): megabytes, for a long line.
         self.codec = _GONE
@@ -499,7 +522,7 @@ class Connection(asyncio.Protocol):
         while not self.closing:
             event = self.parked
             if event is None:
-                event = codec.next_event()
+                event = self._next_upcoming() if self.upcoming else codec.next_event()
             if event is None:
                 if not getattr(codec, "busy", False):
                     if self.draining:
@@ -512,8 +535,8 @@ class Connection(asyncio.Protocol):
                     return  # the maker's call comes back here
                 made = engine.logs_created
                 self.handle(event)
-                if self.asked:
-                    self.asked = []  # created now (a creation that failed let go of its own)
+                if self.asked and not self.upcoming:
+                    self.asked = set()  # every event they were asked for is handled: created (or failed)
                 budget -= 1
                 if engine.logs_created != made and engine.made_enough(mark):
                     budget = 0
@@ -537,6 +560,11 @@ class Connection(asyncio.Protocol):
         to), as far as the dialect can tell cheaply before handling it; empty when none."""
         return ()
 
+    def event_size(self, event: Any) -> int | None:
+        """About the bytes ``event`` holds once decoded (its body, mostly), or None when the dialect cannot
+        say: no events are then decoded ahead past it."""
+        return None
+
     def _park(self, event: Any) -> bool:
         """Whether ``event`` must wait for the logs of new persistent topics it names, which the store's
         threads are making ahead (asked here): it is then kept in :attr:`parked`, the peer is not read, and
@@ -552,10 +580,7 @@ class Connection(asyncio.Protocol):
             return False
         engine = self.engine
         waiting = False
-        for name in engine.unmade_logs(names):
-            engine.make_ahead(name, self._made_ahead)
-            if name not in self.asked:
-                self.asked.append(name)
+        for name in self._make_ahead(names):
             waiting = waiting or not engine.ready(name)
         if not waiting:
             self.parked = None
@@ -566,7 +591,45 @@ class Connection(asyncio.Protocol):
             if not self.draining:
                 self.draining = True
                 self._update_reading()
+            self._look_ahead()
         return True
+
+    def _make_ahead(self, names: Sequence[bytes]) -> list[bytes]:
+        """Have the store make the logs of those of ``names`` that would be new persistent topics; returns
+        them."""
+        engine = self.engine
+        unmade = engine.unmade_logs(names)
+        for name in unmade:
+            engine.make_ahead(name, self._made_ahead)
+            self.asked.add(name)
+        return unmade
+
+    def _look_ahead(self) -> None:
+        """Decode the events after a parked one (within LOOK_AHEAD and LOOK_AHEAD_BYTES) and have the logs of
+        their new topics made too, while the parked one waits. A malformed one is kept in its place, as its
+        error, so that the events before it are still handled."""
+        upcoming, codec = self.upcoming, self.codec
+        while len(upcoming) < LOOK_AHEAD and self.upcoming_bytes < LOOK_AHEAD_BYTES:
+            try:
+                event = codec.next_event()
+            except ProtocolError as error:
+                upcoming.append((_Refused(error), 0))
+                return
+            if event is None:
+                return
+            size = self.event_size(event)
+            upcoming.append((event, size or 0))
+            if size is None:
+                return
+            self.upcoming_bytes += size
+            self._make_ahead(self.names_topics(event))
+
+    def _next_upcoming(self) -> Any:
+        event, size = self.upcoming.popleft()
+        self.upcoming_bytes -= size
+        if type(event) is _Refused:
+            raise event.error
+        return event
 
     def _made_ahead(self) -> None:
         """From a maker thread: a log is made; a parked event goes on from the loop."""
@@ -578,7 +641,6 @@ class Connection(asyncio.Protocol):
     def _unpark(self) -> None:
         if self.parked is not None and not self.closing:
             self._guarded(self._drain)
-
 
     def subscribers(self) -> list[Subscriber]:
         """The engine subscribers this connection owns: one, or (a dialect with streams) one per stream."""

@@ -125,9 +125,9 @@ def test_a_lumberjack_window_routed_to_hundreds_of_new_topics_waits_for_them_mad
     start_broker: BrokerFactory, dealer: DealerFactory
 ) -> None:
     """The TCP doors make new topics the same way: an event naming a new persistent topic waits while the
-    store's threads make its log, and the loop serves everyone else. Before, the Lumberjack door made a few
-    of them on the loop at each of its slices, and another client's confirmed publishes waited 17-40 ms
-    (median) while a window made 500 topics; now about a millisecond."""
+    store's threads make its log (and those of the events after it), and the loop serves everyone else.
+    Before, the Lumberjack door made a few of them on the loop at each of its slices, and another client's
+    confirmed publishes waited 17-50 ms (median) while a window made 500 topics; now about a millisecond."""
     broker = start_broker(topics=RULES, lumberjack_topic_field="fields.topic")
     other = dealer(broker.endpoint)
     other.send("PUT", "TOPIC", "shipped.other", "ID", "warm", "", "x")
@@ -136,7 +136,8 @@ def test_a_lumberjack_window_routed_to_hundreds_of_new_topics_waits_for_them_mad
     with LumberjackClient(*broker.gateway_address("lumberjack"), timeout=30) as shipper:
         shipper.send_batch(events)  # returns once every event is stored and acked
     stats = other.stats()
-    assert stats["doors"]["lumberjack"]["parked"] == NEW_TOPICS, "each event waited for its topic's log"
+    # The first event waited; the ones after it were decoded meanwhile and their topics made ahead too.
+    assert 1 <= stats["doors"]["lumberjack"]["parked"] <= NEW_TOPICS
     for n in (0, NEW_TOPICS // 2, NEW_TOPICS - 1):
         fetched = other.ok("FETCH", "TOPIC", f"shipped.t{n}", "FROM", "1")
         assert fetched.header("COUNT") == b"1", (n, fetched.frames)

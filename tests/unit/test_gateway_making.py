@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from broker.engine import Engine
+from broker.gateways import tcp
 from broker.gateways.lumberjack import LumberjackConnection, LumberjackOptions, field_path
 from broker.gateways.msgq import MsgqConnection, MsgqOptions
 from broker.gateways.rstreams import Offered, RStreamsConnection, RStreamsOptions
@@ -102,10 +104,15 @@ def test_events_wait_for_their_new_topics_made_in_the_stores_threads(tmp_path: P
             assert engine.topics == {}, "nothing made on the loop"
             assert connection.parked is not None
             assert not transport.reading, "the peer is not read while its event waits"
+            assert len(connection.upcoming) == 2 * NEW - 1, "the events after it decoded ahead"
+            asked = {b"lj.t%d" % k for k in range(NEW)}
+            assert set(engine._logs_ahead) == asked, "all their topics asked for at once"
+            assert connection.input_held() >= connection.upcoming_bytes > 0, "and counted as held input"
             await until(lambda: transport.writes, "the window's ack")
             assert transport.writes == [b"2A\x00\x00\x00\x18"], "acked once, after all 24 events"
             assert builders == ["mc0-make"] * NEW, "every directory built in the store's threads"
-            assert connection.gateway.counters["parked"] == NEW
+            assert 1 <= connection.gateway.counters["parked"] <= NEW
+            assert (connection.upcoming, connection.upcoming_bytes, connection.asked) == (deque(), 0, set())
             for k in range(NEW):
                 messages = engine.read_range(b"lj.t%d" % k, 1, 10, 1 << 20).messages
                 expected = [f"m{n}" for n in range(1, 2 * NEW + 1) if n % NEW == k]
@@ -128,6 +135,48 @@ def test_a_peer_gone_while_its_event_waits_leaves_nothing_made_ahead(tmp_path: P
         assert engine.topics == {}
         engine.close()  # the store's threads have finished: what they made for the peer is gone
         assert not [path for path in (tmp_path / "data").iterdir() if path.name.startswith(AHEAD_PREFIX)]
+
+    asyncio.run(run())
+
+
+def test_what_is_decoded_ahead_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def run() -> None:
+        connection, _, engine, _ = shipper(tmp_path)
+        try:
+            monkeypatch.setattr(tcp, "LOOK_AHEAD", 3)
+            connection.data_received(window(2 * NEW))
+            assert len(connection.upcoming) == 3
+            assert set(engine._logs_ahead) == {b"lj.t1", b"lj.t2", b"lj.t3", b"lj.t4"}
+        finally:
+            engine.close()
+        monkeypatch.setattr(tcp, "LOOK_AHEAD_BYTES", 1)
+        connection, _, engine, _ = shipper(tmp_path / "bytes")
+        try:
+            connection.data_received(window(2 * NEW))
+            assert len(connection.upcoming) == 1, "one event's bytes reach the bound"
+        finally:
+            engine.close()
+
+    asyncio.run(run())
+
+
+def test_a_malformed_frame_after_waiting_events_closes_the_connection_after_them(tmp_path: Path) -> None:
+    """Decoding ahead meets the peer's error: the events before it are still handled, in order, and then the
+    connection closes for the error, as it would have without decoding ahead (no ack: the writer sends the
+    window again)."""
+    async def run() -> None:
+        connection, _, engine, _ = shipper(tmp_path)
+        try:
+            connection.data_received(window(3) + b"2Z garbage")
+            assert connection.parked is not None
+            assert not connection.closing, "the error waits for its turn"
+            await until(lambda: connection.closing, "the close for the error")
+            assert connection.gateway.counters["errors"] == 1
+            assert sorted(engine.topics) == [b"lj.t1", b"lj.t2", b"lj.t3"]
+            for n in (1, 2, 3):
+                assert engine.topics[b"lj.t%d" % n].next_id == 2, "its event published before the close"
+        finally:
+            engine.close()
 
     asyncio.run(run())
 
