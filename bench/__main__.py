@@ -13,7 +13,8 @@ confirmed publishes per sync level against transient, and replay from the log ag
 gateway, against the same publisher with mc0 subscribers, same run (see ``bench/gateways.py``).
 
 ``python -m bench lumberjack [options]``: events/s shipped over Lumberjack into a strong topic in batches of
-2,048, next to the same events published over mc0, same run (see ``bench/lumberjack.py``).
+2,048, next to the same events published over mc0, same run; then a window routed to hundreds of new topics,
+and what it costs another client meanwhile (see ``bench/lumberjack.py``).
 
 ``python -m bench cost [options]``: what one message costs outside a flood: confirmed publishes to a strong
 topic 1 and 100 in flight against a plain Python ROUTER that only answers OK, and Lumberjack one-event batches

@@ -47,7 +47,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +54,7 @@ from typing import Any, Literal
 
 import zmq
 
+from bench.bystander import beside_a_publisher, describe, percentile
 from bench.throughput import BODY_SIZE, free_ports, process_cpu_seconds
 from connector import Client, ConnectorError
 from connector import keys as key_files
@@ -314,42 +314,18 @@ def catch_up_rate(cluster: Cluster, count: int) -> float:
     return count / (time.perf_counter() - started)
 
 
-#: How often the other client publishes while one client's new topics are made (seconds between publishes).
-OTHER_EVERY = 0.01
-
-
 def making_topics(group: Cluster, topics: int) -> tuple[float, list[float]]:
     """One client's confirmed publishes to ``topics`` new strong topics, all in flight at once (one PUTS
     naming them, whose topics the broker makes a few each turn), while another client publishes confirmed
-    to :data:`TOPIC` every :data:`OTHER_EVERY` seconds: the seconds until all are confirmed, and the other
-    client's confirmation times meanwhile."""
-    waits: list[float] = []
-    started, stop = threading.Event(), threading.Event()
+    to :data:`TOPIC` (:func:`bench.bystander.beside_a_publisher`): the seconds until all are confirmed, and
+    the other client's confirmation times meanwhile."""
 
-    def other() -> None:
+    def make() -> None:
         with Client(group.endpoints, **group.client_options(), timeout=60) as client:
-            client.publish(TOPIC, b"warm", confirm=True)
-            started.set()
-            while not stop.wait(OTHER_EVERY):
-                sent = time.perf_counter()
-                client.publish(TOPIC, b"x" * BODY_SIZE, confirm=True)
-                waits.append(time.perf_counter() - sent)
-
-    publisher = threading.Thread(target=other, name="bench-other-client")
-    publisher.start()
-    try:
-        if not started.wait(60):
-            raise RuntimeError("the other client did not publish within 60 s")
-        with Client(group.endpoints, **group.client_options(), timeout=60) as client:
-            begun = time.perf_counter()
             for future in [client.publish_async(f"durable.idle{n}", b"x") for n in range(topics)]:
                 future.result(120)
-            seconds = time.perf_counter() - begun
-        during = len(waits)
-    finally:
-        stop.set()
-        publisher.join(60)
-    return seconds, waits[:during]
+
+    return beside_a_publisher(group.endpoints, group.client_options(), TOPIC, make)
 
 
 def idle_cpu(cluster: Cluster, seconds: float = 5.0) -> dict[str, float]:
@@ -412,11 +388,6 @@ def failover_seconds(
         cluster.start(leader)
     cluster.settled()
     return seconds, failed
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
 #: Kills timed again once the idle figure's topics exist (a take-over then costs seconds, not milliseconds).
@@ -526,11 +497,7 @@ def main(argv: list[str]) -> int:
         print(f"{'a stopped follower catching up':<40}{report.catch_up:>12,.0f} msg/s "
               f"({args.catch_up:,} messages)")
     for label, (seconds, waits) in report.making.items():
-        making = f"{args.idle_topics:,} new topics, {label}"
-        print(f"{making:<40}all confirmed in {seconds:.2f} s; another client's meanwhile: p50 "
-              f"{percentile(waits, 0.5) * 1000:.0f} ms, p90 {percentile(waits, 0.9) * 1000:.0f} ms, slowest "
-              f"{max(waits) * 1000:.0f} ms over {len(waits)}" if waits else
-              f"{making:<40}all confirmed in {seconds:.2f} s (the other client published nothing meanwhile)")
+        print(describe(f"{args.idle_topics:,} new topics, {label}", "all confirmed", seconds, waits))
     if report.idle:
         idle, shares = f"idle, {args.idle_topics:,} strong topics", report.idle
         print(f"{idle:<40}leader {shares['leader']:.1%} of a core, a follower {shares['follower']:.1%}")

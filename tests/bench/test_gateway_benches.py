@@ -13,11 +13,14 @@ from bench import gateways, lumberjack
 
 @pytest.mark.timeout(180)
 def test_the_lumberjack_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    assert lumberjack.main(["--events", "3000", "--repeat", "1"]) == 0
-    lines = dict(line.rsplit(None, 1) for line in capsys.readouterr().out.splitlines()[1:])
+    assert lumberjack.main(["--events", "3000", "--repeat", "1", "--new-topics", "20"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    lines = dict(line.rsplit(None, 1) for line in out[1:4])
     assert float(lines["lumberjack events/s"].replace(",", "")) > 0
     assert float(lines["mc0 events/s"].replace(",", "")) > 0
     assert float(lines["lumberjack / mc0"]) > 0
+    assert out[4].startswith("a window to 20 new topics"), out
+    assert " acked in " in out[4], out
 
 
 @pytest.mark.timeout(240)
