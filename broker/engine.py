@@ -370,6 +370,10 @@ class Engine:
             self._logs_ahead[name] = self._next_topic_id
             self._next_topic_id += 1
 
+    def made_ahead(self, name: bytes) -> bool:
+        """Whether creating ``name`` now takes a log the store has made ahead (a rename, no build)."""
+        return name in self._logs_ahead and self.store is not None and self.store.made(name)
+
     def ready(self, name: bytes) -> bool:
         """Whether creating ``name`` now would not wait for its log being made ahead (:meth:`make_ahead`)."""
         return name not in self._logs_ahead or self.store is None or self.store.made(name)

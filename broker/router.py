@@ -154,7 +154,7 @@ class _Held:
 
 class _TopicsToMake(Exception):
     """Raised by dispatch before a command does anything: it names more new persistent topics than the turn
-    may still make (``unmade``, in the order the command names them)."""
+    may still make, or than the loop should build itself (``unmade``, in the order the command names them)."""
 
     def __init__(self, unmade: list[bytes]) -> None:
         super().__init__()
@@ -183,6 +183,18 @@ class _FetchReply:
 Reply = mc0.Frames | _FetchReply | _Held
 #: What building a FETCH reply may give instead of frames: it waits for a commit (see broker.waiting).
 PARKED: mc0.Frames = []
+
+
+def _names(event: mc0.Event) -> Iterable[bytes]:
+    """The topics a command publishes or subscribes to."""
+    match event:
+        case mc0.Put(topic=topic):
+            return (topic,)
+        case mc0.Puts(items=items):
+            return (items.topic,) if type(items) is TopicBodies else (item[0] for item in items)
+        case mc0.Sub(topics=topics):
+            return topics
+    return ()
 
 
 class RouterShell:
@@ -437,6 +449,11 @@ class RouterShell:
         held = self.making[session].commands
         if len(held) <= MAX_HELD_COMMANDS:
             held.append((event, body))
+            # Its new topics are built ahead too, meanwhile (as many as the store takes): a client pipelining
+            # publishes to new topics has them built two at a time, not one a turn once its turn comes.
+            make_ahead = self.engine.make_ahead
+            for name in self.engine.unmade_logs(_names(event)):
+                make_ahead(name, self._made_ahead)
             return
         self.counters["errors"] += 1
         self.reply(session, mc0.Error(
@@ -496,15 +513,41 @@ class RouterShell:
 
     def _check_entries(self, items: list[tuple[bytes, bytes, mc0.Headers]]) -> None:
         """_TopicsToMake if a PUTS's entries name more new persistent topics than this turn may still make."""
-        if type(items) is not TopicBodies and len(items) > 1:  # one topic: the turn ends after it (receive)
+        if type(items) is TopicBodies:
+            self._check_topic(items.topic)
+        else:
             self._check_topics(item[0] for item in items)
 
+    def _check_topic(self, name: bytes) -> None:
+        """The same for a command naming one topic (the common case: a topic that exists costs a lookup)."""
+        if name not in self.engine.topics:
+            self._check_topics((name,))
+
     def _check_topics(self, names: Iterable[bytes]) -> None:
+        """_TopicsToMake if the command names more new persistent topics than this turn may still make, or
+        more than one whose directory the loop would build itself (one not made ahead), or one such after
+        the turn has made a topic already: those wait while the store's threads build them, so that the loop
+        builds at most one directory a turn (a client's first publish to a new topic stays as quick as
+        before, and a burst of publishes to new topics no longer holds every other client for several fsyncs
+        a turn)."""
         if self._may_wait:
             engine = self.engine
             unmade = engine.unmade_logs(names)
-            if unmade and not engine.room_to_make(self._creation_mark, len(unmade)):
+            if unmade and (not engine.room_to_make(self._creation_mark, len(unmade))
+                           or self._would_build(unmade)):
                 raise _TopicsToMake(unmade)
+
+    def _would_build(self, unmade: list[bytes]) -> bool:
+        """Whether creating ``unmade`` now would build more directories on the loop than one a turn, when the
+        store could build them ahead (it is asked to here); a store that makes nothing ahead builds them here,
+        as before."""
+        engine = self.engine
+        built = [name for name in unmade if not engine.made_ahead(name)]
+        if not built or (len(built) == 1 and engine.logs_created == self._creation_mark[0]):
+            return False
+        for name in built:
+            engine.make_ahead(name, self._made_ahead)
+        return not all(engine.ready(name) for name in built)  # some are being built, in the store's threads
 
     def dispatch(self, session: Session, event: mc0.Event, wall: int) -> None:
         engine = self.engine
@@ -518,6 +561,7 @@ class RouterShell:
                 return
         match event:
             case mc0.Put(topic, body, command_id, headers):
+                self._check_topic(topic)
                 message = engine.publish(topic, body, headers, wall)
                 self.counters["messages_in"] += 1
                 if command_id is not None:
@@ -561,8 +605,7 @@ class RouterShell:
             case mc0.Sub(topics, command_id, _, replay, resume, credit, explicit_acks, incarnation):
                 for topic in topics:  # refused whole: check every topic before subscribing to any
                     engine.check_subscribe(topic, replay)
-                if len(topics) > 1:
-                    self._check_topics(topics)
+                self._check_topics(topics)
                 next_ids = []
                 starts = []
                 for topic in topics:

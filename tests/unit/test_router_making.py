@@ -129,6 +129,58 @@ def test_a_puts_waits_while_its_topics_are_made_and_its_clients_later_commands_w
     assert builders == ["mc0-make"] * NEW, "every directory built in the store's threads, none by the loop"
 
 
+def recording_builders(router: RouterShell) -> list[str]:
+    """The names of the threads that build each topic directory from now on."""
+    maker = router.engine.store.maker  # type: ignore[union-attr]
+    build, builders = maker.build, []
+
+    def recorded(*args: object) -> None:
+        builders.append(threading.current_thread().name[:8])
+        build(*args)
+
+    maker.build = recorded
+    store = router.engine.store
+    build_here = store._build_directory  # type: ignore[union-attr]
+
+    def recorded_here(*args: object) -> None:
+        if threading.current_thread() is threading.main_thread():
+            builders.append("loop")
+        build_here(*args)
+
+    store._build_directory = recorded_here  # type: ignore[union-attr]
+    return builders
+
+
+def test_pipelined_publishes_to_new_topics_build_at_most_one_directory_a_turn_on_the_loop(
+    shell: tuple[RouterShell, Wire]
+) -> None:
+    """A client's first publish to a new topic makes it at once, as before; its next ones, in the same turn,
+    wait while the store's threads build theirs (the ones behind them too, meanwhile), and are answered in
+    order; another client is answered in the first turn."""
+    router, wire = shell
+    builders = recording_builders(router)
+    for n in range(NEW):
+        wire.command(b"a", mc0.Put(b"log.p%d" % n, b"x", id=b"p%d" % n))
+    wire.command(b"b", mc0.Noop(id=b"other"))
+    assert turn(router) == 1, "the first new topic is made on the loop"
+    assert wire.answers(b"b") == [(b"OK", b"other")]
+    assert wire.answers(b"a") == [(b"OK", b"p0")]
+    turns_until_made(router)
+    assert wire.answers(b"a") == [(b"OK", b"p%d" % n) for n in range(NEW)]
+    assert builders == ["loop"] + ["mc0-make"] * (NEW - 1)
+
+
+def test_a_puts_naming_two_new_topics_waits_for_them_built_ahead(shell: tuple[RouterShell, Wire]) -> None:
+    router, wire = shell
+    builders = recording_builders(router)
+    wire.command(b"a", puts(2, b"two"))
+    assert turn(router) == 0
+    assert wire.answers(b"a") == []
+    assert turns_until_made(router) == [2]
+    assert wire.answers(b"a") == [(b"OK", b"two")]
+    assert builders == ["mc0-make"] * 2
+
+
 def test_what_waits_behind_a_command_is_bounded(shell: tuple[RouterShell, Wire],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     router, wire = shell
