@@ -515,8 +515,12 @@ class RouterShell:
         """_TopicsToMake if a PUTS's entries name more new persistent topics than this turn may still make."""
         if type(items) is TopicBodies:
             self._check_topic(items.topic)
-        else:
-            self._check_topics(item[0] for item in items)
+            return
+        topics = self.engine.topics
+        for item in items:
+            if item[0] not in topics:  # a new one: the whole batch is looked at
+                self._check_topics(item[0] for item in items)
+                return
 
     def _check_topic(self, name: bytes) -> None:
         """The same for a command naming one topic (the common case: a topic that exists costs a lookup)."""
