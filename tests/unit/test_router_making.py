@@ -165,6 +165,7 @@ def test_pipelined_publishes_to_new_topics_build_at_most_one_directory_a_turn_on
     assert turn(router) == 1, "the first new topic is made on the loop"
     assert wire.answers(b"b") == [(b"OK", b"other")]
     assert wire.answers(b"a") == [(b"OK", b"p0")]
+    assert set(router.engine._logs_ahead) == {b"log.p%d" % n for n in range(1, NEW)}, "all asked for at once"
     turns_until_made(router)
     assert wire.answers(b"a") == [(b"OK", b"p%d" % n) for n in range(NEW)]
     assert builders == ["loop"] + ["mc0-make"] * (NEW - 1)
