@@ -512,7 +512,8 @@ class RouterShell:
                 self.loop.call_soon_threadsafe(self._schedule_turn)
 
     def _check_entries(self, items: list[tuple[bytes, bytes, mc0.Headers]]) -> None:
-        """_TopicsToMake if a PUTS's entries name more new persistent topics than this turn may still make."""
+        """_TopicsToMake if a PUTS's entries name new persistent topics this turn should not make (see
+        :meth:`_check_topics`)."""
         if type(items) is TopicBodies:
             self._check_topic(items.topic)
             return
