@@ -105,30 +105,6 @@ def puts(count: int, command_id: bytes, start: int = 0) -> mc0.Puts:
     return mc0.Puts([(b"log.t%d" % n, b"x", {}) for n in range(start, start + count)], id=command_id)
 
 
-def test_a_puts_waits_while_its_topics_are_made_and_its_clients_later_commands_wait_behind_it(
-    shell: tuple[RouterShell, Wire]
-) -> None:
-    router, wire = shell
-    maker = router.engine.store.maker  # type: ignore[union-attr]
-    build, builders = maker.build, []
-
-    def recorded(*args: object) -> None:
-        builders.append(threading.current_thread().name[:8])
-        build(*args)
-
-    maker.build = recorded
-    wire.command(b"a", puts(NEW, b"many"))
-    wire.command(b"a", mc0.Noop(id=b"after"))
-    wire.command(b"b", mc0.Noop(id=b"other"))
-    assert turn(router) == 0
-    assert wire.answers(b"b") == [(b"OK", b"other")], "another client is served at once"
-    assert wire.answers(b"a") == []
-    assert turns_until_made(router) == [CREATES_PER_TURN, CREATES_PER_TURN, NEW - 2 * CREATES_PER_TURN]
-    assert wire.answers(b"a") == [(b"OK", b"many"), (b"OK", b"after")]
-    assert all(router.engine.topics[b"log.t%d" % n].next_id == 2 for n in range(NEW))
-    assert builders == ["mc0-make"] * NEW, "every directory built in the store's threads, none by the loop"
-
-
 def recording_builders(router: RouterShell) -> list[str]:
     """The names of the threads that build each topic directory from now on."""
     maker = router.engine.store.maker  # type: ignore[union-attr]
@@ -149,6 +125,23 @@ def recording_builders(router: RouterShell) -> list[str]:
 
     store._build_directory = recorded_here  # type: ignore[union-attr]
     return builders
+
+
+def test_a_puts_waits_while_its_topics_are_made_and_its_clients_later_commands_wait_behind_it(
+    shell: tuple[RouterShell, Wire]
+) -> None:
+    router, wire = shell
+    builders = recording_builders(router)
+    wire.command(b"a", puts(NEW, b"many"))
+    wire.command(b"a", mc0.Noop(id=b"after"))
+    wire.command(b"b", mc0.Noop(id=b"other"))
+    assert turn(router) == 0
+    assert wire.answers(b"b") == [(b"OK", b"other")], "another client is served at once"
+    assert wire.answers(b"a") == []
+    assert turns_until_made(router) == [CREATES_PER_TURN, CREATES_PER_TURN, NEW - 2 * CREATES_PER_TURN]
+    assert wire.answers(b"a") == [(b"OK", b"many"), (b"OK", b"after")]
+    assert all(router.engine.topics[b"log.t%d" % n].next_id == 2 for n in range(NEW))
+    assert builders == ["mc0-make"] * NEW, "every directory built in the store's threads, none by the loop"
 
 
 def test_pipelined_publishes_to_new_topics_build_at_most_one_directory_a_turn_on_the_loop(
