@@ -370,6 +370,14 @@ class Engine:
             self._logs_ahead[name] = self._next_topic_id
             self._next_topic_id += 1
 
+    def make_ahead_of(self, names: Iterable[bytes], done: Callable[[], None]) -> list[bytes]:
+        """:meth:`make_ahead` for each of ``names`` that is no topic yet and would be a persistent one;
+        returns those (:meth:`unmade_logs`)."""
+        unmade = self.unmade_logs(names)
+        for name in unmade:
+            self.make_ahead(name, done)
+        return unmade
+
     def made_ahead(self, name: bytes) -> bool:
         """Whether creating ``name`` now takes a log the store has made ahead (a rename, no build)."""
         return name in self._logs_ahead and self.store is not None and self.store.made(name)

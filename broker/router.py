@@ -191,7 +191,7 @@ def _names(event: mc0.Event) -> Iterable[bytes]:
         case mc0.Put(topic=topic):
             return (topic,)
         case mc0.Puts(items=items):
-            return (items.topic,) if type(items) is TopicBodies else (item[0] for item in items)
+            return entry_topics(items)
         case mc0.Sub(topics=topics):
             return topics
     return ()
@@ -451,9 +451,7 @@ class RouterShell:
             held.append((event, body))
             # Its new topics are built ahead too, meanwhile (as many as the store takes): a client pipelining
             # publishes to new topics has them built two at a time, not one a turn once its turn comes.
-            make_ahead = self.engine.make_ahead
-            for name in self.engine.unmade_logs(_names(event)):
-                make_ahead(name, self._made_ahead)
+            self.engine.make_ahead_of(_names(event), self._made_ahead)
             return
         self.counters["errors"] += 1
         self.reply(session, mc0.Error(
@@ -714,8 +712,7 @@ class RouterShell:
         if self.cluster is None:
             return
         topics = self.engine.topics
-        names = (event.topic,) if type(event) is mc0.Put else entry_topics(event.items)
-        self.needs.append({name: topics[name].next_id - 1 for name in names if name in topics})
+        self.needs.append({name: topics[name].next_id - 1 for name in _names(event) if name in topics})
 
     def refuse(self, session: Session, error: ProtocolError, body: list[bytes]) -> None:
         """ERROR for a command, carrying its ID whenever it had one (mc0 requires it)."""

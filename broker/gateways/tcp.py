@@ -597,11 +597,8 @@ class Connection(asyncio.Protocol):
     def _make_ahead(self, names: Sequence[bytes]) -> list[bytes]:
         """Have the store make the logs of those of ``names`` that would be new persistent topics; returns
         them."""
-        engine = self.engine
-        unmade = engine.unmade_logs(names)
-        for name in unmade:
-            engine.make_ahead(name, self._made_ahead)
-            self.asked.add(name)
+        unmade = self.engine.make_ahead_of(names, self._made_ahead)
+        self.asked.update(unmade)
         return unmade
 
     def _look_ahead(self) -> None:
