@@ -871,7 +871,8 @@ class Engine:
         (None if every entry was a duplicate) and how many leading entries were skipped.
 
         The topic remembers the highest sequence each of its recent producers stored (a persistent topic in
-        its log, so across restarts): see :mod:`broker.producers`."""
+        its log, so across restarts): see :mod:`broker.producers`. A batch that would leave a gap after it is
+        refused (EngineError), and nothing of it is stored."""
         topic = self.topics.get(name) or self.topic(name)
         if topic.element_size:
             for _, body, _ in items:
@@ -880,6 +881,11 @@ class Engine:
         window = topic.log.producers if topic.log is not None else topic.producers
         if window is None:
             window = topic.producers = ProducerWindow()
+        expected = window.gap(producer, sequence)
+        if expected is not None:
+            raise EngineError(f"out of sequence: producer {_shown(producer)} stored numbers up to "
+                              f"{expected - 1} in topic {_shown(name)}, and this batch begins at {sequence}; "
+                              f"send the batch numbered from {expected} first (one was refused or lost)")
         skipped = window.duplicates(producer, sequence, len(items))
         topic.duplicates += skipped
         if skipped == len(items):

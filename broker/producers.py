@@ -6,6 +6,11 @@ holds are not stored twice. :class:`ProducerWindow` is that memory for one topic
 producer stored (and the id it got), for the most recently active :data:`MAX_PRODUCERS` producers — the
 *window*. A producer that fell out of the window is a stranger again: its next batch is stored whole.
 
+A producer the window knows must go on without a gap (:meth:`ProducerWindow.gap`): its next batch begins at
+most one past the highest sequence it stored. Otherwise a batch refused on its way (a failed write) followed
+by a later one that was stored would leave the refused batch's numbers below the highest, and its retry would
+be skipped as a duplicate: lost. Kafka refuses an out-of-order sequence for the same reason.
+
 Pure state, no I/O and no clock. A persistent topic's log keeps its window in a journal beside the segments
 (:mod:`broker.store.producers`), so that it survives a restart; a transient topic's window lives and dies with
 the broker, as its messages do. This module must not know which of the two it is.
@@ -39,6 +44,15 @@ class ProducerWindow:
         if entry is None:
             return 0
         return max(0, min(count, entry[0] - sequence + 1))
+
+    def gap(self, producer: bytes, sequence: int) -> int | None:
+        """The sequence this producer must send next if a batch numbered from ``sequence`` would leave a gap
+        after what it stored; None when the batch may be taken (it follows on, overlaps what was stored, or
+        the producer is a stranger)."""
+        entry = self.last.get(producer)
+        if entry is None or sequence <= entry[0] + 1:
+            return None
+        return entry[0] + 1
 
     def record(self, producer: bytes, last_sequence: int, first_id: int, count: int) -> None:
         """The producer stored ``count`` entries, the last numbered ``last_sequence``, ids ``first_id`` on."""

@@ -166,7 +166,10 @@ def publish(settings: WriteSettings, batches: Iterator[Any], producer: bytes) ->
         sequence = sequences.get(topic, 0)
         sequences[topic] = sequence + count
         in_flight.append(client.publish_batch_later(items, producer=producer, sequence=sequence))
-        while len(in_flight) > IN_FLIGHT:
+        # The broker refuses a batch that would leave a gap after what a producer stored, but takes a
+        # stranger's first batch wherever it begins: so a topic's first batch is confirmed before the next
+        # goes, or a refused first batch followed by a stored second would make the retry skip the first.
+        while len(in_flight) > (IN_FLIGHT if sequence else 0):
             settle(in_flight.popleft())
 
     try:

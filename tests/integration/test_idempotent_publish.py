@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from conftest import failing_writes
 from test_crash_safety import BrokerProcess, broker_process  # noqa: F401 - the fixture, shared
 
+from broker.store.files import directory_name
 from broker.topics import Persistence, Sync, TopicRule, TopicSpec
 from connector import Client, ConnectorError
 from protocol import mc0
@@ -69,6 +71,50 @@ def test_a_batch_sent_again_is_stored_once(start_broker: BrokerFactory, topic: s
     assert [m.body for m in received if m is not None] == expected, "subscribers see each entry once"
     if stored is not None:
         assert stored == expected
+
+
+def test_a_batch_that_would_leave_a_gap_is_refused_whole(dealer: DealerFactory,
+                                                         start_broker: BrokerFactory) -> None:
+    broker = start_broker(topics=RULES)
+    peer = dealer(broker.endpoint)
+    with Client(broker.endpoint, curve=False) as client:
+        client.publish_batch(batch("idem.gap", 0, 10), producer="p", sequence=0)
+        with pytest.raises(ConnectorError, match=r"out of sequence.*up to 9.*begins at 11.*numbered from 10"):
+            client.publish_batch(batch("idem.gap", 11, 5), producer="p", sequence=11)
+        assert bodies(client, "idem.gap") == [b"m%d" % n for n in range(10)], "nothing of it stored"
+        follows = client.publish_batch(batch("idem.gap", 10, 6), producer="p", sequence=10)
+        assert (follows["COUNT"], follows["DUPLICATES"]) == ("6", "0")
+        stranger = client.publish_batch(batch("idem.gap", 500, 2), producer="q", sequence=500)
+        assert stranger["COUNT"] == "2", "a producer the topic does not know begins anywhere"
+    import msgpack
+
+    peer.send("PUTS", "PRODUCER", "p", "SEQUENCE", 40, "ID", "raw", "",
+              msgpack.packb([(b"idem.gap", b"x")], use_bin_type=True))
+    reply = peer.recv()
+    assert (reply.verb, reply.header("ID")) == (b"ERROR", b"raw")
+    assert b"send the batch numbered from 16 first" in (reply.header("MESSAGE") or b"")
+
+
+@pytest.mark.timeout(30)
+def test_a_batch_refused_by_a_full_disk_is_stored_when_sent_again_though_the_next_one_came_first(
+    start_broker: BrokerFactory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Batch 2 is refused (its write fails: a full disk), batch 3 arrives after the disk has room. Were batch
+    3 stored, the producer's highest number would be past batch 2's, and batch 2 sent again would be skipped
+    as stored: lost. Batch 3 is refused instead, and both sent again land once, in order."""
+    broker = start_broker(topics=RULES, data_dir=tmp_path / "data")
+    topic = "idem.full"
+    with Client(broker.endpoint, curve=False) as client:
+        client.publish_batch(batch(topic, 0, 10), producer="spark", sequence=0)
+        with failing_writes(monkeypatch, "/" + directory_name(topic.encode()) + "/"), \
+                pytest.raises(ConnectorError, match="not stored"):
+            client.publish_batch(batch(topic, 10, 10), producer="spark", sequence=10)
+        with pytest.raises(ConnectorError, match="out of sequence"):
+            client.publish_batch(batch(topic, 20, 10), producer="spark", sequence=20)
+        again = client.publish_batch(batch(topic, 10, 10), producer="spark", sequence=10)
+        after = client.publish_batch(batch(topic, 20, 10), producer="spark", sequence=20)
+        assert (again["COUNT"], again["DUPLICATES"], after["COUNT"]) == ("10", "0", "10")
+        assert bodies(client, topic) == [b"m%d" % n for n in range(30)], "every entry once, in order"
 
 
 def test_the_window_survives_a_restart(start_broker: BrokerFactory, tmp_path: Path) -> None:

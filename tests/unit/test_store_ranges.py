@@ -301,6 +301,15 @@ def test_a_window_forgets_its_least_recently_active_producers() -> None:
     assert window.duplicates(b"a", 1, 3) == 2
 
 
+def test_a_known_producer_may_not_leave_a_gap_but_a_stranger_begins_anywhere() -> None:
+    window = ProducerWindow()
+    assert window.gap(b"new", 500) is None, "a stranger's first batch begins where it likes"
+    window.record(b"p", 9, 1, 10)  # numbers 0-9 stored
+    assert window.gap(b"p", 10) is None, "follows on"
+    assert window.gap(b"p", 3) is None, "overlaps: its first entries are duplicates"
+    assert window.gap(b"p", 11) == 10, "number 10 would never be stored: send it first"
+
+
 def test_a_stale_index_entry_is_rebuilt_when_a_records_read_meets_it(tmp_path: Path) -> None:
     log = SegmentLog(TOPIC, tmp_path, SMALL, index_interval=256)
     fill(log, 200)
