@@ -121,15 +121,18 @@ OPTIONS: tuple[Option, ...] = (
            "foreachBatch)"),
 )
 
-#: Kafka options mc0 cannot honour (lower case), and why; any other ``kafka.*`` is refused too.
+#: Options mc0 cannot honour (Kafka's, and ``path``), spelled as Kafka spells them, and why; any other
+#: ``kafka.*`` is refused too (:data:`KAFKA_PREFIX_REASON`).
+_NO_GROUP = ("reads use no consumer group: a query's position lives in its checkpoint and the broker keeps "
+             "nothing per reader")
 REFUSED: dict[str, str] = {
     "assign": "mc0 topics have no partitions: name whole topics with subscribe or subscribePattern",
-    "groupidprefix": "reads use no consumer group: a query's position lives in its checkpoint and the broker "
-                     "keeps nothing per reader",
-    "fetchoffset.numretries": "the broker answers offsets itself, at once: there is nothing to retry "
+    "kafka.group.id": _NO_GROUP,
+    "groupIdPrefix": _NO_GROUP,
+    "fetchOffset.numRetries": "the broker answers offsets itself, at once: there is nothing to retry "
                               "(requestTimeoutMs bounds a request)",
-    "fetchoffset.retryintervalms": "the broker answers offsets itself, at once: there is nothing to retry",
-    "kafkaconsumer.polltimeoutms": "use requestTimeoutMs",
+    "fetchOffset.retryIntervalMs": "the broker answers offsets itself, at once: there is nothing to retry",
+    "kafkaConsumer.pollTimeoutMs": "use requestTimeoutMs",
     "path": "mc0 reads and writes topics, not paths: name them with subscribe (reads) or topic (writes)",
 }
 KAFKA_PREFIX = "kafka."
@@ -139,6 +142,10 @@ KAFKA_PREFIX_REASON = ("mc0 is not Kafka: name the broker with `broker` (an mc0 
 SPARK_OWN = {Mode.WRITE_STREAM: frozenset({"checkpointlocation"})}
 
 _BY_LOWER = {option.name.lower(): option for option in OPTIONS}
+_REFUSED_BY_LOWER = {name.lower(): name for name in REFUSED}
+#: How alike a misspelt name must be to a known one to be suggested (difflib's ratio): catches a letter
+#: missing, doubled or swapped, or a unit dropped (``kafkaConsumer.pollTimeout``), not another word.
+NEAR = 0.75
 
 
 class OptionError(ValueError):
@@ -158,11 +165,18 @@ def check(options: Mapping[str, str], mode: Mode | None) -> None:
                 where = " and ".join(m.value for m in Mode if m in option.modes)
                 raise OptionError(f"option {option.name} applies to {where}, not to {mode.value}")
             continue
-        if lower in REFUSED:
-            raise OptionError(f"option {key} is not supported by format mc0: {REFUSED[lower]}")
+        refused = _REFUSED_BY_LOWER.get(lower)
+        if refused is not None:
+            raise OptionError(f"option {key} is not supported by format mc0: {REFUSED[refused]}")
         if lower.startswith(KAFKA_PREFIX):
+            # Every other kafka.* is refused for this one reason, so no near miss is looked for among them
+            # (kafka.group.instance.id is not a misspelt kafka.group.id).
             raise OptionError(f"option {key} is not supported by format mc0: {KAFKA_PREFIX_REASON}")
-        near = difflib.get_close_matches(lower, list(_BY_LOWER), n=1, cutoff=0.75)
+        near = difflib.get_close_matches(lower, [*_BY_LOWER, *_REFUSED_BY_LOWER], n=1, cutoff=NEAR)
+        if near and near[0] in _REFUSED_BY_LOWER:  # a near miss of a name mc0 refuses: say so, and why
+            name = _REFUSED_BY_LOWER[near[0]]
+            raise OptionError(f"unknown option {key} for format mc0: did you mean {name}? format mc0 does "
+                              f"not support it: {REFUSED[name]}")
         hint = f"did you mean {_BY_LOWER[near[0]].name}? " if near else ""
         modes = READS if mode is None else {mode}
         names = ", ".join(o.name for o in OPTIONS if o.modes & modes)

@@ -1,5 +1,6 @@
-"""The ``mc0`` data source's options, checked without Spark: names (case-insensitive, the nearest suggested),
-modes, Kafka's refused with a reason, values (flags, counts, durations, Kafka's offsets JSON)."""
+"""The ``mc0`` data source's options, checked without Spark: names (case-insensitive, the nearest suggested,
+a near miss of a refused Kafka name with the reason), modes, Kafka's refused with a reason, values (flags,
+counts, durations, Kafka's offsets JSON)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,18 @@ def test_known_options_pass_in_their_modes_whatever_their_case() -> None:
         ({"assign": "{}"}, Mode.READ, "no partitions"),
         ({"kafka.bootstrap.servers": "k:9092"}, Mode.WRITE, "mc0 is not Kafka"),
         ({"groupIdPrefix": "g"}, Mode.STREAM, "consumer group"),
+        ({"kafka.group.id": "g"}, Mode.STREAM, "kafka.group.id is not supported by format mc0: reads use no "
+                                               "consumer group"),
+        ({"KAFKA.GROUP.ID": "g"}, Mode.READ, "reads use no consumer group"),
+        ({"kafka.group.instance.id": "g"}, Mode.READ, "mc0 is not Kafka"),
+        ({"kafkaConsumer.pollTimeout": "5"}, Mode.READ,
+         "unknown option kafkaConsumer.pollTimeout for format mc0: did you mean kafkaConsumer.pollTimeoutMs? "
+         "format mc0 does not support it: use requestTimeoutMs"),
+        ({"assignn": "{}"}, Mode.STREAM,
+         "did you mean assign? format mc0 does not support it: mc0 topics have no partitions"),
+        ({"groupIdPrefx": "g"}, None, "did you mean groupIdPrefix? format mc0 does not support it: reads use "
+                                      "no consumer group"),
+        ({"fetchOffset.numRetry": "3"}, Mode.READ, "did you mean fetchOffset.numRetries?"),
         ({"path": "/x"}, Mode.WRITE, "not paths"),
         ({"checkpointLocation": "/c"}, Mode.WRITE, "unknown option"),
         ({"zzz": "1"}, None, "the options are broker"),
@@ -35,6 +48,7 @@ def test_what_does_not_apply_is_an_error_that_says_why(given: dict[str, str], mo
     with pytest.raises(OptionError, match=None) as info:
         options.check(given, mode)
     assert says in str(info.value)
+    assert "\n" not in str(info.value), "one line"
 
 
 def test_values_are_checked() -> None:
