@@ -99,8 +99,9 @@ OPTIONS: tuple[Option, ...] = (
            "at least this many Spark tasks read (without it: one per core, none under 50,000 messages)"),
     Option("maxRecordsPerPartition", READS, True, str(DEFAULT_MAX_RECORDS_PER_PARTITION),
            "at most this many messages per Spark task"),
-    Option("includeHeaders", READS, True, "false",
-           "add `headers`: `array<struct<key: string, value: binary>>`, as Kafka's"),
+    Option("includeHeaders", EVERY, True, "false",
+           "reads: add `headers`, `array<struct<key: string, value: binary>>`, as Kafka's; writes: changes "
+           "nothing, as in Kafka's sink (a `headers` column is written whenever there is one)"),
     Option("checkCrcs", READS, False, "true",
            "check each record's CRC on the executor (Kafka's check.crcs)"),
     Option("maxOffsetsPerTrigger", frozenset({Mode.STREAM}), True, "",

@@ -79,6 +79,9 @@ class WriteSettings:
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType, mode: Mode) -> WriteSettings:
         opts.check(options, mode)
+        # Accepted as Kafka's sink accepts it, and changes nothing, as there: a headers column is written
+        # whenever there is one. Its value is still checked, as every option's is.
+        opts.flag(options, "includeHeaders", False)
         fields = {f.name: f.dataType for f in schema.fields}
         if "value" not in fields:
             raise OptionError("a DataFrame written to mc0 needs a value column (binary or string)")

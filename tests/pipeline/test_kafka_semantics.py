@@ -195,6 +195,47 @@ def test_values_must_be_binary_or_string_and_keys_round_trip(spark: Any, broker:
                                                                                topic="x").mode("append").save)
 
 
+HEADERS = "array<struct<key: string, value: binary>>"
+
+
+def keyed_rows(frame: Any) -> list[tuple[Any, bytes, list[tuple[str, bytes]]]]:
+    """(key, value, headers) of every row, in value order."""
+    return sorted(((r.key if r.key is None else bytes(r.key), bytes(r.value),
+                    [(h.key, bytes(h.value)) for h in r.headers]) for r in frame.collect()),
+                  key=lambda row: row[1])
+
+
+def test_headers_in_kafkas_shape_are_written_and_a_read_with_headers_writes_back_whole(
+    spark: Any, broker: Broker, tmp_path: Path
+) -> None:
+    """A headers column in Kafka's shape is written (includeHeaders accepted on the write, as Kafka's sink
+    accepts it); a DataFrame read with includeHeaders=true and written to another topic, batch and streaming,
+    keeps every row's key, value and headers."""
+    rows = spark.createDataFrame(
+        [("k1", b"v1", [("a", b"1"), ("b", b"\x00\xff")]), (None, b"v2", [("only", b"")]), ("k3", b"v3", []),
+         ("k4", b"v4", None)],
+        f"key string, value binary, headers {HEADERS}")
+    rows.write.format("mc0").options(**options(broker), topic="hdr.a", includeHeaders="true").mode(
+        "append").save()
+    expected = [(b"k1", b"v1", [("a", b"1"), ("b", b"\x00\xff")]), (None, b"v2", [("only", b"")]),
+                (b"k3", b"v3", []), (b"k4", b"v4", [])]
+
+    def read(topic: str) -> Any:
+        return spark.read.format("mc0").options(**options(broker), subscribe=topic,
+                                                includeHeaders="true").load()
+
+    assert keyed_rows(read("hdr.a")) == expected
+    read("hdr.a").write.format("mc0").options(**options(broker), topic="hdr.b", includeHeaders="true").mode(
+        "append").save()  # with its topic, id and timestamp columns: the option names the topic
+    assert keyed_rows(read("hdr.b")) == expected, "the batch round trip keeps key, value and headers"
+    stream = (spark.readStream.format("mc0").options(**options(broker), subscribe="hdr.a")
+              .options(includeHeaders="true", startingOffsets="earliest").load())
+    query = (stream.writeStream.format("mc0").options(**options(broker), topic="hdr.c", includeHeaders="true")
+             .option("checkpointLocation", str(tmp_path / "c")).trigger(availableNow=True).start())
+    assert query.awaitTermination(120)
+    assert keyed_rows(read("hdr.c")) == expected, "the streaming round trip keeps key, value and headers"
+
+
 # --------------------------------------------------------------------------------------------- streaming
 
 

@@ -1,8 +1,12 @@
 """The ``mc0`` data source's options, checked without Spark: names (case-insensitive, the nearest suggested,
 a near miss of a refused Kafka name with the reason), modes, Kafka's refused with a reason, values (flags,
-counts, durations, Kafka's offsets JSON)."""
+counts, durations, Kafka's offsets JSON), and the options table of docs/pipeline.md against the code and
+against every option of Spark's Kafka source and sink."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +18,22 @@ def test_known_options_pass_in_their_modes_whatever_their_case() -> None:
     options.check({"subscribe": "a", "STARTINGOFFSETS": "earliest", "maxoffsetspertrigger": "5"}, Mode.STREAM)
     options.check({"topic": "t", "checkpointlocation": "checkpoints/c"}, Mode.WRITE_STREAM)
     options.check({"writeid": "w1", "broker": "tcp://h:1"}, Mode.WRITE)
+
+
+@pytest.mark.parametrize("mode", [Mode.WRITE, Mode.WRITE_STREAM])
+def test_include_headers_is_accepted_on_writes_as_kafkas_sink_accepts_it(mode: Mode) -> None:
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from pipeline.sink import WriteSettings
+    from pipeline.source import HEADERS_TYPE
+
+    options.check({"includeHeaders": "true", "topic": "t"}, mode)
+    schema = StructType([StructField("value", BinaryType()), StructField("headers", HEADERS_TYPE)])
+    for given in ("true", "false"):
+        settings = WriteSettings.parse({"includeHeaders": given, "topic": "t"}, schema, mode)
+        assert settings.headers_column == "array", "a headers column is written either way"
+    with pytest.raises(OptionError, match="includeHeaders must be true or false"):
+        WriteSettings.parse({"includeHeaders": "yes", "topic": "t"}, schema, mode)
 
 
 @pytest.mark.parametrize(
@@ -126,3 +146,68 @@ def test_a_given_schema_without_columns_is_refused() -> None:
 
     with pytest.raises(OptionError, match="at least one column"):
         chosen_columns(StructType([]), SCHEMA)
+
+
+# ------------------------------------------------------------------------------ the table in the docs
+
+#: Every option of Spark's Kafka source and sink (Spark's Structured Streaming + Kafka Integration Guide):
+#: each must be supported, or refused with a reason, and be in docs/pipeline.md's table as such.
+KAFKA_SOURCE_OPTIONS = (
+    "assign", "subscribe", "subscribePattern", "kafka.bootstrap.servers", "startingTimestamp",
+    "startingOffsetsByTimestamp", "startingOffsets", "endingTimestamp", "endingOffsetsByTimestamp",
+    "endingOffsets", "failOnDataLoss", "kafkaConsumer.pollTimeoutMs", "fetchOffset.numRetries",
+    "fetchOffset.retryIntervalMs", "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
+    "minPartitions", "maxRecordsPerPartition", "groupIdPrefix", "kafka.group.id", "includeHeaders",
+    "startingOffsetsByTimestampStrategy",
+)
+KAFKA_SINK_OPTIONS = ("kafka.bootstrap.servers", "topic", "includeHeaders")
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "pipeline.md"
+#: The "where" column of the table, for each set of modes.
+WHERE = {
+    options.EVERY: "all",
+    options.READS: "reads",
+    options.WRITES: "writes",
+    frozenset({Mode.READ}): "batch reads",
+    frozenset({Mode.STREAM}): "streams",
+    frozenset({Mode.WRITE}): "batch writes",
+}
+
+
+def docs_table() -> dict[str, tuple[str, str]]:
+    """docs/pipeline.md's options table: option name -> (where, supported / refused / ours)."""
+    text = DOCS.read_text()
+    table = text[text.index("| option | where | mc0 |"):]
+    table = table[:table.index("\n\n")]
+    out = {}
+    for line in table.splitlines()[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        for name in re.findall(r"`([^`]+)`", cells[0]):
+            out[name] = (cells[1], cells[2])
+    return out
+
+
+def test_every_kafka_option_is_supported_or_refused_and_in_the_docs_table_as_it_is() -> None:
+    table = docs_table()
+    known = {option.name: option for option in options.OPTIONS}
+    for name in sorted(set(KAFKA_SOURCE_OPTIONS) | set(KAFKA_SINK_OPTIONS)):
+        if name in known:
+            assert known[name].kafka, f"{name} is Kafka's name"
+            assert table.get(name, ("", ""))[1] == "supported", f"{name}: supported in the docs table"
+        else:
+            with pytest.raises(OptionError, match=r"is not supported by format mc0: .+"):
+                options.check({name: "x"}, None)
+            assert table.get(name, ("", ""))[1] == "refused", f"{name}: refused in the docs table"
+    for name in KAFKA_SINK_OPTIONS:
+        if name in known:
+            assert known[name].modes & options.WRITES, f"Kafka's sink takes {name}"
+
+
+def test_the_docs_table_lists_every_option_where_it_applies() -> None:
+    table = docs_table()
+    for option in options.OPTIONS:
+        assert option.name in table, f"{option.name} is missing from docs/pipeline.md's options table"
+        where, status = table[option.name]
+        assert status == ("supported" if option.kafka else "ours"), option.name
+        assert where == WHERE[option.modes], f"{option.name} applies to {WHERE[option.modes]}, not {where}"
+    for name in options.REFUSED:
+        assert table.get(name, ("", ""))[1] == "refused", f"{name}: refused in the docs table"
