@@ -8,6 +8,7 @@ minOffsetsPerTrigger with maxTriggerDelay.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -177,9 +178,13 @@ def test_the_topic_option_overrides_the_topic_column_so_a_copy_does_not_feed_its
 
 
 def test_values_must_be_binary_or_string_and_keys_round_trip(spark: Any, broker: Broker) -> None:
+    from pyspark.errors import AnalysisException
+
     write = spark.range(3).selectExpr("id as value").write.format("mc0").options(**options(broker),
                                                                                topic="typed").mode("append")
-    message = error_of(write.save)
+    with pytest.raises(AnalysisException) as info:  # Spark wraps what the writer raises on the driver
+        write.save()
+    message = str(info.value)
     assert "column value must be binary or string" in message
     assert "bigint" in message
     rows = spark.createDataFrame([("k1", "v1"), (None, "v2")], "key string, value string")
@@ -193,6 +198,47 @@ def test_values_must_be_binary_or_string_and_keys_round_trip(spark: Any, broker:
     assert "no partitions" in error_of(
         rows.selectExpr("value", "0 as partition").write.format("mc0").options(**options(broker),
                                                                                topic="x").mode("append").save)
+
+
+@pytest.mark.parametrize(("columns", "says"), [
+    ("cast(id as string) as value, cast(id as int) as key",
+     "column key must be binary or string to be written to mc0, not int"),
+    ("cast(id as string) as value, id as topic", "column topic must be a string, not bigint"),
+    ("cast(id as string) as value, array(id) as headers",
+     "column headers must be array<struct<key: string, value: binary>> (as Kafka's), not array<bigint>"),
+    ("cast(id as string) as value, 0 as partition", "column partition: mc0 topics have no partitions"),
+    ("array(id) as value", "column value must be binary or string to be written to mc0, not array<bigint>"),
+])
+def test_a_column_of_a_type_mc0_cannot_write_is_an_analysis_exception_naming_it(
+    spark: Any, broker: Broker, columns: str, says: str
+) -> None:
+    """Kafka's sink fails such a write with an AnalysisException naming the column and its type; so does
+    mc0's (Spark wraps what a Python data source's writer() raises on the driver in one), before any row."""
+    from pyspark.errors import AnalysisException
+
+    frame = spark.range(3).selectExpr(*columns.split(", "))
+    with pytest.raises(AnalysisException, match=re.escape(says)):
+        frame.write.format("mc0").options(**options(broker), topic="typed").mode("append").save()
+    with Client(broker.endpoint, curve=False) as client:
+        assert "typed" not in client.topics(), "nothing was written"
+
+
+def test_a_streaming_write_of_a_column_of_the_wrong_type_fails_its_query_naming_it(
+    spark: Any, broker: Broker, tmp_path: Path
+) -> None:
+    """Spark asks a Python streaming sink for its writer only once the query runs, so the same message ends
+    the query (a StreamingQueryException) instead of failing start() as Kafka's does."""
+    from pyspark.errors import StreamingQueryException
+
+    publish(broker, "typed.src", 3)
+    stream = spark.readStream.format("mc0").options(**options(broker), subscribe="typed.src",
+                                                      startingOffsets="earliest").load()
+    query = (stream.selectExpr("id as value").writeStream.format("mc0").options(**options(broker),
+                                                                                topic="typed.dst")
+             .option("checkpointLocation", str(tmp_path / "c")).trigger(availableNow=True).start())
+    with pytest.raises(StreamingQueryException, match="column value must be binary or string to be written "
+                                                      "to mc0, not bigint"):
+        query.awaitTermination(120)
 
 
 HEADERS = "array<struct<key: string, value: binary>>"
