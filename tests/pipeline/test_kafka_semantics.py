@@ -153,9 +153,40 @@ def test_starting_and_ending_timestamps_find_the_first_message_at_or_after_them(
     assert ids(startingTimestamp=str(middle)) == [6, 7, 8, 9, 10]
     assert ids(startingOffsetsByTimestamp=json.dumps({"ts": {"0": middle}})) == [6, 7, 8, 9, 10]
     assert ids(endingTimestamp=str(middle)) == [1, 2, 3, 4, 5]
+    assert ids(endingOffsetsByTimestamp=json.dumps({"ts": {"0": middle}})) == [1, 2, 3, 4, 5]
+    assert ids(endingOffsetsByTimestamp=json.dumps({"ts": middle}), startingTimestamp=str(middle)) == []
+    assert ids(endingTimestamp=str(middle), endingOffsetsByTimestamp=json.dumps({"ts": 0})) == [
+        1, 2, 3, 4, 5], "endingTimestamp takes precedence, as in Kafka"
     future = str(time.time_ns() // 1_000_000 + 3_600_000)
     assert "no message stored at or after" in error_of(lambda: ids(startingTimestamp=future))
     assert ids(startingTimestamp=future, startingOffsetsByTimestampStrategy="latest") == []
+    assert ids(endingTimestamp=future) == list(range(1, 11)), "no message at or after it: up to the end"
+
+
+def test_a_stream_starts_at_a_timestamp_and_goes_on_from_its_checkpoint(spark: Any, broker: Broker,
+                                                                          tmp_path: Path) -> None:
+    """startingTimestamp (and startingOffsetsByTimestamp) place a new query, as in Kafka; a query restarted
+    from its checkpoint goes on from there, whatever the option says."""
+    publish(broker, "sts", 5)
+    time.sleep(0.05)
+    middle = time.time_ns() // 1_000_000
+    time.sleep(0.05)
+    publish(broker, "sts", 5, start=5)  # ids 6..10, stored after `middle`
+    out = tmp_path / "out"
+
+    def run(checkpoint: str, **extra: str) -> list[int]:
+        stream = spark.readStream.format("mc0").options(**options(broker), subscribe="sts", **extra).load()
+        query = (stream.writeStream.format("parquet").option("path", str(out / checkpoint))
+                 .option("checkpointLocation", str(tmp_path / checkpoint)).trigger(availableNow=True).start())
+        assert query.awaitTermination(120)
+        return sorted(r.id for r in spark.read.parquet(str(out / checkpoint)).collect())
+
+    assert run("by_time", startingTimestamp=str(middle)) == [6, 7, 8, 9, 10]
+    assert run("by_topic_time", startingOffsetsByTimestamp=json.dumps({"sts": {"0": middle}})) == [
+        6, 7, 8, 9, 10]
+    publish(broker, "sts", 3, start=10)  # ids 11..13
+    assert run("by_time", startingTimestamp="0") == list(range(6, 14)), \
+        "restarted from its checkpoint: the timestamp places only a new query"
 
 
 # ------------------------------------------------------------------------------------------------- the sink
