@@ -17,6 +17,7 @@ import difflib
 import json
 import math
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -272,8 +273,9 @@ class Connection:
 
     def client(self) -> object:
         """A connected :class:`connector.Client` (imported here: executors import it when they run). A broker
-        that does not answer within connectTimeoutMs fails this call, with the connector's reason."""
-        from connector import Client, Credentials
+        that does not answer within connectTimeoutMs fails this call, with the connector's reason and, when
+        only the wait ended it, what to do."""
+        from connector import Client, ConnectorError, Credentials
 
         options: dict[str, object] = {"timeout": self.connect_timeout}
         if not self.curve:
@@ -283,6 +285,15 @@ class Connection:
                                                  self.secret_key.encode())
         else:
             options["keys"] = self.keys or "keys"
-        client = Client(self.broker, **options)  # type: ignore[arg-type]
+        started = time.monotonic()
+        try:
+            client = Client(self.broker, **options)  # type: ignore[arg-type]
+        except ConnectorError as error:
+            if time.monotonic() - started < self.connect_timeout:
+                raise  # the connector knew why before the wait ran out, and says what to do
+            # Only the wait ended it (a broker that accepts connections and never answers): say what to do.
+            raise ConnectorError(f"{error} (waited connectTimeoutMs={round(self.connect_timeout * 1000)}): "
+                                 f"check that an mc0 broker runs and answers at {self.broker}, or give it "
+                                 "longer with connectTimeoutMs") from None
         client.timeout = self.request_timeout  # connected: from now on requests wait this long
         return client

@@ -1,5 +1,6 @@
 """The ``mc0`` source and sink where a Kafka user has expectations: options checked like Spark's (unknown
-ones with the nearest name, ones for another mode, Kafka's that mc0 cannot honour), Kafka's offsets JSON,
+ones with the nearest name, ones for another mode, Kafka's that mc0 cannot honour), a broker that never
+answers failing a read after connectTimeoutMs, Kafka's offsets JSON,
 timestamps, subscribePattern picking up a new topic, the sink's topic option over the topic column (the
 feedback loop), value/key types, keys round-tripped, no overwrite, an idle stream's cost and lag, and
 minOffsetsPerTrigger with maxTriggerDelay.
@@ -104,6 +105,52 @@ def test_options_are_checked_like_sparks_with_the_kafka_name_suggested(spark: An
     rows = spark.read.format("mc0").options(**options(broker)).option("SUBSCRIBE", "o").option(
         "STARTINGoffsets", "earliest").load().collect()
     assert len(rows) == 3
+
+
+@pytest.mark.timeout(120)
+def test_a_broker_that_accepts_and_never_answers_fails_a_read_after_the_default_connect_timeout(
+    spark: Any,
+) -> None:
+    """A loopback listener that accepts every connection and never says a word (a hung broker whose kernel
+    still accepts): nothing tells the client what is wrong, so only connectTimeoutMs, at its default of
+    10 s, ends the wait. The read fails then, not a minute later, saying what happened and what to do."""
+    from pyspark.errors import AnalysisException
+
+    held: list[socket.socket] = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        listener.settimeout(0.2)
+        done = threading.Event()
+
+        def accept() -> None:
+            while not done.is_set():
+                try:
+                    held.append(listener.accept()[0])
+                except TimeoutError:
+                    continue
+
+        acceptor = threading.Thread(target=accept, daemon=True)
+        acceptor.start()
+        endpoint = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        started = time.monotonic()
+        try:
+            read = spark.read.format("mc0").options(broker=endpoint, curve="false", subscribe="o").load()
+            with pytest.raises(AnalysisException) as info:
+                read.collect()
+            waited = time.monotonic() - started
+        finally:
+            done.set()
+            acceptor.join(5)
+            for connection in held:
+                connection.close()
+    assert held, "the client reached the listener"
+    assert source_options.DEFAULT_CONNECT_TIMEOUT_MS == 10_000
+    assert 9.5 <= waited < 15, f"the default connectTimeoutMs (10 s) ended the wait, after {waited:.1f} s"
+    message = str(info.value)
+    assert f"the broker at {endpoint} accepted the connection but has not completed the handshake" in message
+    assert (f"(waited connectTimeoutMs=10000): check that an mc0 broker runs and answers at {endpoint}, or "
+            "give it longer with connectTimeoutMs") in message
 
 
 def test_kafka_style_offsets_json_and_id_zero_mean_what_a_kafka_user_means(spark: Any,
