@@ -2,8 +2,8 @@
 ones with the nearest name, ones for another mode, Kafka's that mc0 cannot honour), a broker that never
 answers failing a read after connectTimeoutMs, Kafka's offsets JSON,
 timestamps, subscribePattern picking up a new topic, the sink's topic option over the topic column (the
-feedback loop), value/key types, keys round-tripped, no overwrite, an idle stream's cost and lag, and
-minOffsetsPerTrigger with maxTriggerDelay.
+feedback loop), value/key types, keys round-tripped, no overwrite, an idle stream's cost and lag, its long
+poll told from polling, and minOffsetsPerTrigger with maxTriggerDelay.
 """
 
 from __future__ import annotations
@@ -415,6 +415,45 @@ def test_an_idle_stream_costs_a_few_commands_a_second_and_reports_its_lag(spark:
             assert wait_for(lambda: count_in(spark, "idle_rows") == 21, 30)
             assert time.monotonic() - sent < 5, "the long poll ends with the message"
         finally:
+            query.stop()
+
+
+def test_an_idle_stream_waits_in_the_broker_and_a_message_ends_the_wait_at_once(spark: Any,
+                                                                              broker: Broker) -> None:
+    """What tells a long poll from polling: while the query is idle its question is parked in the broker the
+    whole time (STATS' waiting_fetches), it sends almost nothing (one question per fetchMaxWaitMs, here 10 s),
+    and yet a message published into it reaches the query's output within a small part of those 10 s, each
+    time. A loop of plain FETCHes parks nothing; one that waits in the broker but is not woken by a message
+    takes until its wait runs out; one that asks often enough to be as quick sends many commands."""
+    wait_ms = 10_000
+    publish(broker, "lp", 1)
+    query = (spark.readStream.format("mc0").options(**options(broker), subscribe="lp")
+             .options(startingOffsets="earliest", fetchMaxWaitMs=str(wait_ms)).load()
+             .writeStream.format("memory").queryName("lp_rows").start())
+    with Client(broker.endpoint, curve=False) as client:
+        def door() -> dict[str, int]:
+            return client.stats()["doors"]["mc0"]
+
+        try:
+            assert wait_for(lambda: count_in(spark, "lp_rows") == 1, 60)
+            assert wait_for(lambda: door()["waiting_fetches"] == 1, 10), "the idle query's poll is parked"
+            samples, before = 12, door()["commands"]
+            parked = []
+            for _ in range(samples):
+                time.sleep(0.25)
+                parked.append(door()["waiting_fetches"])
+            sent_by_query = door()["commands"] - before - samples - 1  # less this client's own STATS
+            assert parked == [1] * samples, f"a poll parked in the broker all the time: {parked}"
+            assert sent_by_query <= 1, f"{sent_by_query} commands in {samples / 4:g} s from the idle query"
+            for n in (2, 3):
+                time.sleep(1)
+                sent = time.monotonic()
+                client.publish("lp", f"wake up {n}", confirm=True)
+                assert wait_for(lambda n=n: count_in(spark, "lp_rows") == n, 30)
+                took = time.monotonic() - sent
+                assert took < 0.3 * wait_ms / 1000, f"the message ended the {wait_ms} ms wait: {took:.2f} s"
+        finally:
+            client.publish("lp", "stop", confirm=True)  # ends the parked poll: stop() need not wait it out
             query.stop()
 
 
