@@ -484,7 +484,8 @@ class Client(ClientBase):
         names one topic, and the broker stores only the entries that producer has not stored there yet, so the
         same batch sent again after a lost answer, a reconnect or a broker restart lands once. The OK's
         ``DUPLICATES`` says how many leading entries were already stored, ``COUNT`` how many were stored now
-        (docs/mc0.md, "Idempotent PUTS")."""
+        (docs/mc0.md, "Idempotent PUTS"). A batch that would leave a gap after the numbers the topic holds
+        from that producer is refused ("out of sequence": send the one it names first)."""
         event = puts_event(items, producer, sequence)
         if not event.items:
             return {}
@@ -500,6 +501,8 @@ class Client(ClientBase):
         """:meth:`publish_batch` without waiting: a Future of the OK's headers (ConnectorError if refused).
         Batches sent this way travel in order, so a publisher can keep several in flight; with a producer,
         a batch that fails can be sent again with the same numbers, and what the broker stored is skipped.
+        The broker refuses the batches after a refused one as out of sequence, but takes a producer's first
+        batch in a topic wherever it begins: wait for that one's answer before sending the next.
         ``items`` may be one topic's bodies as columns (:class:`protocol.bodies.TopicBodies`: the Spark sink
         builds them from Arrow buffers), which the broker stores without a Python object per entry."""
         return self._later(puts_event(items, producer, sequence), "PUTS", ok_headers)
