@@ -140,6 +140,11 @@ class ClusterGate(Protocol):
         text of the ERROR it becomes."""
         ...
 
+    def unstored_retry_ms(self, name: bytes) -> int | None:
+        """RETRY-AFTER for a publish this turn's commit could not store in ``name`` when that failure makes
+        this leader hand the cluster over (the publish goes to the next leader); None when it is final."""
+        ...
+
 
 @dataclass(slots=True)
 class _Held:
@@ -902,14 +907,24 @@ class RouterShell:
         """The commit could not store some topics: the OKs of this turn's publishes to them become ERRORs
         (their messages are not stored; a client that retries publishes them again)."""
         failed = self.engine.failed
+        cluster = self.cluster
         for index, event, results in self.confirming:
             topics = (event.topic,) if type(event) is mc0.Put else entry_topics(event.items)
-            why = next((failed[topic] for topic in topics if topic in failed), None)
-            if why is None:
+            name = next((topic for topic in topics if topic in failed), None)
+            if name is None:
                 continue
+            why = failed[name]
             session = self.replies[index][0]
             reply: mc0.Ok | mc0.Error
-            if type(event) is mc0.Puts and results is not None:
+            retry_ms = None if cluster is None else cluster.unstored_retry_ms(name)
+            if retry_ms is not None and (results is None or all(item[0] in failed for item in event.items)):
+                # A cluster leader that cannot write hands the cluster over (after this turn): the publish
+                # goes to the next leader, as one refused while a leader hands over does. A PUTS CONFIRM
+                # each whose entries were partly stored is answered entry by entry, below.
+                self.counters["errors"] += 1
+                reply = mc0.leader_error(f"not stored: {why}; this leader cannot write and hands the cluster "
+                                         "over: send it again in a moment", None, event.id, retry_ms=retry_ms)
+            elif type(event) is mc0.Puts and results is not None:
                 # A PUTS CONFIRM each: only the entries of the topics not stored become errors.
                 assert event.id is not None  # the codec refuses CONFIRM each without an ID
                 reply = mc0.confirms_ok(event.id, [

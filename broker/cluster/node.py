@@ -144,6 +144,7 @@ class Cluster:
         self.handing_over = False  # asked to stop, or unable to write: it takes no more publishes (hand_over)
         self.stopping = False  # asked to stop (hand_over("stopping"))
         self._unwritable_until = -math.inf  # no hand-over for failed writes before then (UNWRITABLE_AGAIN)
+        self._serving_since = -math.inf  # when this broker last began to serve (_serve)
         self._handing: asyncio.Task[None] | None = None  # the hand-over a failed write started
         self._changed = asyncio.Event()  # set, while handing over, when the state or a position moves
         self.fence = 0  # the highest epoch a new leader announced: nothing copied from an older one
@@ -574,6 +575,7 @@ class Cluster:
 
     def _serve(self) -> None:
         self.serving = True
+        self._serving_since = time.monotonic()
         self.positions.clear()
         self.heard.clear()
         self.reported_acked.clear()
@@ -606,21 +608,43 @@ class Cluster:
         say) hands the cluster to a follower that can store what it cannot, as Kafka moves the leadership
         of partitions off a failed log directory and a JetStream server steps down on a storage error."""
         failed = self.engine.failed
-        if not failed or not self.serving or self.handing_over or self.raft is None:
+        if not failed:
             return
-        topics = self.engine.topics
-        unwritable = [name for name in failed
-                      if (topic := topics.get(name)) is not None and topic.visible_until is not None]
+        unwritable = [name for name in failed if self._hands_over_for(name)]
         if not unwritable:
             return
-        now = time.monotonic()
-        if now < self._unwritable_until:
-            return
-        self._unwritable_until = now + UNWRITABLE_AGAIN
+        self._unwritable_until = time.monotonic() + UNWRITABLE_AGAIN
+        # Recorded before the hand-over (a member's Raft log must be complete to be handed Raft's leadership):
+        # the member elected then knows why, and does not hand the cluster on if it cannot write either.
+        assert self.raft is not None  # _hands_over_for: only a broker in a Raft cluster hands over
+        self.raft.submit(("unwritable", self.state.epoch))
         log.warning("this leader cannot store topic %r (%s): handing the cluster to a follower",
                     unwritable[0].decode("utf-8", "replace"), failed[unwritable[0]])
         self._handing = asyncio.get_running_loop().create_task(self._hand_over_and_go_on(),
                                                                name="hand over: cannot write")
+
+    def _hands_over_for(self, name: bytes) -> bool:
+        """Whether a commit that failed to store ``name`` makes this broker hand the cluster over (after
+        :meth:`after_flush`): it leads and is not handing over yet, the topic is replicated, it has not
+        handed over for a failed write within UNWRITABLE_AGAIN, and it was not handed the cluster within
+        UNWRITABLE_AGAIN by a leader that could not write (the members would pass the leadership round while
+        every disk is full)."""
+        if not self.serving or self.handing_over or self.raft is None:
+            return False
+        now = time.monotonic()
+        if now < self._unwritable_until:
+            return False
+        state = self.state
+        if 0 < state.unwritable_epoch == state.epoch - 1 and now < self._serving_since + UNWRITABLE_AGAIN:
+            return False  # handed the cluster just now by a leader that could not write: all disks full?
+        topic = self.engine.topics.get(name)
+        return topic is not None and topic.visible_until is not None
+
+    def unstored_retry_ms(self, name: bytes) -> int | None:
+        """RETRY-AFTER for a publish this turn's commit could not store in ``name``, when that failure hands
+        the cluster over: the client sends it again, to the next leader (nothing of it was stored here), as
+        it does a publish refused while a leader hands over. None when the refusal is final."""
+        return HAND_OVER_RETRY_MS if self._hands_over_for(name) else None
 
     async def _hand_over_and_go_on(self) -> None:
         """:meth:`hand_over`, by a broker that goes on running: a follower of the new leader, or the leader

@@ -42,6 +42,9 @@ class ClusterState:
     # name hex -> (the incarnation of its log, the leader's queue position in it) of a persistent round-robin
     # topic: every id up to the position acked
     acked: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # The last epoch whose leader handed the cluster over because it could not write (a full disk): the
+    # next leader does not hand it on for the same reason at once (every disk may be full).
+    unwritable_epoch: int = 0
 
     def __setstate__(self, fields: dict[str, Any]) -> None:
         """Unpickled (a Raft dump): fields a dump from an older broker lacks get their defaults."""
@@ -81,6 +84,9 @@ class ClusterState:
             return True
         if kind == "acked":  # reported by the leader: the latest report is the queue's position
             self.acked.update(command[1])
+            return True
+        if kind == "unwritable":  # from brokers that hand over when they cannot write
+            self.unwritable_epoch = max(self.unwritable_epoch, command[1])
             return True
         if kind == "positions":
             _, node, positions = command

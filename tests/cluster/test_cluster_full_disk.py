@@ -1,8 +1,8 @@
 """A member whose disk is full: three brokers in this process, so that one of them can be given a full disk
-(its writes fail with ENOSPC). A leader's: the publish it cannot store is refused ("not stored"), the leader
-hands the cluster to a follower, and the publisher's retry is confirmed there. A follower's that Raft elects:
-it cannot take the cluster over and hands Raft's leadership on. Every member's: the leadership is not passed
-round. Nothing confirmed is lost, nothing is stored twice."""
+(its writes fail with ENOSPC). A leader's: the publish it cannot store is refused ("not stored", with
+RETRY-AFTER), the leader hands the cluster to a follower, and the connector's retry is confirmed there. A
+follower's that Raft elects: it cannot take the cluster over and hands Raft's leadership on. Every member's:
+the leadership is not passed round. Nothing confirmed is lost, nothing is stored twice."""
 
 from __future__ import annotations
 
@@ -65,22 +65,47 @@ def test_a_leader_that_cannot_write_hands_the_cluster_to_a_follower(
     with Client(endpoints, curve=False, timeout=10) as client:
         client.publish(TOPIC, "before", confirm=True)
         with failing_writes(monkeypatch, f"{tmp_path / f'broker{brokers.index(leader)}'}/"):
-            with pytest.raises(ConnectorError, match=r"not stored: .*No space left on device"):
-                client.publish(TOPIC, "refused", confirm=True)
             started = time.monotonic()
-            reply = careful_publish(client, TOPIC, "after", within=15.0)
+            # The leader cannot store it and refuses it with RETRY-AFTER: the connector sends it again, and
+            # the follower the cluster was handed to confirms it.
+            first = client.publish(TOPIC, "not stored by the first leader", confirm=True)
             moved = time.monotonic() - started
+            assert first is not None
+            reply = client.publish(TOPIC, "after", confirm=True)
+            assert reply is not None
             successor = _leader(brokers, other_than=leader)
             assert not _view(leader)["serving"]
-        assert reply["MESSAGE-ID"] == "2"
+        assert (first["MESSAGE-ID"], reply["MESSAGE-ID"]) == ("2", "3")
         messages = client.fetch(TOPIC, 1).messages
-    assert [message.body for message in messages] == [b"before", b"after"]
+    assert [message.body for message in messages] == [b"before", b"not stored by the first leader", b"after"]
     assert moved < 10, f"the publisher waited {moved:.1f} s"
+    assert client.moves >= 1
     said = [record.getMessage() for record in caplog.records]
     assert any(f"this leader cannot store topic '{TOPIC}'" in line and "No space left on device" in line
                for line in said), said
     assert any(line.startswith(f"cannot write: handing the cluster over to {successor.config.cluster_node}")
                for line in said), said
+
+
+@pytest.mark.timeout(120)
+def test_pipelined_confirms_a_leader_cannot_store_are_confirmed_by_the_next_leader(
+        start_broker: BrokerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Confirms in flight together (one PUTS CONFIRM each) that the leader cannot store, none of them: the
+    whole PUTS is refused with RETRY-AFTER, the connector sends it again, and the next leader confirms every
+    one, in order, each stored once."""
+    brokers = _three(start_broker, tmp_path)
+    leader = _leader(brokers)
+    endpoints = ",".join(broker.endpoint for broker in brokers)
+    bodies = [f"pipelined {n}" for n in range(20)]
+    with Client(endpoints, curve=False, timeout=10) as client:
+        client.publish(TOPIC, "before", confirm=True)
+        with failing_writes(monkeypatch, f"{tmp_path / f'broker{brokers.index(leader)}'}/"):
+            handles = [client.publish_async(TOPIC, body) for body in bodies]
+            ids = [handle.result(10)["MESSAGE-ID"] for handle in handles]
+            _leader(brokers, other_than=leader)
+        messages = client.fetch(TOPIC, 1).messages
+    assert ids == [str(n) for n in range(2, 22)]
+    assert [message.body.decode() for message in messages] == ["before", *bodies]
 
 
 @pytest.mark.timeout(120)

@@ -58,6 +58,10 @@ def test_commands_apply_in_order_and_a_stale_take_over_changes_nothing() -> None
     assert state.apply(("acked", {b"t".hex(): ("i2", 30)}))
     assert state.apply(("acked", {b"t".hex(): ("i2", 35)}))  # the latest report is the position
     assert state.acked == {b"t".hex(): ("i2", 35)}
+    assert state.unwritable_epoch == 0
+    assert state.apply(("unwritable", 2))  # epoch 2's leader handed over: it could not write
+    assert state.apply(("unwritable", 1))  # applied again from an older entry: the latest stands
+    assert state.unwritable_epoch == 2
     with pytest.raises(ValueError, match="unknown cluster command"):
         state.apply(("nonsense",))
     assert state.apply(("forget_topic", b"t".hex(), "i2"))  # deleted: nothing of it stays
