@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from test_exactly_once import all_bodies
 
 from broker.server import Broker
 from broker.topics import Persistence, TopicRule, TopicSpec
@@ -25,16 +26,6 @@ pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = 10_000
-
-
-def all_bodies(broker: Broker, topic: str) -> list[bytes]:
-    out: list[bytes] = []
-    with Client(broker.endpoint, curve=False) as client:
-        position = 1
-        while messages := client.fetch(topic, position, max_messages=10_000).messages:
-            out += [m.body for m in messages]
-            position = messages[-1].id + 1
-    return out
 
 
 def test_a_local_cluster_reads_and_writes_through_the_broker(
