@@ -1165,7 +1165,7 @@ class Engine:
         except SyncFailed:
             raise
         except StoreError as error:
-            raise EngineError(str(error)) from None
+            raise EngineError(str(error)) from error  # the cause: the store failed (a take-over)
         topic.next_id = log.next_id
         topic.messages_in += count
         self._mark_dirty(topic)
@@ -1196,7 +1196,7 @@ class Engine:
         except SyncFailed:
             raise
         except StoreError as error:
-            raise EngineError(str(error)) from None
+            raise EngineError(str(error)) from error
         topic.next_id = topic.committed_id = topic.log.next_id
         topic.next_dispatch = min(max(topic.next_dispatch, topic.log.first_id), topic.next_id)
         return cut

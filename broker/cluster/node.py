@@ -922,17 +922,19 @@ class Cluster:
                 except SyncFailed as error:
                     self.fail(error)
                     return
-                except StoreError as error:
-                    # It cannot write what it must hold to lead (a full disk): staying Raft's leader without
-                    # serving, it would keep every other member from leading. Unless it gave way a moment ago
-                    # (every disk full, say): then it tries again, rather than pass Raft's leadership round.
-                    now = time.monotonic()
-                    if now >= self._unwritable_until and await self._give_way(str(error)):
-                        self._unwritable_until = now + UNWRITABLE_AGAIN
+                except (StoreError, LinkError, EngineError, ProtocolError) as error:
+                    if isinstance(error, StoreError) or isinstance(error.__cause__, StoreError):
+                        # It cannot write what it must hold to lead (a full disk: a copy not stored, or a
+                        # log that cannot be opened again): staying Raft's leader without serving, it would
+                        # keep every other member from leading. Unless it gave way a moment ago (every disk
+                        # full, say): then it tries again, rather than pass Raft's leadership round.
+                        now = time.monotonic()
+                        if now >= self._unwritable_until and await self._give_way(str(error)):
+                            self._unwritable_until = now + UNWRITABLE_AGAIN
+                        else:
+                            log.debug("taking over the cluster failed (%s): trying again", error)
                     else:
-                        log.debug("taking over the cluster failed (%s): trying again", error)
-                except (LinkError, EngineError, ProtocolError) as error:
-                    log.warning("taking over the cluster failed (%s): trying again", error)
+                        log.warning("taking over the cluster failed (%s): trying again", error)
                 await asyncio.sleep(self.config.cluster_timeout)
         finally:
             self.taking_over = None

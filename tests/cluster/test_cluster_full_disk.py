@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from cluster_harness import careful_publish, member_here
+from cluster_harness import careful_publish, member_here, until
 from conftest import BrokerFactory, failing_writes
 
 from bench.cluster import stats_at
@@ -109,21 +109,28 @@ def test_pipelined_confirms_a_leader_cannot_store_are_confirmed_by_the_next_lead
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("index", ["kept", "gone"])
 def test_a_member_elected_that_cannot_write_gives_the_leadership_away(
         start_broker: BrokerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, index: str) -> None:
     """Raft elects a member whose disk is full (here: the leader hands it Raft's leadership): it cannot copy
     what it lacks, so it cannot take the cluster over. It hands Raft's
     leadership to another member at once, instead of staying Raft's leader without serving while nobody else
-    can lead, and says so once."""
+    can lead, and says so once. Also when its log cannot even be opened again after the failed write (here
+    its index is gone, so opening the log rebuilds it, which the full disk refuses): each copy then fails as
+    the log is opened, not when it is committed."""
     caplog.set_level(logging.INFO, logger="mc0.cluster")
     brokers = _three(start_broker, tmp_path)
     leader = _leader(brokers)
     epoch = _view(leader)["epoch"]
     unwritable = next(broker for broker in brokers if broker is not leader)
+    folder = tmp_path / f"broker{brokers.index(unwritable)}"
     with Client(",".join(broker.endpoint for broker in brokers), curve=False, timeout=10) as client:
         client.publish(TOPIC, "before", confirm=True)
-        with failing_writes(monkeypatch, f"{tmp_path / f'broker{brokers.index(unwritable)}'}/"):
+        until(lambda: (folder / TOPIC / "00000000000000000001.index").exists(), "the copy's index is made")
+        if index == "gone":
+            (folder / TOPIC / "00000000000000000001.index").unlink()
+        with failing_writes(monkeypatch, f"{folder}/"):
             client.publish(TOPIC, "not copied there", confirm=True)  # the leader and the other follower
             cluster = leader.router.cluster
             assert cluster is not None
