@@ -909,8 +909,7 @@ class RouterShell:
         failed = self.engine.failed
         cluster = self.cluster
         for index, event, results in self.confirming:
-            topics = (event.topic,) if type(event) is mc0.Put else entry_topics(event.items)
-            name = next((topic for topic in topics if topic in failed), None)
+            name = next((topic for topic in _names(event) if topic in failed), None)
             if name is None:
                 continue
             why = failed[name]
