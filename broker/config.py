@@ -48,7 +48,7 @@ class BrokerConfig:
     keys_dir: Path = Path("keys")
     curve: bool = True  # CURVE encryption on the mc0 ROUTER
     allow_any_client: bool = False  # CURVE without the allow-list of client keys
-    heartbeat_tick: float = 0.1  # seconds between heartbeat checks (shortened for short client TTLs)
+    heartbeat_tick: float = 1.0  # seconds between heartbeat checks (shortened for short client TTLs)
     pending_limit: int = 100_000  # deliveries held per client before drops are counted
     max_message_size: int = 16 << 20  # bytes per frame; larger frames disconnect the peer (libzmq)
     send_hwm: int = 100_000  # ZeroMQ high-water marks, in frame sets

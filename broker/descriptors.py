@@ -3,7 +3,8 @@ connections so that the store can always open the files it needs.
 
 Owns: raising the soft ``RLIMIT_NOFILE`` to the hard limit at start; sharing the limit out (the store's bound
 on open files, a reserve kept free); counting the descriptors in use (``/proc/self/fd``, or ``/dev/fd``) at an
-interval that stays short near the threshold and grows with what counting costs elsewhere; telling the doors
+interval that stays short near the threshold and grows, elsewhere, with what counting costs and with the room
+left; telling the doors
 to stop accepting when the descriptors left would not cover the store's share and the reserve, and to accept
 again once enough are free; when a file could not be opened all the same, telling them to let go of their
 connections still in their handshake. It must not know dialects, sockets or files: a door is anything with
@@ -39,6 +40,11 @@ SLOWEST = 2.0
 #: Counting costs about a microsecond and a half per descriptor: far from the threshold, the watcher waits
 #: this many times what its last count cost, so that counting stays a small share of the loop.
 COST_FACTOR = 50
+#: ... and at least as long as the room left below the threshold would take to fill at this many new
+#: descriptors a second (more connections than the loop can accept in a second: each costs a Python
+#: callback): with a limit of 20,000 a broker with a few dozen open counts every 0.3 s, with a million every
+#: SLOWEST, instead of every FASTEST for nothing.
+FLOOD_RATE = 50_000
 #: The doors stay paused at least this long: a flood that is still coming would only fill them again.
 MIN_PAUSE = 1.0
 #: Descriptors held in spare (on /dev/null) and let go just before a door starts accepting again: binding a
@@ -171,7 +177,8 @@ class DescriptorWatch:
                 self.doors_shed = False  # a later pause may shed again
         if self.paused or others > shares.pause_at // 2:
             return FASTEST
-        return min(SLOWEST, max(FASTEST, cost * COST_FACTOR))
+        room = shares.pause_at - others
+        return min(SLOWEST, max(FASTEST, cost * COST_FACTOR, room / FLOOD_RATE))
 
     def out_of_descriptors(self, why: str = "no descriptor left for a file") -> None:
         """A file could not be opened for want of descriptors: stop accepting at once, and have each door let

@@ -41,9 +41,10 @@ from broker.engine import PUMP_BUDGET, Engine, Message, Subscriber
 from broker.histogram import COMMIT_MESSAGES, TURN_SECONDS, Histogram
 from broker.topics import Sync
 
-#: While a polled outlet is full, write again after this long, doubling (up to ``max_retry``) while no write
-#: succeeds.
+#: While a polled outlet is full, write again after this long, doubling (up to ``max_retry``, MAX_RETRY unless
+#: given) while no write succeeds.
 RETRY_FIRST = 0.001
+MAX_RETRY = 0.1
 
 
 class Outlet(Protocol):
@@ -86,7 +87,7 @@ class Hub:
         weak_sync_interval: float = 2.0,
         retention_interval: float = 1.0,
         topic_idle: float = 60.0,
-        max_retry: float = 0.1,
+        max_retry: float = MAX_RETRY,
         monotonic: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:

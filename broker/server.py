@@ -40,7 +40,7 @@ from broker.gateways.msgq import MsgqConnection, MsgqOptions
 from broker.gateways.rstreams import RStreamsConnection, RStreamsOptions
 from broker.gateways.sexp import SexpConnection, SexpOptions
 from broker.gateways.tcp import Gateway, InputBudget
-from broker.hub import Hub
+from broker.hub import MAX_RETRY, Hub
 from broker.listener import Listener, open_listener
 from broker.monitoring import Monitor
 from broker.router import RouterShell
@@ -367,7 +367,7 @@ async def _serve(
     engine = Engine(config.topic_rules(), store, max_topics=config.max_topics)
     hub = Hub(engine, weak_sync_interval=config.weak_sync_interval,
               retention_interval=config.retention_interval, topic_idle=config.topic_idle,
-              max_retry=config.heartbeat_tick)
+              max_retry=min(config.heartbeat_tick, MAX_RETRY))
     hub.loop = asyncio.get_running_loop()
     budget = InputBudget(config.input_budget)
     gateways = _gateways(config, hub, budget)

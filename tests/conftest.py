@@ -148,11 +148,12 @@ def start_broker(tmp_path: Path) -> Iterator[BrokerFactory]:
     """A factory starting brokers on ``tcp://127.0.0.1:*``; all are stopped at teardown.
 
     Keyword arguments: ``curve`` (default off), ``allow_any_client``, ``keys_dir`` (default ``tmp_path/keys``;
-    with CURVE on, missing keys are created there the way the broker does on first run), ``heartbeat_tick``,
-    ``topics`` (a tuple of :class:`TopicRule`), ``data_dir`` (default ``tmp_path/data``, shared by every
-    broker of the test, so a second broker restarts on the first one's logs), ``bind`` (default a free
-    loopback port), ``sexp``, ``msgq``, ``rstreams``, ``lumberjack`` and ``http`` (the monitoring endpoint)
-    (default a free loopback port each; ``"off"`` turns one off), and any other :class:`BrokerConfig` field.
+    with CURVE on, missing keys are created there the way the broker does on first run), ``topics`` (a tuple
+    of :class:`TopicRule`), ``data_dir`` (default ``tmp_path/data``, shared by every broker of the test, so a
+    second broker restarts on the first one's logs), ``bind`` (default a free loopback port), ``sexp``,
+    ``msgq``, ``rstreams``, ``lumberjack`` and ``http`` (the monitoring endpoint) (default a free loopback
+    port each; ``"off"`` turns one off), and any other :class:`BrokerConfig` field (its default otherwise:
+    the heartbeat tick among them, as users get it).
     """
     running: list[BrokerThread] = []
 
@@ -161,7 +162,6 @@ def start_broker(tmp_path: Path) -> Iterator[BrokerFactory]:
         curve: bool = False,
         allow_any_client: bool = False,
         keys_dir: Path | None = None,
-        heartbeat_tick: float = 0.1,
         topics: tuple[TopicRule, ...] = (),
         data_dir: Path | None = None,
         bind: str = LOOPBACK,
@@ -185,7 +185,6 @@ def start_broker(tmp_path: Path) -> Iterator[BrokerFactory]:
             keys_dir=keys_dir if keys_dir is not None else tmp_path / "keys",
             curve=curve,
             allow_any_client=allow_any_client,
-            heartbeat_tick=heartbeat_tick,
             topics=topics,
             **overrides,
         )

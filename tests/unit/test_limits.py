@@ -84,6 +84,27 @@ def test_the_watch_pauses_the_doors_before_the_limit_and_resumes_them_later(
         watch.close()
 
 
+def test_the_watch_counts_rarely_while_descriptors_cannot_run_short_soon_and_often_near_the_limit() -> None:
+    roomy = descriptors.shares(1 << 20, 0, 64)  # a million: a few dozen in use leave seconds of flood
+    watch = descriptors.DescriptorWatch(roomy, [], lambda: 0, count=lambda: 40)
+    try:
+        assert asyncio.run(watch.check()) == descriptors.SLOWEST
+    finally:
+        watch.close()
+    tight = descriptors.shares(1024, 0, 64)  # its room below the threshold fills in 14 ms at FLOOD_RATE
+    watch = descriptors.DescriptorWatch(tight, [], lambda: 0, count=lambda: 40)
+    try:
+        assert asyncio.run(watch.check()) < 0.2  # FASTEST, or COST_FACTOR times a slow count
+    finally:
+        watch.close()
+    counts = [tight.pause_at // 2 + 1]  # past half the threshold: every FASTEST, whatever the cost
+    watch = descriptors.DescriptorWatch(tight, [], lambda: 0, count=lambda: counts[0])
+    try:
+        assert asyncio.run(watch.check()) == descriptors.FASTEST
+    finally:
+        watch.close()
+
+
 def test_counting_without_a_descriptor_left_counts_as_the_limit_and_a_failed_resume_is_tried_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
