@@ -492,14 +492,14 @@ class AsyncClient(ClientBase):
         self._unsent.clear()
         self._events.clear()
         self._handshake(time.monotonic())
-        # What a follower refused goes to the leader now, ahead of what was queued after it.
+        # What a follower refused goes to the leader now, in the order it was first sent, ahead of what was
+        # queued after it (the outbox leaves on the next flush).
         resend, self._resend = self._resend, []
+        now = time.monotonic()
         for item in resend:
             if type(item) is Confirms:
                 assert item.items is not None
-                for publish, future in zip(reversed(item.items), reversed(item.futures), strict=True):
-                    self._outbox.appendleft(QueuedConfirm(publish, future))
-                self._schedule_flush()
+                self._send_confirms(item.items, item.futures, now)
             else:
                 future, event = item
                 if not future.done():
@@ -649,13 +649,7 @@ class AsyncClient(ClientBase):
             self._outbox.clear()
             for kind, run in group_outbox(queued):
                 if kind is QueuedConfirm:
-                    start = 0
-                    for command_id, frames, count in self._core.pack_confirms([c.item for c in run]):
-                        futures = [c.future for c in run[start : start + count]]
-                        items = [c.item for c in run[start : start + count]]
-                        self._waiting[command_id] = Confirms(futures, self._release_confirms, items)
-                        start += count
-                        self._send(frames, now)
+                    self._send_confirms([c.item for c in run], [c.future for c in run], now)
                 else:
                     for frames in self._core.pack(run):
                         self._send(frames, now)
@@ -664,6 +658,15 @@ class AsyncClient(ClientBase):
             acks, self._acks = self._acks, {}
             for frames in self._core.pack_acks(acks):
                 self._send(frames, now)
+
+    def _send_confirms(self, items: list[Publish], futures: list[Any], now: float) -> None:
+        """Confirmed publishes as PUTS CONFIRM each (one per broker batch), each waiting for its reply."""
+        start = 0
+        for command_id, frames, count in self._core.pack_confirms(items):
+            self._waiting[command_id] = Confirms(futures[start : start + count], self._release_confirms,
+                                                 items[start : start + count])
+            start += count
+            self._send(frames, now)
 
     def _send(self, frames: mc0.Frames, now: float, retry: bool = False) -> bool:
         if self._unsent and not retry:
