@@ -2,10 +2,13 @@
 before it goes: a publisher that publishes confirmed messages the whole time never sees an error, every
 message is stored once, in order, and the new leader serves within a fraction of what a killed leader's
 failover takes. Twice in a row, each stopped broker started again; and a rolling restart of every member in
-turn, followers first. Real broker processes."""
+turn, followers first. And with the asyncio client's pipelined confirms: what the stopping leader refused
+while many were in flight goes to the next leader in the order it was published. Real broker processes."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import itertools
 import signal
 import threading
@@ -14,7 +17,7 @@ import time
 import pytest
 from cluster_harness import Cluster, Member, cluster_factory, holds, until  # noqa: F401 - the fixture
 
-from connector import Client, ConnectorError
+from connector import AsyncClient, Client, ConnectorError
 
 TOPIC = "durable.handover"
 #: Confirmed publishes before and after each stop.
@@ -129,3 +132,70 @@ def test_a_rolling_restart_of_every_member_fails_no_publish(cluster_factory) -> 
           "every member holds all")
 
 
+
+
+class PipelinedPublisher(threading.Thread):
+    """Publishes numbered messages with :meth:`AsyncClient.publish_async`, up to IN_FLIGHT unconfirmed at a
+    time (several PUTS CONFIRM each in flight), and keeps every error it meets."""
+
+    IN_FLIGHT = 200
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(daemon=True, name="pipelined publisher")
+        self.cluster = cluster
+        self.stop = threading.Event()
+        self.confirmed: list[int] = []  # MESSAGE-IDs, in the order the messages were published
+        self.errors: list[BaseException] = []
+
+    def run(self) -> None:
+        asyncio.run(self._publish())
+
+    async def _publish(self) -> None:
+        in_flight: collections.deque[asyncio.Future[dict[str, str]]] = collections.deque()
+        async with AsyncClient(self.cluster.endpoints, **self.cluster.client_options(), timeout=10,
+                               max_confirms=self.IN_FLIGHT) as client:
+            sent = 0
+            try:
+                while not self.stop.is_set() or in_flight:
+                    if not self.stop.is_set():
+                        for _ in range(20):  # a batch each loop turn: each turn's leave as one command
+                            in_flight.append(await client.publish_async(TOPIC, f"{sent}"))
+                            sent += 1
+                        await asyncio.sleep(0.002)
+                    while in_flight and (in_flight[0].done() or len(in_flight) > self.IN_FLIGHT - 20
+                                         or self.stop.is_set()):
+                        self.confirmed.append(int((await in_flight.popleft())["MESSAGE-ID"]))
+            except ConnectorError as error:
+                self.errors.append(error)
+
+    def count(self) -> int:
+        return len(self.confirmed)
+
+
+@pytest.mark.timeout(180)
+def test_pipelined_confirms_in_flight_at_a_hand_over_are_stored_once_in_order(cluster_factory) -> None:  # noqa: F811
+    cluster: Cluster = cluster_factory()
+    publisher = PipelinedPublisher(cluster)
+    publisher.start()
+    try:
+        leader: Member = cluster.settled()
+        until(lambda: publisher.count() >= 500 or publisher.errors, "pipelined publishes confirmed before")
+        assert leader.process is not None
+        leader.process.send_signal(signal.SIGTERM)
+        assert leader.process.wait(15) == 0, leader.log()[-3000:]
+        at_stop = publisher.count()
+        until(lambda: publisher.count() >= at_stop + 500 or publisher.errors, "pipelined publishes after")
+        assert "handed the cluster over to" in leader.log(), leader.log()[-3000:]
+    finally:
+        publisher.stop.set()
+        publisher.join(30)
+    assert publisher.errors == [], publisher.errors
+    ids = publisher.confirmed
+    assert ids == list(range(ids[0], ids[0] + len(ids))), "ids in publishing order, none skipped or repeated"
+    with Client(cluster.endpoints, **cluster.client_options(), timeout=10) as client:
+        stored = []
+        while len(stored) < len(ids):
+            fetched = client.fetch(TOPIC, ids[0] + len(stored), max_messages=10_000).messages
+            assert fetched, f"{len(stored)} of {len(ids)} confirmed messages found"
+            stored += fetched
+    assert [message.body.decode() for message in stored[:len(ids)]] == [str(n) for n in range(len(ids))]
