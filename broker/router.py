@@ -919,17 +919,19 @@ class RouterShell:
             if retry_ms is not None and (results is None or all(item[0] in failed for item in event.items)):
                 # A cluster leader that cannot write hands the cluster over (after this turn): the publish
                 # goes to the next leader, as one refused while a leader hands over does. A PUTS CONFIRM
-                # each whose entries were partly stored is answered entry by entry, below.
+                # each whose entries were partly stored is answered entry by entry, below, and only its
+                # refused entries go to the next leader.
                 self.counters["errors"] += 1
                 reply = mc0.leader_error(f"not stored: {why}; this leader cannot write and hands the cluster "
                                          "over: send it again in a moment", None, event.id, retry_ms=retry_ms)
             elif type(event) is mc0.Puts and results is not None:
-                # A PUTS CONFIRM each: only the entries of the topics not stored become errors.
+                # A PUTS CONFIRM each: only the entries of the topics not stored become errors. When this
+                # leader hands the cluster over for them, the OK says when to send those entries again.
                 assert event.id is not None  # the codec refuses CONFIRM each without an ID
                 reply = mc0.confirms_ok(event.id, [
                     (None, f"not stored: {failed[item[0]]}") if item[0] in failed else result
                     for item, result in zip(event.items, results, strict=True)
-                ])
+                ], retry_ms=retry_ms)
             else:
                 self.counters["errors"] += 1
                 reply = mc0.Error(f"not stored: {why}".encode(), event.id)

@@ -1021,11 +1021,14 @@ def decode_records_reply(ok: Ok) -> RecordsReply:
 Confirmation: TypeAlias = tuple[int | None, str]
 
 
-def confirms_ok(command_id: bytes, results: Sequence[Confirmation]) -> Ok:
+def confirms_ok(command_id: bytes, results: Sequence[Confirmation], retry_ms: int | None = None) -> Ok:
     """The OK answering a ``PUTS CONFIRM each``: a msgpack payload of one ``[id, durability]`` or ``[nil,
     error]`` per entry, in entry order, and no headers but the ID. It answers every pipelined publish, so it
-    is kept to the fewest frames (the number of results is the number of entries the client sent)."""
-    return Ok(command_id, {}, msgpack.packb(results, use_bin_type=True))
+    is kept to the fewest frames (the number of results is the number of entries the client sent).
+    ``retry_ms``: a cluster leader that could not store the refused entries and hands the cluster over says
+    with ``RETRY-AFTER`` when to send them again (to the next leader)."""
+    headers = {} if retry_ms is None else {RETRY_AFTER: b"%d" % retry_ms}
+    return Ok(command_id, headers, msgpack.packb(results, use_bin_type=True))
 
 
 def decode_confirms(ok: Ok, count: int) -> list[Confirmation]:

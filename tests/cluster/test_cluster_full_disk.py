@@ -19,9 +19,12 @@ from conftest import BrokerFactory, failing_writes
 from bench.cluster import stats_at
 from bench.throughput import free_ports
 from broker.server import Broker
+from broker.store.files import directory_name
 from connector import Client, ConnectorError
+from protocol import mc0
 
 TOPIC = "durable.disk"
+OTHER = "durable.other"
 
 
 def _view(broker: Broker) -> dict:
@@ -106,6 +109,42 @@ def test_pipelined_confirms_a_leader_cannot_store_are_confirmed_by_the_next_lead
         messages = client.fetch(TOPIC, 1).messages
     assert ids == [str(n) for n in range(2, 22)]
     assert [message.body.decode() for message in messages] == ["before", *bodies]
+
+
+@pytest.mark.timeout(120)
+def test_a_puts_confirm_each_partly_stored_by_a_leader_that_cannot_write_says_when_to_send_the_rest(
+        start_broker: BrokerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the wire: a PUTS CONFIRM each naming two topics, one of which the leader cannot store. The OK
+    confirms the stored entries, refuses the others entry by entry, and carries RETRY-AFTER: those were not
+    stored, and go to the next leader (an older client fails them, as before)."""
+    brokers = _three(start_broker, tmp_path)
+    leader = _leader(brokers)
+    endpoints = ",".join(broker.endpoint for broker in brokers)
+    with Client(endpoints, curve=False, timeout=10) as client:
+        for topic in (TOPIC, OTHER):  # both made everywhere before the disk fills
+            client.publish(topic, "before", confirm=True)
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.linger = 0
+    dealer.connect(leader.endpoint)
+    try:
+        dealer.send_multipart(mc0.encode(mc0.Connect(id=b"1", extensions=frozenset({mc0.EXT_CONFIRMS}))))
+        assert dealer.poll(10_000), "no answer to CONNECT"
+        assert isinstance(mc0.decode(dealer.recv_multipart()), mc0.Ok)
+        full = f"{tmp_path / f'broker{brokers.index(leader)}'}/{directory_name(OTHER.encode())}/"
+        with failing_writes(monkeypatch, full):
+            items = [(TOPIC.encode(), b"a1", {}), (OTHER.encode(), b"b1", {}), (TOPIC.encode(), b"a2", {})]
+            dealer.send_multipart(mc0.encode(mc0.Puts(items, b"2", confirm_each=True)))
+            assert dealer.poll(10_000), "no answer to the PUTS"
+            reply = mc0.decode(dealer.recv_multipart())
+    finally:
+        dealer.close()
+    assert isinstance(reply, mc0.Ok), reply
+    assert reply.headers.get(mc0.RETRY_AFTER) == b"25", reply.headers
+    (a1, _), (b1, why), (a2, _) = mc0.decode_confirms(reply, 3)
+    assert (a1, a2) == (2, 3)
+    assert b1 is None
+    assert why.startswith("not stored: "), why
+    _leader(brokers, other_than=leader)
 
 
 @pytest.mark.timeout(120)
