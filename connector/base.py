@@ -25,6 +25,7 @@ from connector.core import (
     ClientCore,
     ConnectorError,
     Message,
+    Outcome,
     Publish,
     confirm_headers,
     confirm_results,
@@ -32,7 +33,7 @@ from connector.core import (
 )
 from connector.keys import Credentials
 from connector.zsock import readable, recv_frames
-from protocol import mc0
+from protocol import ProtocolError, mc0
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:61616"
 #: Frame sets read per wake-up before the client looks at its other work (fairness, not a limit).
@@ -95,14 +96,38 @@ class Confirms:
         self.items = items  # what was sent: sent again to a cluster's leader when a follower refused it
 
     def settle(self, reply: mc0.Ok | mc0.Error) -> None:
-        for future, outcome in zip(self.futures, confirm_results(reply, len(self.futures)), strict=True):
+        self._settle(self.futures, confirm_results(reply, len(self.futures)))
+        self.release(len(self.futures))
+
+    def settle_stored(self, reply: mc0.Ok) -> Confirms | None:
+        """The OK to a PUTS CONFIRM each from a cluster leader that stored only some of its entries and hands
+        the cluster over (it carries RETRY-AFTER): settle the entries it stored, and return the ones it
+        refused, which were not stored, as Confirms of their own (their slots with them) to send again. None
+        when it refused none, or the reply does not decode: every entry is then settled by it, as by
+        :meth:`settle`."""
+        try:
+            entries = mc0.decode_confirms(reply, len(self.futures))
+        except ProtocolError:
+            entries = []
+        refused = [index for index, entry in enumerate(entries) if entry[0] is None]
+        if not refused or self.items is None:
+            self.settle(reply)
+            return None
+        stored = [index for index, entry in enumerate(entries) if entry[0] is not None]
+        self._settle([self.futures[index] for index in stored], [entries[index] for index in stored])
+        self.release(len(stored))
+        items = self.items
+        return type(self)([self.futures[index] for index in refused], self.release,
+                          [items[index] for index in refused])
+
+    def _settle(self, futures: list[_Future], outcomes: list[Outcome]) -> None:
+        for future, outcome in zip(futures, outcomes, strict=True):
             if future.done():
                 continue  # cancelled by its owner (an asyncio future)
             if isinstance(outcome, ConnectorError):
                 future.set_exception(outcome)
             else:
                 future.set_result(confirm_headers(outcome))
-        self.release(len(self.futures))
 
     def fail(self, why: str) -> None:
         fail_confirms(self.futures, why)
@@ -549,6 +574,15 @@ class ClientBase:
         if not self._moving:
             return None
         return max(0.0, self._move_at - now)
+
+    def _partly_refused(self, reply: mc0.Ok | mc0.Error) -> bool:
+        """A cluster leader that cannot write stored only some entries of a PUTS CONFIRM each and hands the
+        cluster over: its OK says RETRY-AFTER. Move after that wait (True: the refused entries, not stored,
+        are to be sent again there; :meth:`Confirms.settle_stored`)."""
+        if type(reply) is not mc0.Ok:
+            return False
+        wait = retry_after(reply)
+        return wait is not None and self._move(None, after=wait)
 
     def _redirected(self, reply: mc0.Ok | mc0.Error) -> bool:
         """A broker that does not lead its cluster refused a command, naming the leader: move there (True: the

@@ -67,7 +67,6 @@ from connector.core import (
     RecordsResult,
     ack_target,
     confirm_headers,
-    confirm_results,
     declare_event,
     encode_headers,
     fetch_event,
@@ -231,10 +230,8 @@ class _BulkConfirms(Confirms):
 
     __slots__ = ()
 
-    def settle(self, reply: mc0.Ok | mc0.Error) -> None:
-        futures: list[Confirmation] = self.futures  # type: ignore[assignment] - the client makes them so
-        _settle_all(futures, confirm_results(reply, len(futures)))
-        self.release(len(futures))
+    def _settle(self, futures: list[Any], outcomes: list[Outcome]) -> None:
+        _settle_all(futures, outcomes)  # the client makes them Confirmations
 
 
 class _Arrivals:
@@ -1012,6 +1009,11 @@ class Client(ClientBase):
             return
         if self._closing is None and self._redirected(reply) and _resendable(request):
             self._resend.append(request)  # refused by a follower: nothing was stored, the leader gets it
+            return
+        if self._closing is None and type(request) is _BulkConfirms and self._partly_refused(reply):
+            again = request.settle_stored(reply)  # type: ignore[arg-type] - an OK
+            if again is not None:
+                self._resend.append(again)  # the entries the leader could not store go to the next one
             return
         request.settle(reply)  # a refused resubscription too: the move subscribes again where it goes
 

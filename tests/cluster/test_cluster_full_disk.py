@@ -20,7 +20,7 @@ from bench.cluster import stats_at
 from bench.throughput import free_ports
 from broker.server import Broker
 from broker.store.files import directory_name
-from connector import Client, ConnectorError
+from connector import AsyncClient, Client, ConnectorError
 from protocol import mc0
 
 TOPIC = "durable.disk"
@@ -145,6 +145,48 @@ def test_a_puts_confirm_each_partly_stored_by_a_leader_that_cannot_write_says_wh
     assert b1 is None
     assert why.startswith("not stored: "), why
     _leader(brokers, other_than=leader)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_pipelined_confirms_to_two_topics_a_leader_stores_one_of_are_all_confirmed_once_in_order(
+        start_broker: BrokerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        asynchronous: bool) -> None:
+    """Confirms in flight together to two topics, and the leader cannot store one of them: it confirms the
+    other's, refuses these entry by entry with RETRY-AFTER, and hands the cluster over; the connector sends
+    the refused ones again, to the next leader. Every publish is confirmed, each message stored once, in
+    each topic's order. Both clients."""
+    brokers = _three(start_broker, tmp_path)
+    leader = _leader(brokers)
+    endpoints = ",".join(broker.endpoint for broker in brokers)
+    publishes = [(TOPIC if n % 2 else OTHER, f"pipelined {n}") for n in range(40)]
+    full = f"{tmp_path / f'broker{brokers.index(leader)}'}/{directory_name(OTHER.encode())}/"
+
+    async def publish_asynchronously() -> list[str]:
+        async with AsyncClient(endpoints, curve=False, timeout=10) as client:
+            for topic in (TOPIC, OTHER):
+                await client.publish(topic, "before", confirm=True)
+            with failing_writes(monkeypatch, full):
+                handles = [await client.publish_async(topic, body) for topic, body in publishes]
+                return [(await handle)["MESSAGE-ID"] for handle in handles]
+
+    if asynchronous:
+        ids = asyncio.run(publish_asynchronously())
+    else:
+        with Client(endpoints, curve=False, timeout=10) as client:
+            for topic in (TOPIC, OTHER):
+                client.publish(topic, "before", confirm=True)
+            with failing_writes(monkeypatch, full):
+                handles = [client.publish_async(topic, body) for topic, body in publishes]
+                ids = [handle.result(10)["MESSAGE-ID"] for handle in handles]
+    _leader(brokers, other_than=leader)
+    with Client(endpoints, curve=False, timeout=10) as client:
+        for topic in (TOPIC, OTHER):
+            bodies = [body for named, body in publishes if named == topic]
+            stored = [message.body.decode() for message in client.fetch(topic, 1).messages]
+            assert stored == ["before", *bodies]
+            assert [int(i) for (named, _), i in zip(publishes, ids, strict=True) if named == topic] == \
+                list(range(2, 2 + len(bodies))), f"{topic}: ids in publishing order, from 2"
 
 
 @pytest.mark.timeout(120)
