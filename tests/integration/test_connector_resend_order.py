@@ -8,12 +8,10 @@ in the order they arrive."""
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
-import zmq
+from scripted_router import LoopbackRouter
 
 from connector import AsyncClient, Client
 from protocol import mc0
@@ -25,19 +23,13 @@ REFUSAL = "this broker hands the cluster over: send it again in a moment"
 HELD = 3
 
 
-class RefusingMember:
+class RefusingMember(LoopbackRouter):
     """Refuses the first connection's publishes with RETRY-AFTER, the first HELD together; stores what comes
     on the next connections."""
 
     def __init__(self) -> None:
         self.stored: list[bytes] = []  # bodies, in the order they were stored
-        self.context = zmq.Context()
-        self.router = self.context.socket(zmq.ROUTER)
-        self.router.linger = 0
-        self.port = self.router.bind_to_random_port("tcp://127.0.0.1")
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        super().__init__()
 
     def _serve(self) -> None:
         router = self.router
@@ -79,25 +71,12 @@ class RefusingMember:
                 continue
             router.send_multipart([identity, *mc0.encode(reply)])
 
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.router.close(linger=0)
-        self.context.term()
-
 
 @pytest.fixture
 def member() -> Iterator[RefusingMember]:
     made = RefusingMember()
     yield made
     made.close()
-
-
-def _wait_for(condition: object, what: str) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
 
 
 BODIES = [b"m%02d" % n for n in range(30)]

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import zmq
+from scripted_router import LoopbackRouter
 
 from connector import AsyncClient, Client, ConnectorError
 from protocol import mc0
@@ -19,7 +20,7 @@ from protocol import mc0
 REFUSAL = "this broker does not lead the cluster (it was just elected and is catching up from the replicas)"
 
 
-class ScriptedMember:
+class ScriptedMember(LoopbackRouter):
     """Answers CONNECT with OK and each PUT (and SUB) in turn from ``answers`` (``sub_answers``): "retry",
     "final" or "ok" (SUBs are answered OK once their script is used up), recording (verb, connection
     identity, monotonic time) for every command."""
@@ -28,13 +29,7 @@ class ScriptedMember:
         self.answers = answers
         self.sub_answers = sub_answers or []
         self.seen: list[tuple[bytes, bytes, float]] = []
-        self.context = zmq.Context()
-        self.router = self.context.socket(zmq.ROUTER)
-        self.router.linger = 0
-        self.port = self.router.bind_to_random_port("tcp://127.0.0.1")
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        super().__init__()
 
     def restart(self) -> None:
         """What a broker restart looks like to its clients: the listening socket goes, and a new one comes on
@@ -81,12 +76,6 @@ class ScriptedMember:
 
     def puts(self) -> list[tuple[bytes, float]]:
         return [(identity, at) for verb, identity, at in self.seen if verb == b"PUT"]
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.router.close(linger=0)
-        self.context.term()
 
 
 @pytest.fixture
