@@ -770,23 +770,24 @@ class AsyncClient(ClientBase):
                 self._open()
 
     def _reconnected(self, future: asyncio.Future[mc0.Ok | mc0.Error]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return  # (asked first, so that asyncio does not log a stale CONNECT's failure as never retrieved)
         if future is not self._connecting:
             # An asyncio future's callbacks run a loop turn after its answer was read, and by then the reader
             # may have left that connection: a follower answers a CONNECT naming the leader and refuses the
             # publish sent behind it naming the leader too, and the reader follows the refusal at once. The
             # CONNECT's answer is then about a connection that is gone; following its LEADER would move a
             # second time, from the leader's new connection, and take what is in flight there for refused
-            # (_sent_away): sent again, so stored twice (seen across a killed leader). The blocking client
-            # acts on the answer as it reads it, before the refusal.
+            # (_sent_away): sent again, so stored twice (seen across a killed leader, before moves were made
+            # at once: see _move). The blocking client acts on the answer as it reads it, before the refusal.
             return
-        if not future.cancelled() and future.exception() is None:
-            reply = future.result()
-            leader = leader_of(reply) if isinstance(reply, mc0.Ok) else None
-            if leader is not None and self._move(leader):
-                return  # a cluster member that does not lead: the reader connects to the leader
-            if isinstance(reply, mc0.Ok):
-                self._moves_done()
-                self._core.connected(reply)
+        reply = future.result()
+        leader = leader_of(reply) if isinstance(reply, mc0.Ok) else None
+        if leader is not None and self._move(leader):
+            return  # a cluster member that does not lead: the reader connects to the leader
+        if isinstance(reply, mc0.Ok):
+            self._moves_done()
+            self._core.connected(reply)
 
     def _resolve(self, reply: mc0.Ok | mc0.Error) -> None:
         waiting = self._waiting.pop(reply.id, None)  # type: ignore[arg-type] - the caller checked the id
