@@ -980,6 +980,10 @@ class Client(ClientBase):
                 self.reconnects += 1
                 if len(self.endpoints) > 1:
                     self._move(None)
+                    # Made here and now: a move left due would open yet another connection on the next
+                    # round, failing a publish the caller's thread sent on this one meanwhile as "may or may
+                    # not have been stored" (as the asyncio client did for a frozen leader).
+                    self._moving = False
                 self._open()
 
     def _serve_native(self, socket: BlockingNativeSocket, events: list[tuple[int, int]], now: float) -> None:
