@@ -388,8 +388,31 @@ class Result:
     cpu_us: float | None = None  # the server process's CPU time (every thread) per message published
 
 
+#: Whether the kernel keeps each thread's CPU time in nanoseconds (``/proc/<pid>/task/<tid>/schedstat``).
+SCHEDSTAT = os.path.exists("/proc/self/schedstat")
+
+
 def process_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of process ``pid``, every thread included (Linux /proc; None elsewhere)."""
+    """CPU time of process ``pid`` (user and system), every thread included (Linux /proc; None elsewhere).
+
+    The scheduler's own count, in nanoseconds, summed over the threads, where the kernel keeps it: the clock
+    ticks of ``/proc/<pid>/stat`` (10 ms each here) made the CPU per message of a 3-second paced run move in
+    steps of 3.3 µs, about the distance to its target. The figures are differences over a run whose threads
+    live through it (a thread gone before the second reading takes its time with it; the servers measured
+    here keep theirs); the ticks, which count gone threads too, where there is no such count."""
+    if SCHEDSTAT:
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return None
+        nanoseconds = 0
+        for thread in threads:
+            try:
+                with open(f"/proc/{pid}/task/{thread}/schedstat") as schedstat:
+                    nanoseconds += int(schedstat.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # the thread ended meanwhile
+        return nanoseconds / 1e9
     try:
         with open(f"/proc/{pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()

@@ -3,17 +3,21 @@ forwarder, the latency with the blocking and the asyncio client on either wire) 
 with tiny counts: they still run against the current broker and clients, print every row with positive
 figures, and judge every target.
 
-They measure nothing (the counts are far too small for the ratios to mean anything).
+They measure nothing (the counts are far too small for the ratios to mean anything). And the CPU time they
+divide by the messages is the server process's, every thread's, finer than clock ticks.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import threading
+import time
 
 import pytest
 
 from bench import __main__ as bench_main
-from bench import cost
+from bench import cost, throughput
 
 FIGURE = re.compile(r"[\d,.]+")
 
@@ -51,3 +55,34 @@ def test_the_cost_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "WRONG" not in out, "every confirmation of a strong topic said it was fsynced"
     assert re.search(r"of which one fsync costs +[\d,]+ us", out)
     assert len(re.findall(r"^target .*: (met|NOT met)$", out, re.MULTILINE)) == 4
+
+
+def test_a_process_cpu_time_counts_every_thread_finely() -> None:
+    """What a thread of this process spends (here 0.05 s of busy loop in a thread of its own, read while it
+    lives, as a server's threads do through a run) shows in the process's figure, to a millisecond or so,
+    not in 10 ms clock ticks."""
+    spun, done = threading.Event(), threading.Event()
+    spent: list[float] = []
+
+    def spin() -> None:
+        started = time.thread_time()
+        while time.thread_time() - started < 0.05:
+            pass
+        spent.append(time.thread_time() - started)
+        spun.set()
+        done.wait(10)
+
+    before_process, before = time.process_time(), throughput.process_cpu_seconds(os.getpid())
+    worker = threading.Thread(target=spin)
+    worker.start()
+    try:
+        assert spun.wait(10)
+        after, after_process = throughput.process_cpu_seconds(os.getpid()), time.process_time()
+    finally:
+        done.set()
+        worker.join()
+    assert before is not None
+    assert after is not None
+    assert spent[0] <= after - before <= after_process - before_process + 0.005
+    if throughput.SCHEDSTAT:
+        assert after - before != pytest.approx(round(after - before, 2), abs=1e-6), "whole clock ticks"
