@@ -4,11 +4,10 @@ connections so that the store can always open the files it needs.
 Owns: raising the soft ``RLIMIT_NOFILE`` to the hard limit at start; sharing the limit out (the store's bound
 on open files, a reserve kept free); counting the descriptors in use (``/proc/self/fd``, or ``/dev/fd``) at an
 interval that stays short near the threshold and grows, elsewhere, with what counting costs and with the room
-left; telling the doors
-to stop accepting when the descriptors left would not cover the store's share and the reserve, and to accept
-again once enough are free; when a file could not be opened all the same, telling them to let go of their
-connections still in their handshake. It must not know dialects, sockets or files: a door is anything with
-``pause``, ``shed`` and ``resume``, and the store's share is a number it is told.
+left; telling the doors to stop accepting when the descriptors left would not cover the store's share and the
+reserve, and to accept again once enough are free; when a file could not be opened all the same, telling them
+to let go of their connections still in their handshake. It must not know dialects, sockets or files: a door
+is anything with ``pause``, ``shed`` and ``resume``, and the store's share is a number it is told.
 
 Why a watcher and not a reaction to EMFILE: once the process is out of descriptors, a libzmq listener keeps
 failing to accept (its listening socket stays readable) and the store cannot open the next segment. Pausing a
