@@ -49,6 +49,12 @@ def _leader(brokers: list[Broker], within: float = 20.0, other_than: Broker | No
         time.sleep(0.1)
 
 
+def _topic_folder(tmp_path: Path, brokers: list[Broker], broker: Broker, topic: str) -> str:
+    """Where ``broker`` (one of :func:`_three`'s) keeps ``topic``'s files, as :func:`failing_writes` matches
+    it (with its trailing slash)."""
+    return f"{tmp_path / f'broker{brokers.index(broker)}'}/{directory_name(topic.encode())}/"
+
+
 def _three(start_broker: BrokerFactory, folder: Path) -> list[Broker]:
     """Three brokers of one cluster, in this process, each with its data in ``folder / broker<i>``."""
     rafts = [f"127.0.0.1:{port}" for port in free_ports(3)]
@@ -130,8 +136,7 @@ def test_a_puts_confirm_each_partly_stored_by_a_leader_that_cannot_write_says_wh
         dealer.send_multipart(mc0.encode(mc0.Connect(id=b"1", extensions=frozenset({mc0.EXT_CONFIRMS}))))
         assert dealer.poll(10_000), "no answer to CONNECT"
         assert isinstance(mc0.decode(dealer.recv_multipart()), mc0.Ok)
-        full = f"{tmp_path / f'broker{brokers.index(leader)}'}/{directory_name(OTHER.encode())}/"
-        with failing_writes(monkeypatch, full):
+        with failing_writes(monkeypatch, _topic_folder(tmp_path, brokers, leader, OTHER)):
             items = [(TOPIC.encode(), b"a1", {}), (OTHER.encode(), b"b1", {}), (TOPIC.encode(), b"a2", {})]
             dealer.send_multipart(mc0.encode(mc0.Puts(items, b"2", confirm_each=True)))
             assert dealer.poll(10_000), "no answer to the PUTS"
@@ -160,7 +165,7 @@ def test_pipelined_confirms_to_two_topics_a_leader_stores_one_of_are_all_confirm
     leader = _leader(brokers)
     endpoints = ",".join(broker.endpoint for broker in brokers)
     publishes = [(TOPIC if n % 2 else OTHER, f"pipelined {n}") for n in range(40)]
-    full = f"{tmp_path / f'broker{brokers.index(leader)}'}/{directory_name(OTHER.encode())}/"
+    full = _topic_folder(tmp_path, brokers, leader, OTHER)
 
     async def publish_asynchronously() -> list[str]:
         async with AsyncClient(endpoints, curve=False, timeout=10) as client:

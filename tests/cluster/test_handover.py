@@ -24,15 +24,27 @@ TOPIC = "durable.handover"
 AROUND = 20
 
 
-class Publisher(threading.Thread):
-    """Publishes numbered messages one at a time, each confirmed, and keeps every error it meets."""
+class Publishing(threading.Thread):
+    """A publisher in a thread of its own until ``stop`` is set: what it had confirmed, and every error it
+    met."""
 
-    def __init__(self, cluster: Cluster) -> None:
-        super().__init__(daemon=True, name="publisher")
+    def __init__(self, cluster: Cluster, name: str) -> None:
+        super().__init__(daemon=True, name=name)
         self.cluster = cluster
         self.stop = threading.Event()
-        self.confirmed: list[tuple[float, int]] = []  # (when, MESSAGE-ID)
+        self.confirmed: list = []
         self.errors: list[BaseException] = []
+
+    def count(self) -> int:
+        return len(self.confirmed)
+
+
+class Publisher(Publishing):
+    """Publishes numbered messages one at a time, each confirmed."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(cluster, "publisher")
+        self.confirmed: list[tuple[float, int]] = []  # (when, MESSAGE-ID)
         self.sent = 0
 
     def run(self) -> None:
@@ -46,9 +58,6 @@ class Publisher(threading.Thread):
                 assert reply is not None
                 self.confirmed.append((time.monotonic(), int(reply["MESSAGE-ID"])))
                 self.sent += 1
-
-    def count(self) -> int:
-        return len(self.confirmed)
 
 
 @pytest.mark.timeout(180)
@@ -132,20 +141,15 @@ def test_a_rolling_restart_of_every_member_fails_no_publish(cluster_factory) -> 
           "every member holds all")
 
 
-
-
-class PipelinedPublisher(threading.Thread):
+class PipelinedPublisher(Publishing):
     """Publishes numbered messages with :meth:`AsyncClient.publish_async`, up to IN_FLIGHT unconfirmed at a
-    time (several PUTS CONFIRM each in flight), and keeps every error it meets."""
+    time (several PUTS CONFIRM each in flight)."""
 
     IN_FLIGHT = 200
 
     def __init__(self, cluster: Cluster) -> None:
-        super().__init__(daemon=True, name="pipelined publisher")
-        self.cluster = cluster
-        self.stop = threading.Event()
+        super().__init__(cluster, "pipelined publisher")
         self.confirmed: list[int] = []  # MESSAGE-IDs, in the order the messages were published
-        self.errors: list[BaseException] = []
 
     def run(self) -> None:
         asyncio.run(self._publish())
@@ -167,9 +171,6 @@ class PipelinedPublisher(threading.Thread):
                         self.confirmed.append(int((await in_flight.popleft())["MESSAGE-ID"]))
             except ConnectorError as error:
                 self.errors.append(error)
-
-    def count(self) -> int:
-        return len(self.confirmed)
 
 
 @pytest.mark.timeout(180)
