@@ -1204,15 +1204,32 @@ class RouterShell:
         error = mc0.leader_error(text, leader, None)
         for session in list(self.sessions.by_identity.values()):
             session.redirected_until = now + REDIRECTED_FOR
-            frames = mc0.encode(error, delimiter=session.delimiter)
-            # Behind every reply still owed to the client (a held OK, a FETCH's, one a full pipe stopped): the
-            # connector counts on it, sending again what this broker left unanswered when it sent it away.
-            if session.stalled:
-                session.stalled.append(frames)
-                self.stalled.add(session)
-            else:
-                self.send(session, frames, now)
-            self._unsubscribe(session)
+            self._send_off(session, error, now)
+
+    def subscribe_again(self, text: str, endpoint: bytes) -> None:
+        """This broker leads again, in a new epoch, and no other member led meanwhile, so its clients were
+        never sent away: the subscriptions it kept belong to the old epoch, whose log identities the clients
+        would name when they resume, and a log's lineage has a reader of an old identity read again from
+        where the epochs part. Each subscribed client gets an ERROR without ID naming this broker as the
+        leader (``LEADER``), which the connector takes as "subscribe again here": it does, on a new
+        connection, after its last ids, and learns the new identities. Other clients stay as they are."""
+        now = self.monotonic()
+        error = mc0.leader_error(text, endpoint, None)
+        for session in list(self.sessions.by_identity.values()):
+            if session.subscriber.topics:
+                self._send_off(session, error, now)
+
+    def _send_off(self, session: Session, error: mc0.Error, now: float) -> None:
+        """Send ``error`` (a LEADER without ID) and end the session's subscriptions and waits."""
+        frames = mc0.encode(error, delimiter=session.delimiter)
+        # Behind every reply still owed to the client (a held OK, a FETCH's, one a full pipe stopped): the
+        # connector counts on it, sending again what this broker left unanswered when it sent it away.
+        if session.stalled:
+            session.stalled.append(frames)
+            self.stalled.add(session)
+        else:
+            self.send(session, frames, now)
+        self._unsubscribe(session)
 
     # -------------------------------------------------------------------------------------------------- stats
 

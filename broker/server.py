@@ -319,6 +319,13 @@ def _demoted(router: RouterShell, gateways: dict[str, Gateway], leader: str | No
     router.send_away(f"this broker no longer leads the cluster: the leader is {leader}", leader.encode())
 
 
+def _leading_again(router: RouterShell, endpoint: str) -> None:
+    """A cluster member leads again in a new epoch, no other having led since it stopped: its mc0 subscribers
+    subscribe again (the TCP doors' connections were closed when it stopped leading)."""
+    router.subscribe_again("this broker leads the cluster again, in a new epoch: subscribe again here",
+                           endpoint.encode())
+
+
 def _router_socket(context: zmq.asyncio.Context, config: BrokerConfig) -> zmq.asyncio.Socket:
     socket = context.socket(zmq.ROUTER)
     socket.router_mandatory = 1  # a send to a vanished peer raises EHOSTUNREACH instead of vanishing
@@ -413,6 +420,7 @@ async def _serve(
             hub.limits["cluster"] = cluster.stats
             hub.readiness.append(cluster.unready)
             cluster.on_demoted = functools.partial(_demoted, router, gateways)
+            cluster.on_leading_again = functools.partial(_leading_again, router)
             hub.ahead.append(router.answer_ahead)
             hub.after_flush.append(cluster.after_flush)
             for gateway in gateways.values():

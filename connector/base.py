@@ -441,8 +441,11 @@ class ClientBase:
                 got = True
             elif reply is not None and reply.id is not None:
                 self._resolve(reply)
-            elif isinstance(reply, mc0.Error) and leader_of(reply) not in (None, self.endpoint):
-                self._move(leader_of(reply))  # a cluster member that stopped leading sends its clients away
+            elif isinstance(reply, mc0.Error) and (leader := leader_of(reply)) is not None:
+                # A cluster member that stopped leading sends its clients away; one that leads again, in a
+                # new epoch, names itself: its subscribers subscribe again, on a new connection, learning
+                # the new epoch's log identities.
+                self._move(leader)
         if got:
             self._arrived.set()
         return count

@@ -163,6 +163,10 @@ class Cluster:
         # Called once a leader is known after this broker stopped leading, with that leader's endpoint: the
         # doors send their clients there (broker.server sets it).
         self.on_demoted: Callable[[str | None], None] | None = None
+        # Called when this broker leads again, in a new epoch, and no other leader was known since it
+        # stopped (so on_demoted never sent its clients on), with its own endpoint: its subscribers subscribe
+        # again, under the new epoch's log identities (broker.server sets it).
+        self.on_leading_again: Callable[[str], None] | None = None
         self._demoted = False
         self.closed = False
         self.raft_directory = directory = Path(config.data_dir) / ".cluster"  # PySyncObj's files
@@ -591,6 +595,10 @@ class Cluster:
                     log.info("queue %r goes on after id %d, where the last leader's consumers were",
                              topic.name.decode("utf-8", "replace"), position[1])
         log.info("leading the cluster: epoch %d, mc0 at %s", self.state.epoch, self.endpoint)
+        if self._demoted:
+            self._demoted = False
+            if self.on_leading_again is not None:
+                self.on_leading_again(self.endpoint)
         self.schedule()
 
     def _take_queue_position(self, name: bytes, incarnation: str, last: int) -> int:
