@@ -149,6 +149,7 @@ class Cluster:
         self._changed = asyncio.Event()  # set, while handing over, when the state or a position moves
         self.fence = 0  # the highest epoch a new leader announced: nothing copied from an older one
         self.taking_over: asyncio.Task[None] | None = None
+        self._taking: tuple[int, dict[str, str]] | None = None  # its last take-over's _take_over_key
         self.replicator: Replicator | None = None
         self.positions: dict[bytes, dict[str, int]] = {}  # topic -> replica -> next id it acknowledged
         self.heard: dict[str, float] = {}  # member -> when (monotonic) its last REPLICA fetch arrived
@@ -320,10 +321,14 @@ class Cluster:
         kind = command[0]
         if kind == "take_over" and state.leader != self.node and self.serving:
             self._step_down(f"{state.leader} took epoch {state.epoch}")
-        # Only while Raft says this broker leads: a restarted broker replays its journal, whose last take-over
-        # may be its own, of an epoch long over (it served a moment on that once, and could confirm a weak
-        # publish as leader of nothing).
-        if state.leader == self.node and state.epoch != before and not self.serving and self.role.leading:
+        # Only the take-over this broker submitted as Raft's leader now: a restarted broker replays its
+        # journal, whose last take-over may be its own, of an epoch long over (it served a moment on that
+        # once, and could confirm a weak publish as leader of nothing), and one elected again applies that
+        # old command once its leadership's first entry is committed. Serving that epoch again, it would
+        # write new messages under ids its old log identity had given messages its followers may hold (what
+        # it wrote ahead of its fsync when its machine went down): a new take-over compares the replicas.
+        if (kind == "take_over" and state.leader == self.node and state.epoch != before and not self.serving
+                and self.role.leading and self._taking == _take_over_key(command)):
             self._serve()
         if kind in ("topic", "snapshot", "take_over"):
             self._topics_changed = True
@@ -960,6 +965,8 @@ class Cluster:
         return sent
 
     async def _try_take_over(self) -> bool:
+        if not await self._applied_so_far():
+            return False
         epoch = self.state.epoch + 1
         self.fence = max(self.fence, epoch)
         self._stop_copying()
@@ -990,15 +997,33 @@ class Cluster:
                 link.close()
         if not self.role.leading:
             return False
-        outcome: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        assert self.raft is not None
-        self.raft.submit(("take_over", self.node, epoch, identities),
-                         lambda result, error: outcome.done()
-                         or outcome.set_result(bool(result) and not error))
-        if not await asyncio.wait_for(outcome, 10 * self.config.cluster_timeout + 5):
+        self._taking = _take_over_key(("take_over", self.node, epoch, identities))
+        if not await self._raft_applies(("take_over", self.node, epoch, identities)):
             return False
         self.takeovers += 1
         return True
+
+    async def _applied_so_far(self) -> bool:
+        """Wait until this broker's state holds every command Raft committed before its leadership (False if
+        it cannot say: no majority, or it no longer leads).
+
+        A new Raft leader holds every committed entry in its log, but it applies those of earlier terms only
+        once an entry of its own term is committed (Raft's rule; PySyncObj's no-op). Until then its state can
+        be behind: a broker back from a crash that is elected again may not know the epoch it took itself
+        before it died, nor the log identity it gave each topic then; comparing replicas on that state, it
+        took its own log for one of an unknown epoch, chose a shorter replica as the most up to date, and cut
+        messages a majority had confirmed (found by random faults: 1,740 confirmed messages lost). A command
+        of its own, applied, is that entry: everything before it is applied too. It changes nothing (a
+        position report naming no topic)."""
+        return await self._raft_applies(("positions", self.node, {}))
+
+    async def _raft_applies(self, command: tuple[Any, ...]) -> bool:
+        """Submit ``command`` and wait until Raft applied it (True if it changed the state)."""
+        outcome: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        assert self.raft is not None
+        self.raft.submit(command, lambda result, error: outcome.done()
+                         or outcome.set_result(bool(result) and not error))
+        return await asyncio.wait_for(outcome, 10 * self.config.cluster_timeout + 5)
 
     async def _ask(self, links: dict[str, Link], names: set[bytes],
                    epoch: int) -> dict[str, dict[bytes, ReplicaEnd] | None]:
@@ -1108,6 +1133,12 @@ class Cluster:
                          for name, replicas in self.positions.items()},
             "heard": {node: round(now - when, 3) for node, when in self.heard.items()},
         }
+
+
+def _take_over_key(command: tuple[Any, ...]) -> tuple[int, dict[str, str]]:
+    """What tells one ``take_over`` command from another of the same epoch: the epoch, and the log identity
+    (unique) it gives each topic."""
+    return command[2], {name_hex: entry[0] for name_hex, entry in command[3].items()}
 
 
 def _replica_end(node: str, reply: mc0.Ok) -> ReplicaEnd:

@@ -475,3 +475,73 @@ def test_a_new_leader_asks_about_every_topic_at_once() -> None:
     finally:
         cluster.close()
         cluster.engine.close()
+
+
+class Committing(Submits):
+    """Raft as a leader elected again sees it: commands committed before its term (``earlier``) are applied
+    only once an entry of its own term is committed, then in order, before that entry; each command's
+    callback comes after the loop has applied it, as :class:`broker.cluster.raft.RaftNode` posts them."""
+
+    def __init__(self, cluster: Cluster, earlier: list[tuple[Any, ...]]) -> None:
+        super().__init__()
+        self.cluster = cluster
+        self.earlier = earlier
+
+    def submit(self, command: tuple[Any, ...], done: Any = None) -> None:
+        super().submit(command)
+        loop = asyncio.get_running_loop()
+
+        def commit() -> None:
+            for entry in [*self.earlier, command]:
+                state = self.cluster.state
+                changed = entry[0] != "take_over" or entry[2] == state.epoch + 1
+                loop.call_soon(self.cluster.on_state, entry)
+                if entry is command and done is not None:
+                    loop.call_soon(done, changed, None)
+            self.earlier = []
+
+        loop.call_later(0.01, commit)
+
+
+class AnsweringLink(Answering):
+    def close(self) -> None:
+        pass
+
+
+def test_a_leader_elected_again_compares_replicas_on_everything_committed_before_it(tmp_path: Path) -> None:
+    """A broker that took epoch 2 and died before PySyncObj saved the commit index (once a second) comes back
+    with a state of epoch 1, though its Raft log holds its take-over. Elected again, it must not compare
+    the replicas before Raft applied that command: its own log, written in epoch 2, looked like one of an
+    unknown epoch and lost to the old leader's shorter one, and it cut every message it had confirmed. Nor
+    may it serve epoch 2 again when that old command is applied: a new take-over makes epoch 3."""
+    topic = b"durable.t"
+    old = "ab" * 16  # epoch 1's log identity: the other members hold it up to id 5
+    mine = "cd" * 16  # epoch 2's, this member's
+
+    async def run(cluster: Cluster) -> Committing:
+        cluster.on_state(("snapshot",), joined_state())
+        cluster.on_state(("take_over", PEERS[0], 1, {topic.hex(): (old, ())}))
+        made = cluster.engine.declare(topic, TopicSpec(persistence=Persistence.PERSISTENT))
+        for n in range(20):
+            cluster.engine.publish(topic, b"%d" % n, {}, 0)
+        cluster.engine.commit()
+        assert made.log is not None
+        cluster.store.set_identity(topic, LogIdentity(mine, ((old, 5),)))
+        raft = Committing(cluster, [("take_over", cluster.node, 2, {topic.hex(): (mine, ((old, 5),))})])
+        cluster.raft = raft  # type: ignore[assignment]
+        cluster._link = lambda endpoint: AnsweringLink()  # type: ignore[assignment,method-assign]
+        cluster.role = Role(True, cluster.node, 3, 3)
+        assert await cluster._try_take_over()
+        return raft
+
+    cluster = member(tmp_path)
+    try:
+        raft = asyncio.run(run(cluster))
+        assert cluster.engine.topics[topic].next_id == 21, "messages of epoch 2 cut"
+        assert [command[2] for command in raft.commands if command[0] == "take_over"] == [3]
+        assert cluster.serving
+        assert cluster.state.epoch == 3
+    finally:
+        cluster.raft = None
+        cluster.close()
+        cluster.engine.close()
