@@ -29,7 +29,7 @@ import zmq
 import zmq.asyncio
 
 from broker import router as router_module
-from broker.cluster.node import Cluster
+from broker.cluster.node import Cluster, _take_over_key
 from broker.cluster.raft import Role
 from broker.cluster.state import ClusterState
 from broker.config import BrokerConfig
@@ -393,7 +393,7 @@ def test_a_client_sent_to_the_leader_that_is_gone_later_is_no_news_at_info(
                       f"client {b'moved'.hex()} dropped: unreachable": logging.DEBUG}
 
 
-def test_a_take_over_of_its_own_serves_only_while_raft_says_it_leads(tmp_path: Path) -> None:
+def test_a_take_over_of_its_own_serves_only_if_submitted_while_raft_says_it_leads(tmp_path: Path) -> None:
     engine = Engine(RULES, FileStore(tmp_path / "data"))
     try:
         cluster = member(engine, tmp_path)
@@ -403,8 +403,16 @@ def test_a_take_over_of_its_own_serves_only_while_raft_says_it_leads(tmp_path: P
         cluster.on_state(("take_over", "127.0.0.1:2", 1, {}), state.copy())  # replayed from the journal
         assert not cluster.serving
         cluster.role = Role(True, "127.0.0.1:2", 3, 3)  # Raft elected it (its take-over is not run here)
-        assert state.apply(("take_over", "127.0.0.1:2", 2, {}))
-        cluster.on_state(("take_over", "127.0.0.1:2", 2, {}), state.copy())
+        # Its own take-over of an earlier leadership, applied once it leads again: it takes a new epoch
+        # instead of serving that one again.
+        assert state.apply(("take_over", "127.0.0.1:2", 2, {"ab": ("cd" * 16, ())}))
+        cluster.on_state(("take_over", "127.0.0.1:2", 2, {"ab": ("cd" * 16, ())}), state.copy())
+        assert not cluster.serving
+        # The take-over it submitted now serves.
+        taking = ("take_over", "127.0.0.1:2", 3, {"ab": ("ef" * 16, (("cd" * 16, 1),))})
+        cluster._taking = _take_over_key(taking)
+        assert state.apply(taking)
+        cluster.on_state(taking, state.copy())
         assert cluster.serving
     finally:
         engine.close()
