@@ -87,9 +87,11 @@ class Waits:
                 del index[key]
 
     def woken(self, topics: Iterable[bytes]) -> list[Wait]:
-        """The waits on ``topics`` (just written), taken out, oldest first."""
+        """The waits on ``topics`` (just written; a topic may be named more than once), taken out, oldest
+        first."""
         out: list[Wait] = []
-        for topic in topics:
+        # Once each: a commit names a topic it wrote and whose cluster gate moved (by each follower) again.
+        for topic in dict.fromkeys(topics):
             waits = self.by_topic.get(topic)
             if waits:
                 out.extend(waits.values())

@@ -26,3 +26,16 @@ def test_replica_waits_neither_take_nor_are_refused_clients_places() -> None:
     assert (waits.count, waits.replicas) == (2, 0)
     assert [wait.request for wait in waits.expired(11.0)] == ["c2", "c3"]
     assert (waits.count, waits.replicas) == (0, 0)
+
+
+def test_a_topic_named_twice_in_one_commit_wakes_its_waits_once() -> None:
+    """A turn's commit may name a topic twice: written, and its gate moved by a follower's acknowledgement
+    (two followers' in one turn: twice more). Each wait on it is woken once; the same wait taken out twice
+    stopped a cluster leader with a KeyError (found by random faults, a queue's leader)."""
+    waits = Waits()
+    assert waits.park("member", b"q", "r1", 10.0, replicas=4)
+    assert waits.park("client", b"q", "c1", 10.0)
+    assert waits.park("client", b"other", "c2", 10.0)
+    assert [wait.request for wait in waits.woken([b"q", b"q", b"q"])] == ["r1", "c1"]
+    assert (waits.count, waits.replicas) == (1, 0)
+    assert [wait.request for wait in waits.expired(11.0)] == ["c2"]
