@@ -319,6 +319,9 @@ class Engine:
         #: The first id a persistent topic's retention must keep, or None for no bound (a cluster leader's
         #: messages not yet on a majority stay for the followers that have not copied them).
         self.retention_floor: Callable[[Topic], int | None] | None = None
+        #: The lineage of a topic's log identity that no log of this broker recorded, if known elsewhere (a
+        #: cluster's epochs), for readers that name it: where they go on (LogIdentity.resume_point_from).
+        self.lineage_of: Callable[[bytes, str], tuple[tuple[str, int], ...] | None] | None = None
         # Gated topics whose gate moved since the last commit: readable as if the commit had written them.
         self._released: list[bytes] = []
         # Gated topics written ahead of this turn's commit (write_ahead), and the write failures it met.
@@ -1023,7 +1026,7 @@ class Engine:
             start = _reading(log.find_time, at_time)
         identity = log.identity
         if known_incarnation is not None and known_incarnation != identity.incarnation:
-            point = identity.resume_point(known_incarnation, first_id if start is None else start)
+            point = self._resume_in(name, identity, known_incarnation, first_id if start is None else start)
             start = first_id if point is None else point
         if start is None or start < first_id:
             start = first_id
@@ -1050,8 +1053,18 @@ class Engine:
         log = self.topic(name).log  # created as subscribing would: a new log is a log the client never read
         if log is None:
             return resume
-        point = log.identity.resume_point(incarnation.decode("ascii", "replace"), resume)
+        point = self._resume_in(name, log.identity, incarnation.decode("ascii", "replace"), resume)
         return log.first_id if point is None else point
+
+    def _resume_in(self, name: bytes, identity: LogIdentity, incarnation: str, position: int) -> int | None:
+        """Where a reader of ``incarnation`` at ``position`` goes on in a log of ``identity``: by its lineage,
+        or else by the lineage :attr:`lineage_of` knows for ``incarnation`` (None: nothing shared known)."""
+        point = identity.resume_point(incarnation, position)
+        if point is None and self.lineage_of is not None:
+            lineage = self.lineage_of(name, incarnation)
+            if lineage is not None:
+                point = identity.resume_point_from(LogIdentity(incarnation, lineage), position)
+        return point
 
     def incarnation(self, name: bytes) -> bytes | None:
         """The identity of ``name``'s log (None for a transient topic or one that does not exist)."""

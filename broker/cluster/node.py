@@ -192,6 +192,8 @@ class Cluster:
         self._leader_identities: dict[bytes, LogIdentity] = {}
         engine.on_persistent = self.on_persistent
         engine.retention_floor = self.retention_floor
+        # A reader may name an epoch's identity that no log kept: its leader died before it wrote anything.
+        engine.lineage_of = lambda name, incarnation: self.state.lineage_of(name.hex(), incarnation)
 
     # ------------------------------------------------------------------------------------------ running
 

@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from broker.store import LogIdentity
+
 #: Identity entries kept per topic: as many as a log's lineage keeps (broker.store.MAX_LINEAGE).
 MAX_EPOCHS_PER_TOPIC = 16
 
@@ -93,6 +95,14 @@ class ClusterState:
             self.positions.setdefault(node, {}).update(positions)
             return True
         raise ValueError(f"unknown cluster command {kind!r}")
+
+    def lineage_of(self, name_hex: str, incarnation: str) -> tuple[tuple[str, int], ...] | None:
+        """The lineage an epoch's leader gave topic ``name_hex``'s identity ``incarnation`` (None: no epoch
+        gave it, or it is older than the epochs kept)."""
+        for _, known, lineage in self.identities.get(name_hex, ()):
+            if known == incarnation:
+                return lineage
+        return None
 
     def epoch_of(self, name_hex: str, incarnation: str) -> int:
         """The epoch whose leader gave topic ``name_hex`` the log identity ``incarnation`` (0: none did, a log
@@ -175,14 +185,9 @@ def shared_until(mine: ReplicaEnd, theirs: ReplicaEnd) -> int:
 
 
 def _held_from(end: ReplicaEnd) -> dict[str, int]:
-    """incarnation -> the id below which ``end``'s log holds that incarnation's messages: its own identity's
-    up to its next id, each earlier one's up to the first ``until`` from there on."""
-    held = {end.incarnation: end.next_id}
-    below = end.next_id
-    for incarnation, until in reversed(end.lineage):
-        below = min(below, until)
-        held.setdefault(incarnation, below)
-    return held
+    """incarnation -> the id below which ``end``'s log holds that incarnation's messages
+    (:meth:`LogIdentity.held_from`)."""
+    return LogIdentity(end.incarnation, end.lineage).held_from(end.next_id)
 
 
 def positions_by_topic(state: ClusterState, nodes: Mapping[str, object]) -> dict[str, dict[str, int]]:

@@ -52,6 +52,17 @@ class LogIdentity(NamedTuple):
         lineage = (*self.lineage, (self.incarnation, until))[-MAX_LINEAGE:]
         return LogIdentity(uuid.uuid4().hex, lineage)
 
+    def held_from(self, next_id: int) -> dict[str, int]:
+        """incarnation -> the id below which a log of this identity ending at ``next_id`` holds that
+        incarnation's messages: its own identity's up to ``next_id``, each earlier one's up to the first
+        ``until`` from there on."""
+        held = {self.incarnation: next_id}
+        below = next_id
+        for incarnation, until in reversed(self.lineage):
+            below = min(below, until)
+            held.setdefault(incarnation, below)
+        return held
+
     def resume_point(self, incarnation: str, position: int) -> int | None:
         """Where a reader that stood at ``position`` (the next id it wanted) in ``incarnation`` goes on in
         this log: the same position, or the first id the logs do not share if it is lower. None if
@@ -62,6 +73,19 @@ class LogIdentity(NamedTuple):
             if earlier == incarnation:
                 return min(position, *(until for _, until in self.lineage[index:]))
         return None
+
+    def resume_point_from(self, reader: LogIdentity, position: int) -> int | None:
+        """Where a reader of ``reader``'s log at ``position`` goes on in this one, when ``reader`` is neither
+        this log's identity nor an ancestor it remembers but its lineage is known (a cluster's epoch whose
+        leader died before it wrote anything: no log recorded it, but the cluster did): the first id the
+        two do not share after the latest incarnation both descend from. None if they share none."""
+        point = self.resume_point(reader.incarnation, position)
+        if point is not None:
+            return point
+        mine = self.held_from(position)
+        shared = [min(below, mine[incarnation]) for incarnation, below in reader.held_from(position).items()
+                  if incarnation in mine]
+        return max(shared) if shared else None
 
 
 class StoredTopic(NamedTuple):

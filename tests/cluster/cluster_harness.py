@@ -3,10 +3,12 @@
 fixture that starts them, waits for a leader every member agrees on, and stops them all at teardown.
 
 Also what the tests share otherwise: a cluster member in this process (:func:`member_here`, for tests that
-make one member's writes fail by path), and a publish sent again until confirmed (:func:`careful_publish`)."""
+make one member's writes fail by path), a publish sent again until confirmed (:func:`careful_publish`), and
+random faults (:func:`random_fault`)."""
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +22,12 @@ from broker.server import Broker
 from broker.topics import Persistence, Sync, TopicRule, TopicSpec
 from connector import Client, ConnectorError
 
-__all__ = ["Cluster", "Member", "careful_publish", "cluster_factory", "holds", "member_here", "until"]
+__all__ = ["Cluster", "Member", "careful_publish", "cluster_factory", "holds", "member_here", "random_fault",
+           "until"]
+
+#: What a random fault does: to whom, and how: SIGKILL ("kill") or SIGSTOP ("pause") until it is undone.
+FAULT_KINDS = ("kill-leader", "kill-follower", "pause-leader", "pause-follower", "kill-two",
+               "pause-leader-kill-follower", "kill-all")
 
 #: The topics of a member started in this process: ``durable.*`` strong, as the processes' configuration.
 STRONG = (TopicRule("durable.*", TopicSpec(persistence=Persistence.PERSISTENT, sync=Sync.STRONG)),)
@@ -79,3 +86,29 @@ def cluster_factory(tmp_path: Path) -> Iterator[Any]:
     for cluster in made:
         cluster.stop_all()
         cluster.context.term()
+
+
+def random_fault(cluster: Cluster, rng: random.Random) -> str:
+    """Make one random fault of :data:`FAULT_KINDS`, hold it 0.2-5 s, and undo it (a killed broker started
+    again, a frozen one resumed) in random order; what it was, to report."""
+    kind = rng.choice(FAULT_KINDS)
+    leader = cluster.settled()
+    followers = [member for member in cluster.members if member is not leader]
+    if kind == "kill-two":
+        done = [("kill", member) for member in rng.sample(cluster.members, 2)]
+    elif kind == "kill-all":
+        done = [("kill", member) for member in [leader, *rng.sample(followers, 2)]]
+    elif kind == "pause-leader-kill-follower":
+        done = [("pause", leader), ("kill", rng.choice(followers))]
+    else:
+        how, whom = kind.split("-")
+        done = [(how, leader if whom == "leader" else rng.choice(followers))]
+    for how, member in done:
+        (cluster.kill if how == "kill" else cluster.pause)(member)
+        time.sleep(rng.uniform(0.0, 0.5))
+    held = rng.uniform(0.2, 5.0)
+    time.sleep(held)
+    for how, member in rng.sample(done, len(done)):
+        (cluster.start if how == "kill" else cluster.resume)(member)
+        time.sleep(rng.uniform(0.0, 1.0))
+    return f"{kind} {held:.1f} s"

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_harness import Cluster, Member, careful_publish, cluster_factory  # noqa: F401 - the fixture
+from cluster_harness import Cluster, careful_publish, cluster_factory, random_fault  # noqa: F401 - the fixture
 
 from broker.store.files import FileStore, directory_name, read_topic_meta
 from broker.topics import Persistence, Sync, TopicSpec
@@ -32,9 +32,6 @@ assert PAUSES[0] < CLUSTER_TTL_MS / 1000 < PAUSES[1] - 2
 #: The random faults' seed (every run draws the same faults; their timing differs), and how many in a run.
 FAULTS_SEED = 4
 FAULTS = 10
-#: What a random fault does: to whom, and how: SIGKILL ("kill") or SIGSTOP ("pause") until it is undone.
-FAULT_KINDS = ("kill-leader", "kill-follower", "pause-leader", "pause-follower", "kill-two",
-               "pause-leader-kill-follower", "kill-all")
 
 
 class Publisher(threading.Thread):
@@ -284,24 +281,6 @@ def test_a_leader_paused_past_an_election_is_deposed_and_loses_and_repeats_nothi
           f"leader froze; retries {publisher.retries}")
 
 
-def _fault(cluster: Cluster, kind: str, rng: random.Random) -> list[tuple[str, Member]]:
-    """Make one fault of ``kind``; what it did, to be undone: ("kill" or "pause", member) pairs."""
-    leader = cluster.settled()
-    followers = [member for member in cluster.members if member is not leader]
-    if kind == "kill-two":
-        done = [("kill", member) for member in rng.sample(cluster.members, 2)]
-    elif kind == "kill-all":
-        done = [("kill", member) for member in [leader, *rng.sample(followers, 2)]]
-    elif kind == "pause-leader-kill-follower":
-        done = [("pause", leader), ("kill", rng.choice(followers))]
-    else:
-        how, whom = kind.split("-")
-        done = [(how, leader if whom == "leader" else rng.choice(followers))]
-    for how, member in done:
-        (cluster.kill if how == "kill" else cluster.pause)(member)
-        time.sleep(rng.uniform(0.0, 0.5))
-    return done
-
 
 @pytest.mark.timeout(360)
 def test_random_faults_lose_and_repeat_nothing(cluster_factory) -> None:  # noqa: F811
@@ -318,14 +297,7 @@ def test_random_faults_lose_and_repeat_nothing(cluster_factory) -> None:  # noqa
     try:
         for number in range(FAULTS):
             _until_confirmed(publisher, rng.randint(1, 6), f"before fault {number} (after {made})")
-            kind = rng.choice(FAULT_KINDS)
-            done = _fault(cluster, kind, rng)
-            held = rng.uniform(0.2, 5.0)
-            made.append(f"{kind} {held:.1f} s")
-            time.sleep(held)
-            for how, member in rng.sample(done, len(done)):
-                (cluster.start if how == "kill" else cluster.resume)(member)
-                time.sleep(rng.uniform(0.0, 1.0))
+            made.append(random_fault(cluster, rng))
         _until_confirmed(publisher, BETWEEN, f"after the faults ({made})")
     finally:
         publisher.stop.set()

@@ -782,3 +782,24 @@ def test_topic_ids_of_persistent_topics_survive_a_restart_and_new_ones_never_col
     assert restarted.topics[b"log.events"].topic_id == second
     newcomer = restarted.topic(b"scratch").topic_id
     assert newcomer > max(first, second), "a new topic takes an id above every recorded one"
+
+
+def test_a_reader_of_an_identity_no_log_recorded_goes_on_where_the_cluster_says() -> None:
+    """A subscriber's RESUME and a FETCH name the log identity they read; one that no log here remembers
+    (a cluster epoch whose leader died before writing) is looked up with ``lineage_of``: the reader goes on
+    from where the logs part after their shared ancestor instead of from the beginning."""
+    engine, _ = durable_engine()
+    publish(engine, b"log.a", 20)
+    engine.commit()
+    log = engine.topics[b"log.a"].log
+    assert log is not None
+    ancestor = log.identity
+    log.identity = ancestor.successor(10)  # this log went on from id 10 in another epoch
+    lost = ancestor.successor(15)  # an epoch that began at id 15 and that no log here recorded
+    incarnation = lost.incarnation.encode()
+    assert engine.resume_point(b"log.a", 18, incarnation) == 1  # unknown: from the beginning
+    assert engine.read_range(b"log.a", 18, 5, 1 << 20, known_incarnation=lost.incarnation).start_id == 1
+    known = {(b"log.a", lost.incarnation): lost.lineage}
+    engine.lineage_of = lambda name, incarnation: known.get((name, incarnation))
+    assert engine.resume_point(b"log.a", 18, incarnation) == 10  # epoch 1's messages below 10 are shared
+    assert engine.read_range(b"log.a", 18, 5, 1 << 20, known_incarnation=lost.incarnation).start_id == 10

@@ -208,6 +208,21 @@ def test_lineage_resume_points_over_several_steps() -> None:
     assert c.resume_point("f" * 32, 50) is None
 
 
+def test_a_resume_point_from_an_identity_no_log_recorded() -> None:
+    """A cluster's epoch whose leader died before it wrote anything: its identity (a successor of the log's
+    identity then) is in no log's lineage, but the cluster knows its lineage. A reader of it goes on from
+    where the two part after their latest shared ancestor, not from the beginning."""
+    a = LogIdentity.fresh()
+    lost = a.successor(100)  # epoch 2: its leader died before writing; readers learnt it from a SUB's OK
+    taken = a.successor(100).successor(100)  # epoch 3, by a member that followed epoch 1 only ...
+    now = LogIdentity(taken.incarnation, (taken.lineage[0],))  # ... whose lineage never named epoch 2's
+    assert now.resume_point(lost.incarnation, 100) is None
+    assert now.resume_point_from(lost, 100) == 100  # read up to 99 in epoch 2: all of it epoch 1's
+    assert now.resume_point_from(lost, 140) == 100  # past where epoch 2 began: from there
+    assert now.resume_point_from(LogIdentity("f" * 32, (("e" * 32, 5),)), 50) is None  # nothing shared
+    assert now.resume_point_from(now, 70) == 70
+
+
 def test_a_lock_file_is_emptied_by_a_clean_stop_only(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     store.open(TOPIC, SMALL)
