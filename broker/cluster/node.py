@@ -999,8 +999,9 @@ class Cluster:
                 link.close()
         if not self.role.leading:
             return False
-        self._taking = _take_over_key(("take_over", self.node, epoch, identities))
-        if not await self._raft_applies(("take_over", self.node, epoch, identities)):
+        command = ("take_over", self.node, epoch, identities)
+        self._taking = _take_over_key(command)
+        if not await self._raft_applies(command):
             return False
         self.takeovers += 1
         return True

@@ -179,15 +179,9 @@ def shared_until(mine: ReplicaEnd, theirs: ReplicaEnd) -> int:
     that Raft did not accept) share what they held of it."""
     if mine.incarnation == theirs.incarnation:
         return mine.next_id  # one log: a shorter copy of it differs in nothing
-    mine_from, theirs_from = _held_from(mine), _held_from(theirs)
-    return max((min(below, theirs_from[incarnation]) for incarnation, below in mine_from.items()
-                if incarnation in theirs_from), default=1)
-
-
-def _held_from(end: ReplicaEnd) -> dict[str, int]:
-    """incarnation -> the id below which ``end``'s log holds that incarnation's messages
-    (:meth:`LogIdentity.held_from`)."""
-    return LogIdentity(end.incarnation, end.lineage).held_from(end.next_id)
+    shared = LogIdentity(mine.incarnation, mine.lineage).shared_until(
+        mine.next_id, LogIdentity(theirs.incarnation, theirs.lineage), theirs.next_id)
+    return 1 if shared is None else shared
 
 
 def positions_by_topic(state: ClusterState, nodes: Mapping[str, object]) -> dict[str, dict[str, int]]:

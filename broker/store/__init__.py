@@ -74,18 +74,20 @@ class LogIdentity(NamedTuple):
                 return min(position, *(until for _, until in self.lineage[index:]))
         return None
 
-    def resume_point_from(self, reader: LogIdentity, position: int) -> int | None:
-        """Where a reader of ``reader``'s log at ``position`` goes on in this one, when ``reader`` is neither
-        this log's identity nor an ancestor it remembers but its lineage is known (a cluster's epoch whose
-        leader died before it wrote anything: no log recorded it, but the cluster did): the first id the
-        two do not share after the latest incarnation both descend from. None if they share none."""
-        point = self.resume_point(reader.incarnation, position)
-        if point is not None:
-            return point
-        mine = self.held_from(position)
-        shared = [min(below, mine[incarnation]) for incarnation, below in reader.held_from(position).items()
-                  if incarnation in mine]
+    def shared_until(self, next_id: int, other: LogIdentity, other_next_id: int) -> int | None:
+        """The first id at which a log of this identity ending at ``next_id`` may differ from one of
+        ``other`` ending at ``other_next_id``: where the two part after the latest incarnation both descend
+        from (within one incarnation an id names one message). None if they descend from none in common."""
+        theirs = other.held_from(other_next_id)
+        shared = [min(below, theirs[incarnation]) for incarnation, below in self.held_from(next_id).items()
+                  if incarnation in theirs]
         return max(shared) if shared else None
+
+    def resume_point_from(self, reader: LogIdentity, position: int) -> int | None:
+        """:meth:`resume_point` for a reader whose identity this log's lineage need not remember, given
+        with its own lineage (a cluster's epoch whose leader died before it wrote anything: no log recorded
+        it, but the cluster did). None if the two logs share nothing."""
+        return self.shared_until(position, reader, position)
 
 
 class StoredTopic(NamedTuple):

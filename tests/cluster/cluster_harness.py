@@ -3,12 +3,14 @@
 fixture that starts them, waits for a leader every member agrees on, and stops them all at teardown.
 
 Also what the tests share otherwise: a cluster member in this process (:func:`member_here`, for tests that
-make one member's writes fail by path), a publish sent again until confirmed (:func:`careful_publish`), and
-random faults (:func:`random_fault`)."""
+make one member's writes fail by path), a publish sent again until confirmed (:func:`careful_publish`), a
+publisher of idempotent batches doing the same in a thread (:class:`Publisher`), and random faults
+(:func:`random_fault`)."""
 
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,8 +24,8 @@ from broker.server import Broker
 from broker.topics import Persistence, Sync, TopicRule, TopicSpec
 from connector import Client, ConnectorError
 
-__all__ = ["Cluster", "Member", "careful_publish", "cluster_factory", "holds", "member_here", "random_fault",
-           "until"]
+__all__ = ["Cluster", "Member", "Publisher", "careful_publish", "cluster_factory", "holds", "member_here",
+           "random_fault", "until"]
 
 #: What a random fault does: to whom, and how: SIGKILL ("kill") or SIGSTOP ("pause") until it is undone.
 FAULT_KINDS = ("kill-leader", "kill-follower", "pause-leader", "pause-follower", "kill-two",
@@ -51,6 +53,46 @@ def careful_publish(client: Client, topic: str, body: str, within: float = 30.0)
         except ConnectorError:
             assert time.monotonic() < deadline, f"{body!r} was never confirmed"
             time.sleep(0.05)
+
+
+class Publisher(threading.Thread):
+    """Publishes numbered idempotent batches of ``batch`` messages to ``topic`` (bodies "0", "1", ...), each
+    sent again (same producer, same sequence) until confirmed: what a careful user does when a failover loses
+    an answer."""
+
+    def __init__(self, cluster: Cluster, topic: str, batch: int) -> None:
+        super().__init__(daemon=True, name="careful publisher")
+        self.cluster = cluster
+        self.topic = topic
+        self.batch = batch
+        self.stop = threading.Event()
+        self.confirmed: list[tuple[int, int | None]] = []  # (sequence of a batch, MESSAGE-ID of its last)
+        self.retries = 0
+        self.first_after: list[float] = []  # confirmation times, to measure failovers
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with Client(self.cluster.endpoints, **self.cluster.client_options(), timeout=5) as client:
+                sequence = 0
+                while not self.stop.is_set():
+                    items = [(self.topic, f"{sequence + n}", None) for n in range(self.batch)]
+                    try:
+                        reply = client.publish_batch(items, producer="careful", sequence=sequence, timeout=5)
+                    except ConnectorError:
+                        self.retries += 1
+                        time.sleep(0.02)
+                        continue
+                    last = reply.get("MESSAGE-ID")
+                    self.confirmed.append((sequence, None if last is None else int(last)))
+                    self.first_after.append(time.monotonic())
+                    sequence += self.batch
+        except BaseException as error:  # reported by the test
+            self.error = error
+
+    def messages(self) -> set[int]:
+        """The numbers of the messages confirmed so far."""
+        return {sequence + n for sequence, _ in self.confirmed for n in range(self.batch)}
 
 
 def until(check: Callable[[], object], what: str, within: float = 30.0) -> None:

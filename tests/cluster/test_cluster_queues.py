@@ -10,9 +10,9 @@ import threading
 import time
 
 import pytest
-from cluster_harness import Cluster, cluster_factory, random_fault  # noqa: F401 - the fixture
+from cluster_harness import Cluster, Publisher, cluster_factory, random_fault  # noqa: F401 - the fixture
 
-from connector import Client, ConnectorError
+from connector import Client
 
 QUEUES = '[[topics]]\npattern = "jobs.*"\npersistence = "persistent"\ndelivery = "round-robin"\n'
 JOBS = 20
@@ -63,29 +63,6 @@ def test_a_failover_hands_out_what_was_not_acked_and_nothing_acked(cluster_facto
     assert again == [f"job{n}".encode() for n in range(ACKED, JOBS)]
 
 
-class Jobs(threading.Thread):
-    """Publishes numbered jobs to jobs.q in idempotent batches of ten, each sent again until confirmed."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        super().__init__(daemon=True, name="jobs")
-        self.cluster = cluster
-        self.stop = threading.Event()
-        self.confirmed: set[int] = set()
-
-    def run(self) -> None:
-        with Client(self.cluster.endpoints, **self.cluster.client_options(), timeout=10) as client:
-            sequence = 0
-            while not self.stop.is_set():
-                items = [("jobs.q", str(sequence + n), None) for n in range(10)]
-                try:
-                    client.publish_batch(items, producer="jobs", sequence=sequence, timeout=5)
-                except ConnectorError:
-                    time.sleep(0.02)
-                    continue
-                self.confirmed.update(range(sequence, sequence + 10))
-                sequence += 10
-
-
 class Worker(threading.Thread):
     """Takes jobs with explicit acks (credit 50), acking each."""
 
@@ -118,7 +95,7 @@ def test_random_faults_deliver_every_confirmed_job_and_stop_no_broker(cluster_fa
     cluster: Cluster = cluster_factory(settings=QUEUES)
     rng = random.Random(FAULTS_SEED)
     workers = [Worker(cluster), Worker(cluster)]
-    jobs = Jobs(cluster)
+    jobs = Publisher(cluster, "jobs.q", 10)
     for thread in (*workers, jobs):
         thread.start()
     made = []
@@ -131,7 +108,8 @@ def test_random_faults_deliver_every_confirmed_job_and_stop_no_broker(cluster_fa
         jobs.stop.set()
         jobs.join(30)
     deadline = time.monotonic() + 60
-    while not jobs.confirmed <= {job for worker in workers for job in worker.done}:
+    assert jobs.error is None, jobs.error
+    while not jobs.messages() <= {job for worker in workers for job in worker.done}:
         assert all(worker.error is None for worker in workers), [worker.error for worker in workers]
         assert time.monotonic() < deadline, f"confirmed jobs never delivered after {made}"
         time.sleep(0.1)
@@ -140,4 +118,4 @@ def test_random_faults_deliver_every_confirmed_job_and_stop_no_broker(cluster_fa
         worker.join(20)
     assert all(member.alive for member in cluster.members), "a broker stopped"
     delivered = [job for worker in workers for job in worker.done]
-    print(f"\nfaults: {', '.join(made)}; {len(jobs.confirmed)} jobs confirmed, {len(delivered)} deliveries")
+    print(f"\nfaults: {', '.join(made)}; {len(jobs.messages())} jobs confirmed, {len(delivered)} deliveries")

@@ -13,11 +13,17 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_harness import Cluster, careful_publish, cluster_factory, random_fault  # noqa: F401 - the fixture
+from cluster_harness import (  # noqa: F401 - the fixture
+    Cluster,
+    Publisher,
+    careful_publish,
+    cluster_factory,
+    random_fault,
+)
 
 from broker.store.files import FileStore, directory_name, read_topic_meta
 from broker.topics import Persistence, Sync, TopicSpec
-from connector import Client, ConnectorError
+from connector import Client
 from connector.base import CLUSTER_TTL_MS
 
 TOPIC = "durable.failover"
@@ -32,39 +38,6 @@ assert PAUSES[0] < CLUSTER_TTL_MS / 1000 < PAUSES[1] - 2
 #: The random faults' seed (every run draws the same faults; their timing differs), and how many in a run.
 FAULTS_SEED = 4
 FAULTS = 10
-
-
-class Publisher(threading.Thread):
-    """Publishes numbered idempotent batches, each sent again (same producer, same sequence) until confirmed:
-    what a careful user does when a failover loses an answer."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        super().__init__(daemon=True, name="careful publisher")
-        self.cluster = cluster
-        self.stop = threading.Event()
-        self.confirmed: list[tuple[int, int | None]] = []  # (sequence of a batch, MESSAGE-ID of its last)
-        self.retries = 0
-        self.first_after: list[float] = []  # confirmation times, to measure failovers
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with Client(self.cluster.endpoints, **self.cluster.client_options(), timeout=5) as client:
-                sequence = 0
-                while not self.stop.is_set():
-                    items = [(TOPIC, f"{sequence + n}", None) for n in range(BATCH)]
-                    try:
-                        reply = client.publish_batch(items, producer="careful", sequence=sequence, timeout=5)
-                    except ConnectorError:
-                        self.retries += 1
-                        time.sleep(0.02)
-                        continue
-                    last = reply.get("MESSAGE-ID")
-                    self.confirmed.append((sequence, None if last is None else int(last)))
-                    self.first_after.append(time.monotonic())
-                    sequence += BATCH
-        except BaseException as error:  # reported by the test
-            self.error = error
 
 
 class Subscriber(threading.Thread):
@@ -104,7 +77,7 @@ def _stored(data_dir: Path) -> list[tuple[int, bytes]]:
 
 def _under_way(cluster: Cluster) -> tuple[Publisher, Subscriber]:
     """The careful publisher and the subscriber, started (the subscriber reads from the beginning)."""
-    publisher, subscriber = Publisher(cluster), Subscriber(cluster)
+    publisher, subscriber = Publisher(cluster, TOPIC, BATCH), Subscriber(cluster)
     subscriber.start()
     publisher.start()
     return publisher, subscriber
@@ -279,7 +252,6 @@ def test_a_leader_paused_past_an_election_is_deposed_and_loses_and_repeats_nothi
     _every_confirmed_once(cluster, publisher, subscriber)
     print(f"\nthe publisher confirmed on the new leader {', '.join(f'{m:.2f}' for m in moves)} s after the "
           f"leader froze; retries {publisher.retries}")
-
 
 
 @pytest.mark.timeout(360)
